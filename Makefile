@@ -1,0 +1,37 @@
+# Two entry points (see README): `make demo` runs the main job, `make test` the test suite.
+# Both create .venv and install the package into it on first use.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch that lies on this machine image's disk; override on other machines.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: demo test verify bench lint clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[test,plot]"
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/sparse-mla demo
+
+test: $(BIN)/.installed
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/sparse-mla verify --quick
+
+verify: $(BIN)/.installed
+	$(BIN)/sparse-mla verify
+
+bench: $(BIN)/.installed
+	$(BIN)/sparse-mla bench
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) results

@@ -1,0 +1,36 @@
+"""sparse-mla: Triton kernels for the decode path of DeepSeek Sparse Attention.
+
+Without a CUDA device the kernels run through Triton's CPU interpreter automatically;
+``sparse_mla.info()`` says which mode is active.
+"""
+
+__version__ = "0.1.0"
+
+from ._runtime import info, mode  # noqa: E402  (decides interpreter mode before any kernel)
+from .ops.decode_metadata import (  # noqa: E402
+    DecodeMetadata,
+    DecodeMetadataBuilder,
+    ExpandedDecodeTokens,
+    dcp_local_seq_lens,
+    expand_decode_tokens,
+)
+from .ops.remap import (  # noqa: E402
+    RemapLayout,
+    choose_remap_layout,
+    convert_req_index_to_global_index,
+    filter_and_convert_dcp_index,
+)
+
+__all__ = [
+    "DecodeMetadata",
+    "DecodeMetadataBuilder",
+    "ExpandedDecodeTokens",
+    "RemapLayout",
+    "choose_remap_layout",
+    "convert_req_index_to_global_index",
+    "dcp_local_seq_lens",
+    "expand_decode_tokens",
+    "filter_and_convert_dcp_index",
+    "info",
+    "mode",
+]

@@ -1,0 +1,55 @@
+"""Where kernels run, and the launch helpers every op shares.
+
+Importing this module decides the execution mode once: with a CUDA device present
+kernels are compiled for it; without one Triton's interpreter runs them on the CPU
+(``TRITON_INTERPRET=1`` is set for the process unless the caller already chose).
+The choice must be made before any ``@triton.jit`` kernel is defined, which is why
+``sparse_mla/__init__.py`` imports this module first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import triton  # noqa: E402  (must follow the interpreter decision)
+
+INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def mode() -> str:
+    """'interpreter' when kernels run through Triton's CPU interpreter, else 'cuda'."""
+    return "interpreter" if INTERPRETER else "cuda"
+
+
+def default_device() -> torch.device:
+    """The device kernels run on in this process: CUDA, or the CPU under the interpreter."""
+    return torch.device("cpu") if INTERPRETER else torch.device("cuda")
+
+
+def info() -> dict[str, str]:
+    """Execution mode and versions, as printed by ``sparse-mla info``."""
+    from . import __version__
+
+    d = {
+        "sparse_mla": __version__,
+        "mode": mode(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    if not INTERPRETER and torch.cuda.is_available():
+        d["gpu"] = torch.cuda.get_device_name()
+        d["cuda"] = str(torch.version.cuda)
+    return d
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,370 @@
+"""Sparse index remap: request-local top-k positions -> global paged-KV-cache slots.
+
+``out[t, c] = block_table[req_id[t], i // block_size] * block_stride_rows + i % block_size``
+with ``i = token_indices[t, c]``, -1 where the entry is invalid (see
+:func:`convert_req_index_to_global_index`). Under decode context parallelism the same kernel
+first keeps only the positions this rank owns and localises them
+(:func:`filter_and_convert_dcp_index`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._checks import check_int, check_same_device, check_shape, check_tensor
+from .layout import RemapLayout, choose_remap_layout
+
+
+@triton.jit
+def _remap_kernel(
+    req_id_ptr,
+    bt_ptr,
+    ti_ptr,
+    out_ptr,
+    count_ptr,
+    prefill_id_ptr,
+    ws_start_ptr,
+    num_tokens,
+    num_req_rows,
+    num_blocks,
+    num_prefill,
+    block_stride_rows,
+    bt_s0,
+    bt_s1,
+    ti_s0,
+    ti_s1,
+    out_s0,
+    out_s1,
+    K: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DCP_SIZE: tl.constexpr,
+    DCP_RANK: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    HAS_PREFILL: tl.constexpr,
+    COUNT: tl.constexpr,
+    COMPACT: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    ATOMIC: tl.constexpr,
+    TAIL_IN_KERNEL: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < num_tokens
+    # Device data is not trusted: an out-of-range request (or prefill) id makes its whole
+    # row invalid instead of reading outside the tables.
+    req = tl.load(req_id_ptr + rows, mask=row_ok, other=-1)
+    row_valid = row_ok & (req >= 0) & (req < num_req_rows)
+    if HAS_PREFILL:
+        pre = tl.load(prefill_id_ptr + rows, mask=row_ok, other=-1)
+        is_pre = pre >= 0
+        ws_start = tl.load(ws_start_ptr + pre, mask=row_ok & is_pre & (pre < num_prefill), other=0)
+        row_valid = tl.where(is_pre, row_ok & (pre < num_prefill), row_valid)
+    rows64 = rows.to(tl.int64)
+    running = tl.zeros([ROWS], dtype=tl.int32)
+
+    for chunk in tl.static_range(NUM_CHUNKS):
+        cols = (tl.program_id(1) * NUM_CHUNKS + chunk) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+        inside = row_ok[:, None] & (cols < K)[None, :]
+        tok = tl.load(
+            ti_ptr + rows64[:, None] * ti_s0 + cols[None, :] * ti_s1, mask=inside, other=-1
+        )
+        valid = inside & row_valid[:, None] & (tok >= 0)
+        if DCP_SIZE > 1:
+            valid = valid & ((tok // INTERLEAVE) % DCP_SIZE == DCP_RANK)
+            local = (tok // (DCP_SIZE * INTERLEAVE)) * INTERLEAVE + tok % INTERLEAVE
+        else:
+            local = tok
+        page = local // BLOCK_SIZE
+        valid = valid & (page < num_blocks)
+        bt_mask = valid
+        if HAS_PREFILL:
+            bt_mask = bt_mask & ~is_pre[:, None]
+        base = tl.load(bt_ptr + req[:, None] * bt_s0 + page * bt_s1, mask=bt_mask, other=0)
+        val = base * block_stride_rows + local % BLOCK_SIZE
+        if HAS_PREFILL:
+            val = tl.where(is_pre[:, None], ws_start[:, None] + tok, val)
+        val = tl.where(valid, val, -1)
+        nvalid = valid.to(tl.int32)
+        tile_count = tl.sum(nvalid, axis=1)
+
+        out_row = out_ptr + rows64[:, None] * out_s0
+        if COMPACT:
+            if ATOMIC:
+                # Racing column tiles reserve disjoint ranges of the row's prefix.
+                start = tl.atomic_add(count_ptr + rows, tile_count, mask=row_ok)
+            else:
+                start = running
+            dest = start[:, None] + tl.cumsum(nvalid, axis=1) - nvalid
+            tl.store(out_row + dest * out_s1, val, mask=valid)
+        else:
+            tl.store(out_row + cols[None, :] * out_s1, val, mask=inside)
+            if COUNT and ATOMIC:
+                tl.atomic_add(count_ptr + rows, tile_count, mask=row_ok)
+        running += tile_count
+
+    if COMPACT and TAIL_IN_KERNEL:
+        # The -1 tail is written here rather than by a pre-fill pass over the whole output.
+        for chunk in tl.static_range(NUM_CHUNKS):
+            cols = chunk * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+            tail = row_ok[:, None] & (cols < K)[None, :] & (cols[None, :] >= running[:, None])
+            tl.store(
+                out_ptr + rows64[:, None] * out_s0 + cols[None, :] * out_s1,
+                tl.full([ROWS, BLOCK_COLS], -1, tl.int32),
+                mask=tail,
+            )
+    if COUNT and not ATOMIC:
+        tl.store(count_ptr + rows, running, mask=row_ok)
+
+
+def _launch(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    *,
+    block_size: int,
+    block_stride_rows: int | None,
+    prefill_request_ids: torch.Tensor | None,
+    prefill_workspace_starts: torch.Tensor | None,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+    compact: bool,
+    return_valid_counts: bool,
+    out: torch.Tensor | None,
+    valid_counts_out: torch.Tensor | None,
+    layout: str | RemapLayout,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    check_tensor("req_id", req_id, dtype=torch.int32, ndim=1)
+    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
+    check_tensor("token_indices", token_indices, dtype=torch.int32, ndim=2)
+    num_tokens, num_cols = token_indices.shape
+    if req_id.shape[0] != num_tokens:
+        raise ValueError(
+            f"req_id has {req_id.shape[0]} entries but token_indices has {num_tokens} rows: "
+            "they must describe the same tokens"
+        )
+    check_int("block_size", block_size, lo=1)
+    if block_stride_rows is None:
+        block_stride_rows = block_size
+    check_int("block_stride_rows", block_stride_rows, lo=block_size)
+    check_int("dcp_size", dcp_size, lo=1)
+    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
+    check_int("interleave", interleave, lo=1)
+    if block_size % interleave != 0:
+        raise ValueError(
+            f"block_size ({block_size}) must be a multiple of interleave ({interleave}) so an "
+            "interleave group never straddles a page"
+        )
+    has_prefill = prefill_request_ids is not None or prefill_workspace_starts is not None
+    if has_prefill:
+        if prefill_request_ids is None or prefill_workspace_starts is None:
+            raise ValueError(
+                "prefill_request_ids and prefill_workspace_starts must be given together"
+            )
+        check_tensor("prefill_request_ids", prefill_request_ids, dtype=torch.int32, ndim=1)
+        check_tensor(
+            "prefill_workspace_starts", prefill_workspace_starts, dtype=torch.int32, ndim=1
+        )
+        check_shape("prefill_request_ids", prefill_request_ids, (num_tokens,))
+        if dcp_size > 1:
+            raise ValueError("prefill workspace rows are not supported with dcp_size > 1")
+    # dcp_size 1 is exactly the plain, column-preserving remap (as upstream).
+    compact = compact and dcp_size > 1
+    count = return_valid_counts or compact
+    if isinstance(layout, str):
+        layout = choose_remap_layout(
+            num_cols, count_valid=count, compact=compact, policy=layout, num_rows=num_tokens
+        )
+    elif not isinstance(layout, RemapLayout):
+        raise TypeError(f"layout must be a policy name or a RemapLayout, got {type(layout)}")
+    if layout.block_cols * layout.num_chunks * layout.col_tiles < num_cols:
+        raise ValueError(f"layout {layout} does not cover K={num_cols} columns")
+    if layout.col_tiles > 1 and (count and not layout.atomic or layout.num_chunks > 1):
+        raise ValueError(f"layout {layout}: several column tiles per row need atomic counts "
+                         "and one chunk per tile")
+
+    device = check_same_device(
+        token_indices=token_indices,
+        req_id=req_id,
+        block_table=block_table,
+        prefill_request_ids=prefill_request_ids,
+        prefill_workspace_starts=prefill_workspace_starts,
+        out=out,
+        valid_counts_out=valid_counts_out,
+    )
+    if out is None:
+        out = torch.empty((num_tokens, num_cols), dtype=torch.int32, device=device)
+    else:
+        check_tensor("out", out, dtype=torch.int32, ndim=2)
+        check_shape("out", out, (num_tokens, num_cols))
+    counts = None
+    if count:
+        if valid_counts_out is None:
+            counts = torch.empty(num_tokens, dtype=torch.int32, device=device)
+        else:
+            check_tensor("valid_counts_out", valid_counts_out, dtype=torch.int32, ndim=1)
+            check_shape("valid_counts_out", valid_counts_out, (num_tokens,))
+            counts = valid_counts_out
+        if layout.atomic:
+            counts.zero_()
+    if compact and not layout.tail_in_kernel:
+        out.fill_(-1)
+
+    if num_tokens > 0:
+        grid = (triton.cdiv(num_tokens, layout.rows_per_program), layout.col_tiles)
+        _remap_kernel[grid](
+            req_id,
+            block_table,
+            token_indices,
+            out,
+            counts,
+            prefill_request_ids,
+            prefill_workspace_starts,
+            num_tokens,
+            block_table.shape[0],
+            block_table.shape[1],
+            prefill_workspace_starts.shape[0] if has_prefill else 0,
+            block_stride_rows,
+            block_table.stride(0),
+            block_table.stride(1),
+            token_indices.stride(0),
+            token_indices.stride(1),
+            out.stride(0),
+            out.stride(1),
+            K=num_cols,
+            BLOCK_SIZE=block_size,
+            DCP_SIZE=dcp_size,
+            DCP_RANK=dcp_rank,
+            INTERLEAVE=interleave,
+            HAS_PREFILL=has_prefill,
+            COUNT=count,
+            COMPACT=compact,
+            ROWS=layout.rows_per_program,
+            BLOCK_COLS=layout.block_cols,
+            NUM_CHUNKS=layout.num_chunks,
+            ATOMIC=layout.atomic,
+            TAIL_IN_KERNEL=layout.tail_in_kernel,
+            num_warps=layout.num_warps,
+        )
+    if return_valid_counts:
+        return out, counts
+    return out
+
+
+def convert_req_index_to_global_index(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    *,
+    block_size: int = 64,
+    block_stride_rows: int | None = None,
+    prefill_request_ids: torch.Tensor | None = None,
+    prefill_workspace_starts: torch.Tensor | None = None,
+    return_valid_counts: bool = False,
+    out: torch.Tensor | None = None,
+    valid_counts_out: torch.Tensor | None = None,
+    layout: str | RemapLayout = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Map request-local top-k positions to global KV-cache slots, column by column.
+
+    Args:
+        req_id: int32 ``[T]``, the block-table row of each query token.
+        block_table: int32 ``[R, W]``, page ids of each request (any strides; a row stride
+            larger than W is fine).
+        token_indices: int32 ``[T, K]``, request-local positions; -1 (any negative) = none.
+            Any strides.
+        block_size: tokens per page.
+        block_stride_rows: physical rows between consecutive pages of this cache (larger than
+            ``block_size`` when other layers' pages are interleaved); default ``block_size``.
+        prefill_request_ids: int32 ``[T]``, optional: a row with id ``r >= 0`` maps to
+            ``prefill_workspace_starts[r] + i`` instead of going through the block table.
+        prefill_workspace_starts: int32 ``[P]``, workspace offset of each prefill request.
+        return_valid_counts: also return the number of entries != -1 per row.
+        out: optional int32 ``[T, K]`` output (any strides; must not alias the inputs).
+        valid_counts_out: optional int32 ``[T]`` for the counts.
+        layout: ``"auto"`` (ours), ``"seed"``, ``"tiled_atomic"`` or a :class:`RemapLayout`.
+
+    Returns:
+        ``out`` int32 ``[T, K]``: ``block_table[req_id[t], i // block_size] *
+        block_stride_rows + i % block_size`` for ``i = token_indices[t, c]``, and -1 where
+        ``i < 0``, where the page ``i // block_size`` is not in ``[0, W)``, where ``req_id[t]``
+        is not in ``[0, R)`` (the whole row; upstream would read out of bounds), or where a
+        prefill id is ``>= P``. The page rule also applies to prefill rows, as upstream.
+        Positions are not checked against the request length: top-k emits -1 past the end.
+        With ``return_valid_counts``: ``(out, valid_counts)``, valid_counts int32 ``[T]``.
+    """
+    return _launch(
+        req_id,
+        block_table,
+        token_indices,
+        block_size=block_size,
+        block_stride_rows=block_stride_rows,
+        prefill_request_ids=prefill_request_ids,
+        prefill_workspace_starts=prefill_workspace_starts,
+        dcp_size=1,
+        dcp_rank=0,
+        interleave=1,
+        compact=False,
+        return_valid_counts=return_valid_counts,
+        out=out,
+        valid_counts_out=valid_counts_out,
+        layout=layout,
+    )
+
+
+def filter_and_convert_dcp_index(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    *,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int = 1,
+    block_size: int = 64,
+    block_stride_rows: int | None = None,
+    compact: bool = True,
+    return_valid_counts: bool = False,
+    out: torch.Tensor | None = None,
+    valid_counts_out: torch.Tensor | None = None,
+    layout: str | RemapLayout = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Keep the positions this DCP rank owns, localise them and map them to its cache slots.
+
+    Position ``p`` belongs to rank ``(p // interleave) % dcp_size`` and sits at local position
+    ``(p // (dcp_size * interleave)) * interleave + p % interleave`` there; ``block_table`` is
+    this rank's (it pages local positions). Tensors as in
+    :func:`convert_req_index_to_global_index`.
+
+    Args:
+        dcp_size: ranks the KV cache is sharded over (1 = the plain, column-preserving
+            remap, whatever ``compact`` says, as upstream).
+        dcp_rank: this rank, in ``[0, dcp_size)``.
+        interleave: tokens per interleave group; must divide ``block_size``.
+        compact: write this rank's slots as a prefix ``[0, valid_count)`` of each row, in
+            column order, then -1 (deterministic with the ``auto`` layout; the
+            ``tiled_atomic`` layout leaves the prefix order arbitrary). Without it, entries
+            keep their columns and positions of other ranks become -1.
+
+    Returns:
+        ``out`` int32 ``[T, K]``, or ``(out, valid_counts)`` with ``return_valid_counts``.
+    """
+    return _launch(
+        req_id,
+        block_table,
+        token_indices,
+        block_size=block_size,
+        block_stride_rows=block_stride_rows,
+        prefill_request_ids=None,
+        prefill_workspace_starts=None,
+        dcp_size=dcp_size,
+        dcp_rank=dcp_rank,
+        interleave=interleave,
+        compact=compact,
+        return_valid_counts=return_valid_counts,
+        out=out,
+        valid_counts_out=valid_counts_out,
+        layout=layout,
+    )

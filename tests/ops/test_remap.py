@@ -1,0 +1,362 @@
+"""Index remap and DCP filter: worked examples, layouts, randomized A/B, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sparse_mla
+from sparse_mla import RemapLayout, choose_remap_layout
+from sparse_mla.compat import vllm as compat
+from sparse_mla.ops.remap.naive import (
+    convert_req_index_to_global_index_reference as reference,
+)
+from sparse_mla.ops.remap.naive import dcp_owner_and_local
+
+DEV = sparse_mla._runtime.default_device()
+POISON = -7777
+LAYOUTS = ("auto", "seed", "tiled_atomic")
+
+
+def i32(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.int32, device=DEV)
+
+
+def rand_case(seed: int, tokens: int, k: int, *, page: int = 16, num_req: int = 4,
+              width: int = 9, invalid: float = 0.2, dcp: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    bt_wide = torch.randint(0, 3000, (num_req, width + 5), generator=g, dtype=torch.int32)
+    bt = bt_wide[:, :width]  # row stride > width
+    span = int(width * page * dcp * 1.3) + 1  # tail: out-of-range pages
+    idx = torch.randint(0, span, (tokens, k), generator=g, dtype=torch.int32)
+    idx[torch.rand((tokens, k), generator=g) < invalid] = -1
+    req = torch.randint(0, num_req, (tokens,), generator=g, dtype=torch.int32)
+    return req.to(DEV), bt.to(DEV), idx.to(DEV)
+
+
+# ---- worked examples ---------------------------------------------------------------------
+
+
+def test_formula_worked_example():
+    bt = i32([[7, 3, 9], [4, 8, 1]])
+    idx = i32([[0, 5, 17, 63, 64, 130, 192, -1], [1, -1, 70, 200, 127, 128, 3, 191]])
+    req = i32([1, 0])
+    out, cnt = sparse_mla.convert_req_index_to_global_index(
+        req, bt, idx, block_size=64, return_valid_counts=True
+    )
+    want = [
+        [4 * 64 + 0, 4 * 64 + 5, 4 * 64 + 17, 4 * 64 + 63, 8 * 64, 1 * 64 + 2, -1, -1],
+        [7 * 64 + 1, -1, 3 * 64 + 6, -1, 3 * 64 + 63, 9 * 64, 7 * 64 + 3, 9 * 64 + 63],
+    ]
+    assert out.cpu().tolist() == want
+    assert cnt.cpu().tolist() == [6, 6]
+
+
+def test_block_stride_rows_worked_example():
+    # Two other layers' pages sit between ours: page p starts at row p * 3 * 16.
+    out = sparse_mla.convert_req_index_to_global_index(
+        i32([0]), i32([[5, 2]]), i32([[0, 17, 31, 32]]), block_size=16, block_stride_rows=48
+    )
+    assert out.cpu().tolist() == [[5 * 48, 2 * 48 + 1, 2 * 48 + 15, -1]]
+
+
+def test_dcp_owner_examples():
+    owner, local = dcp_owner_and_local(torch.tensor([5]), 2, 1)
+    assert (owner.item(), local.item()) == (1, 2)
+    owner, local = dcp_owner_and_local(torch.tensor([5]), 2, 2)
+    assert (owner.item(), local.item()) == (0, 3)
+
+
+def test_dcp_worked_example_compacts_in_column_order():
+    # World 2, interleave 1: rank 1 owns odd positions, local = p // 2.
+    bt = i32([[10, 11]])
+    idx = i32([[6, 5, -1, 1, 4, 3, 200, 2]])
+    out, cnt = sparse_mla.filter_and_convert_dcp_index(
+        i32([0]), bt, idx, dcp_size=2, dcp_rank=1, block_size=2, return_valid_counts=True
+    )
+    # 5 -> local 2 -> page 1 off 0; 1 -> local 0; 3 -> local 1; 200 -> local 100: no page.
+    assert out.cpu().tolist() == [[11 * 2 + 0, 10 * 2 + 0, 10 * 2 + 1, -1, -1, -1, -1, -1]]
+    assert cnt.cpu().tolist() == [3]
+    out = sparse_mla.filter_and_convert_dcp_index(
+        i32([0]), bt, idx, dcp_size=2, dcp_rank=1, block_size=2, compact=False
+    )
+    assert out.cpu().tolist() == [[-1, 22, -1, 20, -1, 21, -1, -1]]
+
+
+def test_prefill_rows_use_workspace():
+    bt = i32([[1, 2]])
+    idx = i32([[0, 3, -1, 9], [0, 3, -1, 9]])
+    out = sparse_mla.convert_req_index_to_global_index(
+        i32([0, 0]), bt, idx, block_size=4,
+        prefill_request_ids=i32([-1, 1]), prefill_workspace_starts=i32([100, 500]),
+    )
+    # Position 9 is on page 2 of a 2-page table: -1 for the prefill row too (upstream rule).
+    assert out.cpu().tolist() == [[4, 7, -1, -1], [500, 503, -1, -1]]
+
+
+# ---- layout choice (pure) ----------------------------------------------------------------
+
+
+def test_layout_auto_owns_rows_for_every_width():
+    for k in (1, 100, 128, 384, 512, 2048, 3000, 4096, 10000):
+        lay = choose_remap_layout(k, count_valid=True, num_rows=1024)
+        assert lay.col_tiles == 1 and not lay.atomic and lay.tail_in_kernel
+        assert lay.block_cols * lay.num_chunks >= k
+        assert lay.block_cols & (lay.block_cols - 1) == 0
+    assert choose_remap_layout(384, count_valid=True).block_cols == 512
+    assert choose_remap_layout(128, count_valid=True, num_rows=1).rows_per_program == 1
+    assert choose_remap_layout(128, count_valid=True, num_rows=4096).rows_per_program > 1
+
+
+def test_layout_seed_and_tiled_policies():
+    seed = choose_remap_layout(2048, count_valid=True, policy="seed")
+    assert (seed.block_cols, seed.col_tiles, seed.atomic, seed.num_warps) == (2048, 1, False, 8)
+    seed384 = choose_remap_layout(384, count_valid=True, policy="seed")
+    assert (seed384.col_tiles, seed384.atomic) == (3, True)
+    tiled = choose_remap_layout(2048, count_valid=True, policy="tiled_atomic")
+    assert (tiled.block_cols, tiled.col_tiles, tiled.atomic) == (128, 16, True)
+    assert not choose_remap_layout(2048, count_valid=False, policy="tiled_atomic").atomic
+    with pytest.raises(ValueError, match="multiple of 128"):
+        choose_remap_layout(100, count_valid=True, policy="tiled_atomic")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        choose_remap_layout(128, count_valid=True, policy="fast")
+
+
+# ---- randomized A/B against the reference ------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [128, 384, 2048])
+def test_random_remap_all_layouts(seed, k):
+    tokens = [1, 3, 17, 40, 7, 64][seed]
+    req, bt, idx = rand_case(1000 * k + seed, tokens, k, invalid=[0, 0.3, 1.0, 0.5, 0.9, 0.1][seed])
+    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16,
+                               return_valid_counts=True)
+    for layout in LAYOUTS:
+        out = torch.full_like(idx, POISON)
+        cnt = torch.full((tokens,), POISON, dtype=torch.int32, device=DEV)
+        got, got_cnt = sparse_mla.convert_req_index_to_global_index(
+            req, bt, idx, block_size=16, return_valid_counts=True, out=out,
+            valid_counts_out=cnt, layout=layout,
+        )
+        assert got is out and got_cnt is cnt
+        assert torch.equal(got.cpu(), want), (layout, seed)
+        assert torch.equal(got_cnt.cpu(), want_cnt), (layout, seed)
+
+
+@pytest.mark.parametrize("k", [1, 7, 300, 5000])
+def test_odd_widths_and_multi_chunk_rows(k):
+    req, bt, idx = rand_case(k, 5, k, invalid=0.3)
+    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16,
+                               return_valid_counts=True)
+    got, cnt = sparse_mla.convert_req_index_to_global_index(
+        req, bt, idx, block_size=16, return_valid_counts=True
+    )
+    assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [RemapLayout(4, 128, 3, 1, False, True, 4), RemapLayout(2, 64, 6, 1, False, True, 2)],
+)
+def test_explicit_row_packed_chunked_layouts(layout):
+    req, bt, idx = rand_case(5, 11, 384, invalid=0.4, dcp=2)
+    for compact in (False, True):
+        want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16, dcp_size=2,
+                                   dcp_rank=0, compact=compact, return_valid_counts=True)
+        got, cnt = sparse_mla.filter_and_convert_dcp_index(
+            req, bt, idx, dcp_size=2, dcp_rank=0, block_size=16, compact=compact,
+            return_valid_counts=True, out=torch.full_like(idx, POISON), layout=layout,
+        )
+        assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
+
+
+@pytest.mark.parametrize("dcp,inter,page", [(2, 1, 16), (2, 16, 16), (4, 1, 64), (4, 64, 64)])
+@pytest.mark.parametrize("compact", [True, False])
+def test_random_dcp_all_layouts(dcp, inter, page, compact):
+    for rank in range(dcp):
+        req, bt, idx = rand_case(dcp * 100 + rank + inter, 9, 512, page=page, dcp=dcp)
+        want, want_cnt = reference(
+            req.cpu(), bt.cpu(), idx.cpu(), block_size=page, dcp_size=dcp, dcp_rank=rank,
+            interleave=inter, compact=compact, return_valid_counts=True,
+        )
+        for layout in LAYOUTS:
+            got, cnt = sparse_mla.filter_and_convert_dcp_index(
+                req, bt, idx, dcp_size=dcp, dcp_rank=rank, interleave=inter, block_size=page,
+                compact=compact, return_valid_counts=True, out=torch.full_like(idx, POISON),
+                layout=layout,
+            )
+            got = got.cpu()
+            if compact and layout == "tiled_atomic":
+                assert torch.equal(got.sort(1).values, want.sort(1).values)
+            else:
+                assert torch.equal(got, want), (layout, rank)
+            assert torch.equal(cnt.cpu(), want_cnt)
+
+
+def test_dcp_prefix_is_the_set_of_owned_slots():
+    # Independent of the reference: the compacted prefix is exactly the non-compacted
+    # row's valid entries in column order.
+    req, bt, idx = rand_case(77, 6, 384, page=64, dcp=4)
+    kw = dict(dcp_size=4, dcp_rank=3, interleave=16, block_size=64)
+    flat = sparse_mla.filter_and_convert_dcp_index(req, bt, idx, compact=False, **kw).cpu()
+    packed, cnt = sparse_mla.filter_and_convert_dcp_index(
+        req, bt, idx, return_valid_counts=True, **kw
+    )
+    for t in range(6):
+        kept = flat[t][flat[t] >= 0]
+        assert cnt[t].item() == kept.numel()
+        assert torch.equal(packed[t, : kept.numel()].cpu(), kept)
+        assert (packed[t, kept.numel():] == -1).all()
+
+
+def test_dcp_size_one_is_the_plain_remap():
+    req, bt, idx = rand_case(3, 8, 128, invalid=0.5)
+    plain = sparse_mla.convert_req_index_to_global_index(req, bt, idx, block_size=16)
+    dcp1 = sparse_mla.filter_and_convert_dcp_index(
+        req, bt, idx, dcp_size=1, dcp_rank=0, block_size=16, compact=True
+    )
+    assert torch.equal(plain, dcp1)
+
+
+# ---- adversarial inputs ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_adversarial_rows(layout):
+    bt = i32([[3, 4], [5, 6]])
+    big = 2**31 - 1
+    idx = i32([
+        [-1] * 128,                       # all invalid
+        [big] * 64 + [-(2**31)] * 64,     # extremes
+        list(range(0, 128)),              # past the table from column 32 on
+        [0] * 128,                        # ties: the same position everywhere
+    ])
+    req = i32([0, 1, 1, 0])
+    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16,
+                               return_valid_counts=True)
+    got, cnt = sparse_mla.convert_req_index_to_global_index(
+        req, bt, idx, block_size=16, return_valid_counts=True, layout=layout
+    )
+    assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
+    assert cnt.cpu().tolist() == [0, 0, 32, 128]
+
+
+def test_out_of_range_req_id_gives_minus_one_rows():
+    req, bt, idx = rand_case(9, 4, 128, invalid=0.0)
+    req = i32([-1, 4, 2**31 - 1, 0])  # only the last row is a real request (R = 4)
+    got, cnt = sparse_mla.convert_req_index_to_global_index(
+        req, bt, idx, block_size=16, return_valid_counts=True
+    )
+    assert (got[:3] == -1).all() and cnt[:3].tolist() == [0, 0, 0]
+    want = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16)
+    assert torch.equal(got.cpu(), want)
+
+
+def test_empty_inputs():
+    bt = i32([[1]])
+    out, cnt = sparse_mla.convert_req_index_to_global_index(
+        torch.empty(0, dtype=torch.int32, device=DEV), bt,
+        torch.empty(0, 128, dtype=torch.int32, device=DEV), return_valid_counts=True,
+    )
+    assert out.shape == (0, 128) and cnt.shape == (0,)
+    # A table with no pages: everything is out of range.
+    got = sparse_mla.convert_req_index_to_global_index(
+        i32([0]), torch.empty(1, 0, dtype=torch.int32, device=DEV), i32([[0, 1, -1]])
+    )
+    assert got.cpu().tolist() == [[-1, -1, -1]]
+
+
+def test_strided_views():
+    req, bt, idx = rand_case(21, 12, 256, invalid=0.2)
+    idx_t = idx.t().contiguous().t()  # column-major view: stride (1, T)
+    out_wide = torch.full((12, 300), POISON, dtype=torch.int32, device=DEV)
+    out = out_wide[:, 10:266]
+    want = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16)
+    for layout in LAYOUTS:
+        out_wide.fill_(POISON)
+        sparse_mla.convert_req_index_to_global_index(
+            req, bt, idx_t, block_size=16, out=out, layout=layout
+        )
+        assert torch.equal(out.cpu(), want)
+        assert (out_wide[:, :10] == POISON).all() and (out_wide[:, 266:] == POISON).all()
+
+
+# ---- vLLM compat -------------------------------------------------------------------------
+
+
+def test_vllm_compat_matches():
+    req, bt, idx = rand_case(31, 10, 512, page=64, invalid=0.3)
+    ws_ids = i32([-1, 0, -1, 1, -1, -1, 0, -1, -1, -1])
+    ws_starts = i32([1000, 9000])
+    got, cnt = compat.triton_convert_req_index_to_global_index(
+        req, bt, idx, BLOCK_SIZE=64, NUM_TOPK_TOKENS=512, HAS_PREFILL_WORKSPACE=True,
+        prefill_workspace_request_ids=ws_ids, prefill_workspace_starts=ws_starts,
+        return_valid_counts=True,
+    )
+    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=64,
+                               prefill_request_ids=ws_ids.cpu(),
+                               prefill_workspace_starts=ws_starts.cpu(),
+                               return_valid_counts=True)
+    assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
+    got = compat.triton_filter_and_convert_dcp_index(
+        req, bt, idx, 2, 1, cp_kv_cache_interleave_size=16, BLOCK_SIZE=64, NUM_TOPK_TOKENS=512
+    )
+    want = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=64, dcp_size=2, dcp_rank=1,
+                     interleave=16, compact=True)
+    assert torch.equal(got.cpu(), want)
+    with pytest.raises(ValueError, match="NUM_TOPK_TOKENS"):
+        compat.triton_convert_req_index_to_global_index(req, bt, idx, NUM_TOPK_TOKENS=2048)
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+
+def test_bad_input_messages():
+    req, bt, idx = rand_case(1, 4, 128)
+    conv = sparse_mla.convert_req_index_to_global_index
+    dcp = sparse_mla.filter_and_convert_dcp_index
+    with pytest.raises(TypeError, match="req_id must have dtype torch.int32"):
+        conv(req.long(), bt, idx)
+    with pytest.raises(TypeError, match="block_table must have dtype"):
+        conv(req, bt.long(), idx)
+    with pytest.raises(TypeError, match="token_indices must have dtype"):
+        conv(req, bt, idx.to(torch.int64))
+    with pytest.raises(ValueError, match="req_id has 5 entries but token_indices has 4 rows"):
+        conv(i32([0, 0, 0, 0, 0]), bt, idx)
+    with pytest.raises(ValueError, match="req_id has 3 entries"):
+        conv(i32([0, 0, 0]), bt, idx)
+    with pytest.raises(ValueError, match="token_indices must be 2-D"):
+        conv(req, bt, idx[0])
+    with pytest.raises(ValueError, match="multiple of 128"):
+        conv(req, bt, idx[:, :100].contiguous(), layout="tiled_atomic")
+    with pytest.raises(ValueError, match="block_size .* multiple of interleave"):
+        dcp(req, bt, idx, dcp_size=2, dcp_rank=0, interleave=3, block_size=64)
+    with pytest.raises(ValueError, match="dcp_rank must be <= 1"):
+        dcp(req, bt, idx, dcp_size=2, dcp_rank=2)
+    with pytest.raises(ValueError, match="dcp_rank must be >= 0"):
+        dcp(req, bt, idx, dcp_size=2, dcp_rank=-1)
+    with pytest.raises(ValueError, match="dcp_size must be >= 1"):
+        dcp(req, bt, idx, dcp_size=0, dcp_rank=0)
+    with pytest.raises(ValueError, match="out must have shape"):
+        conv(req, bt, idx, out=torch.empty(4, 64, dtype=torch.int32, device=DEV))
+    with pytest.raises(TypeError, match="out must have dtype"):
+        conv(req, bt, idx, out=torch.empty(4, 128, dtype=torch.int64, device=DEV))
+    with pytest.raises(ValueError, match="valid_counts_out must have shape"):
+        conv(req, bt, idx, return_valid_counts=True,
+             valid_counts_out=torch.empty(5, dtype=torch.int32, device=DEV))
+    with pytest.raises(TypeError, match="valid_counts_out must have dtype"):
+        conv(req, bt, idx, return_valid_counts=True,
+             valid_counts_out=torch.empty(4, dtype=torch.int64, device=DEV))
+    with pytest.raises(ValueError, match="block_stride_rows must be >= 64"):
+        conv(req, bt, idx, block_size=64, block_stride_rows=32)
+    with pytest.raises(ValueError, match="given together"):
+        conv(req, bt, idx, prefill_request_ids=req)
+    with pytest.raises(ValueError, match="prefill_request_ids must have shape"):
+        conv(req, bt, idx, prefill_request_ids=i32([0]), prefill_workspace_starts=i32([0]))
+    with pytest.raises(ValueError, match="does not cover"):
+        conv(req, bt, idx, layout=RemapLayout(1, 64, 1, 1, False, True, 4))
+    if DEV.type == "cpu":
+        meta = torch.empty(4, dtype=torch.int32, device="meta")
+        with pytest.raises(ValueError, match="req_id is on meta but token_indices is on cpu"):
+            conv(meta, bt, idx)
