@@ -31,6 +31,15 @@ def default_device() -> torch.device:
     return torch.device("cpu") if INTERPRETER else torch.device("cuda")
 
 
+def canonical_device(device: torch.device | str | None) -> torch.device:
+    """``device`` with its index filled in (``cuda`` -> ``cuda:0``), so it compares equal to
+    a tensor's ``.device``; None means :func:`default_device`."""
+    d = default_device() if device is None else torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 def info() -> dict[str, str]:
     """Execution mode and versions, as printed by ``sparse-mla info``."""
     from . import __version__

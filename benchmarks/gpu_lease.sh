@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device-tool lease: run the named steps, log each under $OUT, print a short summary.
+#   bash benchmarks/gpu_lease.sh tests verify tune bench ...
+set -u
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+# The device tool returns at most 8 files: logs go to a work folder packed into one archive.
+W=$OUT/work; mkdir -p "$W"
+summary=()
+run() {  # name, command...
+  local name=$1; shift
+  local t0=$SECONDS
+  timeout "${STEP_TIMEOUT:-420}" "$@" >"$W/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-12s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
+  tail -n "${TAIL:-25}" "$W/$name.log"
+}
+for step in "$@"; do
+  case $step in
+    env) run env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -m sparse_mla.cli info; date -u' ;;
+    tests) run tests python3 -m pytest -q -n 8 ${TESTS:-tests} ;;
+    verify) run verify python3 -m sparse_mla.cli verify --no-progress ;;
+    memcheck) run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x ${MEMCHECK_TESTS:-tests/ops/test_remap.py tests/ops/test_decode_metadata.py} ;;
+    gpu_*) run "$step" python3 "benchmarks/$step.py" --out "$W" ;;
+    tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
+    bench) run bench python3 -m sparse_mla.cli bench --out "$W/bench" ${BENCH_ARGS:-} ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+tar -C "$OUT" -czf "$OUT/lease.tgz" work && rm -rf "$W"
+printf '%s\n' "${summary[@]}"

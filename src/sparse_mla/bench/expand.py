@@ -1,0 +1,275 @@
+"""Benchmark cases for the speculative-decode metadata expansion (section 1 of the spec).
+
+For each (B requests, n tokens per request):
+
+* uniform data (every n_b = n, T = B*n tokens): ``triton-uniform`` (uniform=True, host-known
+  n), ``triton-ragged`` (the ragged kernel forced with uniform=False on the same data: reads
+  "ragged within 1.3x of uniform at the same token count" directly) and ``torch-ops``;
+* ragged data with the SAME token count T: n_b uniform in [1, n], drawn until the lengths sum
+  to T (the last one trimmed), so it has more requests than B: ``triton-ragged`` and
+  ``torch-ops``.
+
+The Triton kernels write into pre-sized ``out`` buffers (as engines do); the ragged kernel
+reads device decode lengths. The PyTorch-ops path is upstream's ragged fallback
+(repeat_interleave with the host-known total), fed the device decode lengths and the total so
+that it is CUDA-graph capturable. Context lengths L_b are uniform in [n_b, 131072]; the block
+table has W = 2048 random page ids per request (128K context at page 64).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from .cases import (
+    Case,
+    InputSet,
+    OpSpec,
+    Variant,
+    clone_fields,
+    compare_fields,
+    kwargs_filter,
+    register_op,
+    tensor_fields,
+)
+from .floor import EXPAND_BYTES_RULE, expand_bytes
+from .report import Result, Table, fmt_ratio, fmt_us, paired_us
+
+POISON = -7777
+
+GRIDS: dict[str, dict[str, Any]] = {
+    "full": dict(batches=(1, 8, 64, 256, 512), ns=(2, 3, 4, 8), width=2048, ctx=131072),
+    "quick": dict(batches=(1, 64, 512), ns=(2, 4), width=2048, ctx=131072),
+    "cpu": dict(batches=(1, 3), ns=(2,), width=64, ctx=4096),
+}
+
+
+def _ops() -> SimpleNamespace:
+    """The implementations timed (tests replace this with stand-ins)."""
+    import sparse_mla
+    from sparse_mla.ops.decode_metadata import naive
+
+    return SimpleNamespace(
+        expand=sparse_mla.expand_decode_tokens, torch_ops=naive.expand_decode_tokens_torch_ops
+    )
+
+
+def ragged_lens(total: int, n: int, rng: random.Random) -> list[int]:
+    """Decode lengths uniform in [1, n] whose sum is exactly ``total`` (last one trimmed)."""
+    lens: list[int] = []
+    left = total
+    while left > 0:
+        v = min(rng.randint(1, n), left)
+        lens.append(v)
+        left -= v
+    return lens
+
+
+def make_expand_set(lens: Sequence[int], *, width: int, ctx: int, device: torch.device) -> InputSet:
+    b = len(lens)
+    dl = torch.tensor(list(lens), dtype=torch.int32)
+    seq_lens = (dl + (torch.rand(b) * (ctx - dl + 1).float()).long()).to(torch.int32)
+    return {
+        "seq_lens": seq_lens.to(device),
+        "block_table": torch.randint(0, 1 << 24, (b, width), dtype=torch.int32, device=device),
+        "decode_lens": dl.to(device),
+        "lens_host": list(lens),
+        "total": int(sum(lens)),
+        "out": None,  # sized by the first Triton variant bound to this set
+    }
+
+
+def _poison(s: InputSet) -> None:
+    for _, t in tensor_fields(s["out"]):
+        t.fill_(POISON)
+
+
+def _triton_variant(fn: Any, name: str, uniform: bool, n: int) -> Variant:
+    keep = kwargs_filter(fn)
+    has_out = "out" in keep({"out": None})
+
+    def bind(s: InputSet):
+        # Uniform: host-known n (an int). Ragged kernel: device decode lengths (no allocation,
+        # no synchronisation), also on uniform data.
+        dl = n if uniform else s["decode_lens"]
+        kw = keep(dict(max_decode_len=n, num_tokens=s["total"], uniform=uniform))
+        args = (s["seq_lens"], s["block_table"], dl)
+        if s["out"] is None:
+            s["out"] = fn(*args, **kw)
+        if not has_out:
+            return lambda: fn(*args, **kw)
+        kw_out = dict(kw, out=s["out"])
+        return lambda: fn(*args, **kw_out)
+
+    return Variant(name, bind, "ours")
+
+
+def _torch_variant(fn: Any, n: int) -> Variant:
+    keep = kwargs_filter(fn)
+
+    def bind(s: InputSet):
+        kw = keep(dict(max_decode_len=n, num_tokens=s["total"], total_tokens=s["total"]))
+        if "total_tokens" in kw:
+            args = (s["seq_lens"], s["block_table"], s["decode_lens"])
+        else:
+            args = (s["seq_lens"], s["block_table"], torch.tensor(s["lens_host"]))
+        return lambda: fn(*args, **kw)
+
+    return Variant("torch-ops", bind, "baseline", graph_safe=False)
+
+
+def _bytes_fn(width: int):
+    def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
+        s = sets[0]
+        t = s["total"]
+        per_token = [x for _, x in tensor_fields(s["out"]) if tuple(x.shape) == (t,)]
+        return expand_bytes(
+            len(s["lens_host"]), width, t, per_token_outputs=len(per_token) if per_token else 2
+        )
+
+    return bytes_moved
+
+
+def build(grid: str, device: torch.device) -> list[Case]:
+    g = GRIDS[grid]
+    ops = _ops()
+    rng = random.Random(torch.initial_seed())
+    w, ctx = g["width"], g["ctx"]
+    cases = []
+    for n in g["ns"]:
+        for b in g["batches"]:
+            t = b * n
+            set_bytes = 4 * (b * w + t * w + 2 * b + 4 * t)
+            uniform_lens = [n] * b
+            cases.append(
+                Case(
+                    op="expand",
+                    group=f"expand n={n}",
+                    plot="expand",
+                    label=f"B={b} uniform",
+                    x=t,
+                    params=dict(B=b, n=n, data="uniform", requests=b, tokens=t, width=w),
+                    make_set=lambda i, lens=uniform_lens: make_expand_set(
+                        lens, width=w, ctx=ctx, device=device
+                    ),
+                    set_bytes=set_bytes,
+                    variants=[
+                        _triton_variant(ops.expand, "triton-uniform", True, n),
+                        _triton_variant(ops.expand, "triton-ragged", False, n),
+                        _torch_variant(ops.torch_ops, n),
+                    ],
+                    bytes_moved=_bytes_fn(w),
+                    poison=_poison,
+                    snapshot=clone_fields,
+                    compare=compare_fields,
+                    reference="torch-ops",
+                )
+            )
+            lens = ragged_lens(t, n, rng)
+            br = len(lens)
+            cases.append(
+                Case(
+                    op="expand",
+                    group=f"expand n={n}",
+                    plot="expand",
+                    label=f"B={b} ragged ({br} req)",
+                    x=t,
+                    params=dict(B=b, n=n, data="ragged", requests=br, tokens=t, width=w),
+                    make_set=lambda i, lens=lens: make_expand_set(
+                        lens, width=w, ctx=ctx, device=device
+                    ),
+                    set_bytes=4 * (br * w + t * w + 2 * br + 4 * t),
+                    variants=[
+                        _triton_variant(ops.expand, "triton-ragged", False, n),
+                        _torch_variant(ops.torch_ops, n),
+                    ],
+                    bytes_moved=_bytes_fn(w),
+                    poison=_poison,
+                    snapshot=clone_fields,
+                    compare=compare_fields,
+                    reference="torch-ops",
+                    series_tag=" [ragged data]",
+                )
+            )
+    return cases
+
+
+def summaries(results: list[Result]) -> list[Table]:
+    """Ragged vs uniform at the same token count, per (B, n)."""
+    rs = {
+        (r.params.get("B"), r.params.get("n"), r.params.get("data"), r.variant): r
+        for r in results
+        if r.op == "expand"
+    }
+    keys = sorted({(b, n) for b, n, _, _ in rs if b is not None}, key=lambda k: (k[1], k[0]))
+    rows = []
+    for b, n in keys:
+        u = rs.get((b, n, "uniform", "triton-uniform"))
+        ru = rs.get((b, n, "uniform", "triton-ragged"))
+        rr = rs.get((b, n, "ragged", "triton-ragged"))
+        tu = rs.get((b, n, "uniform", "torch-ops"))
+        tr = rs.get((b, n, "ragged", "torch-ops"))
+
+        def us(r: Result | None) -> float | None:
+            return r.best_us if r is not None else None
+
+        def ratio(a: Result | None, base: Result | None) -> str:
+            pair = paired_us(a, base)
+            return fmt_ratio(pair[0] / pair[1]) if pair else "n/a"
+
+        rows.append(
+            [
+                f"{b}",
+                f"{n}",
+                f"{b * n}",
+                fmt_us(us(u)),
+                fmt_us(us(ru)),
+                ratio(ru, u),
+                fmt_us(us(rr)),
+                ratio(rr, u),
+                fmt_us(us(tu)),
+                fmt_us(us(tr)),
+            ]
+        )
+    if not rows:
+        return []
+    headers = [
+        "B",
+        "n",
+        "tokens",
+        "uniform us",
+        "ragged kernel, uniform data us",
+        "/uniform",
+        "ragged kernel, ragged data us",
+        "/uniform",
+        "torch-ops uniform us",
+        "torch-ops ragged us",
+    ]
+    return [
+        Table(
+            "expansion: ragged kernel vs uniform kernel at the same token count (in graph)",
+            headers,
+            rows,
+            ["ragged data: n_b uniform in [1, n], same total tokens, hence more requests"],
+        )
+    ]
+
+
+register_op(
+    OpSpec(
+        name="expand",
+        build=build,
+        notes=[
+            EXPAND_BYTES_RULE,
+            "variants: triton-uniform (uniform=True, host-known n), triton-ragged "
+            "(uniform=False, device decode lengths; also on uniform data), torch-ops "
+            "(upstream's ragged fallback: repeat_interleave with the host-known total). "
+            "Ragged data has the same token count as the uniform case, n_b in [1, n].",
+        ],
+        summaries=summaries,
+    )
+)

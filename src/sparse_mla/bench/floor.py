@@ -1,0 +1,98 @@
+"""Floor arithmetic and the bytes each op must move.
+
+The floor beside every figure is
+
+    floor = max(launch, bytes / copy_bw)
+
+with ``launch`` the in-graph per-call time of an empty one-program Triton kernel and
+``copy_bw`` a large device-to-device copy's (bytes read + bytes written) / time, both measured
+in the same run. Why max and not launch + bytes/bw: each term alone is a hard lower bound (no
+kernel beats an empty launch, none moves its bytes faster than a streaming copy), so the max is
+a bound that holds with certainty and ``time / floor`` >= 1 always has one reading. The sum
+assumes the fixed per-kernel cost never overlaps data movement, which is false inside a graph
+(the next kernel's launch overlaps the previous one's tail), so it would overstate the floor of
+mid-sized calls. Both terms are stored in the results, so the sum can be formed if wanted.
+
+Bytes are the fewest a kernel must move through device memory: each input read once, each
+output written once (4-byte ints everywhere).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOOR_RULE = "floor = max(empty-kernel launch in graph, bytes / copy bandwidth)"
+INT = 4  # bytes per int32
+
+REMAP_BYTES_RULE = (
+    "remap bytes = token_indices read (T*K*4) + out written (T*K*4) + req_id (T*4) "
+    "+ valid counts written (T*4, counting variants only) + block-table entries touched "
+    "(4 bytes per distinct (request, page) among the valid indices, counted exactly from the "
+    "generated inputs; at most min(distinct pages, K) per row). DRAM moves 32-byte sectors, so "
+    "the true block-table traffic can be up to 8x that count; the floor uses the count."
+)
+EXPAND_BYTES_RULE = (
+    "expansion bytes = block-table rows read (B*W*4) + rows written (T*W*4) + seq_lens and "
+    "decode_lens read (2*B*4) + per-token int32 outputs written (T*4 each; counted from the "
+    "kernel's output, 2 when unknown). Whole rows are counted because the kernels copy whole "
+    "rows (W = 2048 pages = a 128K context at page 64)."
+)
+
+
+def transfer_us(nbytes: int, bw_bytes_per_s: float) -> float:
+    """Time to move ``nbytes`` at ``bw_bytes_per_s``, in microseconds."""
+    return nbytes / bw_bytes_per_s * 1e6
+
+
+def floor_us(launch_us: float, nbytes: int, bw_bytes_per_s: float) -> float:
+    """``max(launch_us, nbytes / bw)``; see the module docstring for why max."""
+    return max(launch_us, transfer_us(nbytes, bw_bytes_per_s))
+
+
+def achieved_gbs(nbytes: int, time_us: float) -> float:
+    """Bytes moved per second, in GB/s (1e9)."""
+    return nbytes / (time_us * 1e-6) / 1e9
+
+
+def remap_bytes(tokens: int, k: int, touched_pages: int, *, counts: bool = True) -> int:
+    """Fewest bytes for one remap call; ``touched_pages`` = distinct (request, page) pairs."""
+    b = tokens * k * INT * 2 + tokens * INT + touched_pages * INT
+    if counts:
+        b += tokens * INT
+    return b
+
+
+def expand_bytes(requests: int, width: int, tokens: int, *, per_token_outputs: int = 2) -> int:
+    """Fewest bytes for one expansion call: rows read + rows written + lengths in and out."""
+    read = requests * width * INT + 2 * requests * INT
+    written = tokens * width * INT + per_token_outputs * tokens * INT
+    return read + written
+
+
+def count_touched_pages(
+    req_id: torch.Tensor,
+    token_indices: torch.Tensor,
+    *,
+    block_size: int,
+    max_blocks: int,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    interleave: int = 1,
+) -> int:
+    """Distinct (block-table row, page) pairs a remap call must read.
+
+    With ``dcp_size > 1`` only the positions this rank owns count, at their local page
+    (owner ``(p // I) % W``, local ``(p // (W*I)) * I + p % I``). Pages outside
+    ``[0, max_blocks)`` are not read."""
+    idx = token_indices.long()
+    valid = idx >= 0
+    if dcp_size > 1:
+        valid &= torch.div(idx, interleave, rounding_mode="floor") % dcp_size == dcp_rank
+        idx = (
+            torch.div(idx, dcp_size * interleave, rounding_mode="floor") * interleave
+            + idx % interleave
+        )
+    page = torch.div(idx, block_size, rounding_mode="floor")
+    valid &= page < max_blocks
+    key = req_id.long()[:, None] * max_blocks + page
+    return int(torch.unique(key[valid]).numel())

@@ -1,0 +1,349 @@
+"""Benchmark cases for the index remap (section 2 of the spec) and its DCP form (section 3).
+
+Variants, all counting valid entries (where the layouts differ) unless named otherwise:
+``ours`` (layout="auto"), ``ours-nocount`` (auto, no counts), ``tiled_atomic`` (the pre-seed
+upstream design, including its counter zero-fill), ``seed`` (single tile only for
+power-of-two K, atomics otherwise) and ``torch`` (the vectorized PyTorch-ops reference).
+
+Inputs, fresh random per set: R = min(T, 1024) requests (token t belongs to request
+t * R // T), each with a context length uniform in [1, 131072]; a block table [R, 2048] of
+random page ids; per token the first min(K, L) entries are random positions in [0, L), the
+rest -1 (what top-k emits for short contexts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from .cases import Case, InputSet, OpSpec, Variant, kwargs_filter, register_op
+from .floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
+from .report import Result, Table, per_step_table
+
+BLOCK_SIZE = 64
+POISON = -7777
+
+GRIDS: dict[str, dict[str, Any]] = {
+    "full": dict(
+        ks=(2048, 512, 384),
+        tokens=(1, 8, 32, 64, 128, 256, 512, 1024, 4096, 16384),
+        dcp_sizes=(2, 4),
+        dcp_k=2048,
+        dcp_tokens=(1, 32, 256, 1024, 4096),
+        width=2048,
+        ctx=131072,
+        max_requests=1024,
+    ),
+    "quick": dict(
+        ks=(2048, 384),
+        tokens=(1, 256, 1024),
+        dcp_sizes=(2,),
+        dcp_k=2048,
+        dcp_tokens=(1, 256),
+        width=2048,
+        ctx=131072,
+        max_requests=1024,
+    ),
+    # CPU interpreter smoke: tiny, but still a power-of-two K and a non-power-of-two K.
+    "cpu": dict(
+        ks=(256, 384),
+        tokens=(1, 3),
+        dcp_sizes=(2,),
+        dcp_k=256,
+        dcp_tokens=(3,),
+        width=64,
+        ctx=4096,
+        max_requests=4,
+    ),
+}
+
+
+def _ops() -> SimpleNamespace:
+    """The implementations timed (tests replace this with stand-ins)."""
+    import sparse_mla
+    from sparse_mla.ops.remap import naive
+
+    return SimpleNamespace(
+        convert=sparse_mla.convert_req_index_to_global_index,
+        dcp=sparse_mla.filter_and_convert_dcp_index,
+        reference=naive.convert_req_index_to_global_index_reference,
+        # The reference takes dcp_size/dcp_rank/interleave/compact itself.
+        dcp_reference=getattr(
+            naive,
+            "filter_and_convert_dcp_index_reference",
+            naive.convert_req_index_to_global_index_reference,
+        ),
+        choose_layout=getattr(sparse_mla, "choose_remap_layout", None),
+    )
+
+
+def _auto_layout(ops: SimpleNamespace, k: int, t: int, compact: bool) -> str:
+    """What layout='auto' picks for this shape (for the record); "" when unknown."""
+    fn = getattr(ops, "choose_layout", None)
+    if fn is None:
+        return ""
+    try:
+        lay = fn(k, count_valid=True, compact=compact, policy="auto", num_rows=t)
+    except Exception:  # informational only: never let it stop a run
+        return ""
+    fields = getattr(lay, "__dataclass_fields__", None)
+    if not fields:
+        return str(lay)
+    return ",".join(f"{f}={getattr(lay, f)}" for f in fields)
+
+
+def make_remap_set(
+    tokens: int, k: int, *, width: int, ctx: int, max_requests: int, device: torch.device
+) -> InputSet:
+    """One fresh random input set with its output buffers (see the module docstring)."""
+    r = min(tokens, max_requests)
+    req_id = (torch.arange(tokens, device=device) * r // tokens).to(torch.int32)
+    lens = torch.randint(1, ctx + 1, (r,), device=device)
+    block_table = torch.randint(0, 1 << 24, (r, width), dtype=torch.int32, device=device)
+    lt = lens[req_id.long()]
+    pos = (torch.rand(tokens, k, device=device) * lt[:, None]).long()
+    col = torch.arange(k, device=device)[None, :]
+    idx = torch.where(col < torch.clamp(lt, max=k)[:, None], pos, -1).to(torch.int32)
+    return {
+        "req_id": req_id,
+        "block_table": block_table,
+        "token_indices": idx,
+        "out": torch.empty(tokens, k, dtype=torch.int32, device=device),
+        "counts": torch.empty(tokens, dtype=torch.int32, device=device),
+    }
+
+
+def _set_bytes(tokens: int, k: int, width: int, max_requests: int) -> int:
+    return 4 * (2 * tokens * k + 2 * tokens + min(tokens, max_requests) * width)
+
+
+def _poison(s: InputSet) -> None:
+    s["out"].fill_(POISON)
+    s["counts"].fill_(POISON)
+
+
+def _snapshot(ret: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(ret, torch.Tensor):
+        return ret.clone(), None
+    out, counts = ret[0], ret[1]
+    return out.clone(), (counts.clone() if counts is not None else None)
+
+
+def _counts_of(out: torch.Tensor) -> torch.Tensor:
+    return (out != -1).sum(dim=1, dtype=torch.int32)
+
+
+def _compare(sorted_rows: bool):
+    """Bit-exact check of (out, counts) against the reference; compacted DCP rows are compared
+    as sorted rows because the atomic layout's prefix order is arbitrary."""
+
+    def compare(a: tuple[torch.Tensor, Any], ref: tuple[torch.Tensor, Any]) -> str:
+        out, ref_out = a[0], ref[0].to(a[0].device, torch.int32)
+        if out.shape != ref_out.shape:
+            return f"mismatch: out shape {tuple(out.shape)} vs {tuple(ref_out.shape)}"
+        if sorted_rows:
+            out, ref_out = out.sort(dim=1).values, ref_out.sort(dim=1).values
+        if not torch.equal(out, ref_out):
+            return f"mismatch in out ({int((out != ref_out).sum())} of {out.numel()} differ)"
+        if a[1] is not None:
+            ref_c = ref[1] if ref[1] is not None else _counts_of(ref[0])
+            if not torch.equal(a[1], ref_c.to(a[1].device, torch.int32)):
+                return "mismatch in valid counts"
+        return ""
+
+    return compare
+
+
+def _kernel_variants(fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
+    def bind_for(layout: str, counts: bool):
+        def bind(s: InputSet):
+            args = (s["req_id"], s["block_table"], s["token_indices"])
+            kw = dict(base_kw, out=s["out"], return_valid_counts=counts, layout=layout)
+            if counts:
+                kw["valid_counts_out"] = s["counts"]
+            return lambda: fn(*args, **kw)
+
+        return bind
+
+    return [
+        Variant("ours", bind_for("auto", True), "ours"),
+        Variant("ours-nocount", bind_for("auto", False), "extra", counts=False),
+        Variant("tiled_atomic", bind_for("tiled_atomic", True), "baseline"),
+        Variant("seed", bind_for("seed", True), "baseline"),
+    ]
+
+
+def _torch_variant(ref: Any, base_kw: dict[str, Any]) -> Variant:
+    keep = kwargs_filter(ref)
+    kw = keep(dict(base_kw, return_valid_counts=True))
+    counts_inside = "return_valid_counts" in kw
+
+    def bind(s: InputSet):
+        args = (s["req_id"], s["block_table"], s["token_indices"])
+        if counts_inside:
+            return lambda: ref(*args, **kw)
+
+        def call() -> Any:
+            out = ref(*args, **kw)
+            return out, _counts_of(out)
+
+        return call
+
+    return Variant("torch", bind, "baseline", graph_safe=False)
+
+
+def _bytes_fn(tokens: int, k: int, width: int, dcp: dict[str, int] | None = None):
+    touched: list[int] = []  # per case: counted once, shared by its variants
+
+    def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
+        if not touched:
+            touched.append(_mean_touched(sets))
+        return remap_bytes(tokens, k, touched[0], counts=v.counts)
+
+    def _mean_touched(sets: Sequence[InputSet]) -> int:
+        pages = [
+            count_touched_pages(
+                s["req_id"],
+                s["token_indices"],
+                block_size=BLOCK_SIZE,
+                max_blocks=width,
+                **(dcp or {}),
+            )
+            for s in sets
+        ]
+        return round(sum(pages) / len(pages))
+
+    return bytes_moved
+
+
+def build(grid: str, device: torch.device) -> list[Case]:
+    g = GRIDS[grid]
+    ops = _ops()
+    cases = []
+    base_kw = dict(block_size=BLOCK_SIZE)
+    for k in g["ks"]:
+        for t in g["tokens"]:
+            variants = _kernel_variants(ops.convert, base_kw)
+            variants.append(_torch_variant(ops.reference, base_kw))
+            cases.append(
+                Case(
+                    op="remap",
+                    group=f"remap K={k}",
+                    plot=f"remap_K{k}",
+                    label=f"T={t}",
+                    x=t,
+                    params=dict(
+                        K=k,
+                        tokens=t,
+                        requests=min(t, g["max_requests"]),
+                        width=g["width"],
+                        block_size=BLOCK_SIZE,
+                        auto_layout=_auto_layout(ops, k, t, False),
+                    ),
+                    make_set=lambda i, t=t, k=k: make_remap_set(
+                        t,
+                        k,
+                        width=g["width"],
+                        ctx=g["ctx"],
+                        max_requests=g["max_requests"],
+                        device=device,
+                    ),
+                    set_bytes=_set_bytes(t, k, g["width"], g["max_requests"]),
+                    variants=variants,
+                    bytes_moved=_bytes_fn(t, k, g["width"]),
+                    poison=_poison,
+                    snapshot=_snapshot,
+                    compare=_compare(sorted_rows=False),
+                    reference="torch",
+                )
+            )
+    k = g["dcp_k"]
+    for d in g["dcp_sizes"]:
+        # Rank 0's block table pages its local positions: a 1/d share of the context.
+        local_width = -(-g["width"] // d)
+        dcp = dict(dcp_size=d, dcp_rank=0, interleave=1)
+        dcp_kw = dict(base_kw, compact=True, **dcp)
+        for t in g["dcp_tokens"]:
+            variants = [v for v in _kernel_variants(ops.dcp, dcp_kw) if v.name != "ours-nocount"]
+            if ops.dcp_reference is not None:
+                variants.append(_torch_variant(ops.dcp_reference, dcp_kw))
+            cases.append(
+                Case(
+                    op="remap",
+                    group=f"remap DCP={d} K={k}",
+                    plot="remap_dcp",
+                    label=f"T={t}",
+                    x=t,
+                    params=dict(
+                        K=k,
+                        tokens=t,
+                        dcp_size=d,
+                        dcp_rank=0,
+                        interleave=1,
+                        compact=True,
+                        width=local_width,
+                        block_size=BLOCK_SIZE,
+                        auto_layout=_auto_layout(ops, k, t, True),
+                    ),
+                    make_set=lambda i, t=t, k=k, lw=local_width: make_remap_set(
+                        t,
+                        k,
+                        width=lw,
+                        ctx=g["ctx"],
+                        max_requests=g["max_requests"],
+                        device=device,
+                    ),
+                    set_bytes=_set_bytes(t, k, local_width, g["max_requests"]),
+                    variants=variants,
+                    bytes_moved=_bytes_fn(t, k, local_width, dcp),
+                    poison=_poison,
+                    snapshot=_snapshot,
+                    compare=_compare(sorted_rows=True),
+                    reference="torch" if ops.dcp_reference is not None else "ours",
+                )
+            )
+    return cases
+
+
+def summaries(results: list[Result]) -> list[Table]:
+    """Per-decode-step savings at K=2048 (the largest K present in smaller grids)."""
+    ks = sorted({r.params.get("K", 0) for r in results if r.group.startswith("remap K=")})
+    if not ks:
+        return []
+    k = 2048 if 2048 in ks else ks[-1]
+    present = sorted({r.x for r in results if r.group == f"remap K={k}"})
+    tokens = [t for t in (1, 256, 1024) if t in present] or present
+    return [
+        per_step_table(
+            results,
+            group=f"remap K={k}",
+            ours="ours",
+            baselines=("tiled_atomic", "seed"),
+            tokens=tokens,
+            layers=(61, 78),
+            title=f"remap per decode step (K={k}, valid counts on, in-graph times x layers)",
+        )
+    ]
+
+
+register_op(
+    OpSpec(
+        name="remap",
+        build=build,
+        notes=[
+            REMAP_BYTES_RULE,
+            "variants: ours = layout 'auto'; tiled_atomic = 128-column tiles each atomically "
+            "adding into a zero-filled per-row counter (the zero-fill is inside the timed "
+            "call); seed = single tile only for power-of-two K; torch = vectorized PyTorch "
+            "reference. All return valid counts except ours-nocount.",
+            "inputs: R = min(T, 1024) requests with context lengths uniform in [1, 131072], "
+            "random page ids; the first min(K, L) entries of a row are random positions < L, "
+            "the rest -1. DCP: rank 0 of W, interleave 1, compacted; the block table pages "
+            "the rank's local positions.",
+        ],
+        summaries=summaries,
+    )
+)

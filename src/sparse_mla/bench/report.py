@@ -1,0 +1,460 @@
+"""Result records and everything that presents them: speedups, terminal and markdown tables,
+the per-decode-step table, JSON/CSV files, PNG plots and the markdown results page."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+# --------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One variant timed on one case. Times are microseconds per call (medians)."""
+
+    op: str
+    group: str
+    plot: str
+    case: str
+    variant: str
+    role: str
+    series: str
+    x: int
+    params: dict[str, Any]
+    bytes_moved: int
+    floor_us: float
+    launch_us: float
+    copy_gbs: float
+    n_sets: int = 1
+    working_set_bytes: int = 0
+    l2_bytes: int = 0
+    graph_us: float | None = None
+    graph_min_us: float | None = None
+    graph_calls: int = 0
+    graph_reps: int = 0
+    eager_us: float | None = None
+    eager_min_us: float | None = None
+    eager_calls: int = 0
+    eager_reps: int = 0
+    achieved_gbs: float | None = None
+    over_floor: float | None = None
+    speedup_graph: dict[str, float] = field(default_factory=dict)
+    speedup_eager: dict[str, float] = field(default_factory=dict)
+    check: str = ""
+    note: str = ""
+
+    @property
+    def best_us(self) -> float | None:
+        """The in-graph time, or the eager one where the graph could not be captured."""
+        return self.graph_us if self.graph_us is not None else self.eager_us
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def finalize(results: list[Result]) -> None:
+    """Fill achieved bandwidth, time/floor, and the speedups of every "ours" variant over every
+    "baseline" variant of the same case (ratio baseline time / our time, per timing mode)."""
+    by_case: dict[tuple[str, str, str], list[Result]] = {}
+    for r in results:
+        t = r.best_us
+        r.achieved_gbs = r.bytes_moved / (t * 1e-6) / 1e9 if t else None
+        r.over_floor = t / r.floor_us if t and r.floor_us else None
+        by_case.setdefault((r.op, r.group, r.case), []).append(r)
+    for rs in by_case.values():
+        bases = [r for r in rs if r.role == "baseline"]
+        for r in rs:
+            if r.role != "ours":
+                continue
+            r.speedup_graph = {
+                b.variant: b.graph_us / r.graph_us for b in bases if b.graph_us and r.graph_us
+            }
+            r.speedup_eager = {
+                b.variant: b.eager_us / r.eager_us for b in bases if b.eager_us and r.eager_us
+            }
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------------------------
+
+
+def fmt_us(v: float | None) -> str:
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    if v < 10:
+        return f"{v:.2f}"
+    if v < 100:
+        return f"{v:.1f}"
+    return f"{v:.0f}"
+
+
+def fmt_ratio(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:.2f}x"
+
+
+def fmt_gbs(v: float | None) -> str:
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.2g}"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{int(n)}"
+
+
+def _ordered(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def group_tables(results: Sequence[Result], mode: str = "graph") -> list[Table]:
+    """One table per group: a row per case, a time column per variant, the floor, and for the
+    row's first "ours" variant its bandwidth, time/floor and speedups over each baseline."""
+    if mode not in ("graph", "eager"):
+        raise ValueError("mode must be 'graph' or 'eager'")
+    tables = []
+    for group in _ordered(r.group for r in results):
+        rs = [r for r in results if r.group == group]
+        variants = _ordered(r.variant for r in rs)
+        ours = _ordered(r.variant for r in rs if r.role == "ours")
+        bases = _ordered(r.variant for r in rs if r.role == "baseline")
+        headers = ["case", "sets", "bytes", "floor us"] + [f"{v} us" for v in variants]
+        headers += ["ours GB/s", "ours/floor"] + [f"vs {b}" for b in bases]
+        rows = []
+        for case in _ordered(r.case for r in rs):
+            row_rs = {r.variant: r for r in rs if r.case == case}
+            first = next(iter(row_rs.values()))
+            mine = next((row_rs[v] for v in ours if v in row_rs), None)
+            t = {v: (getattr(r, f"{mode}_us")) for v, r in row_rs.items()}
+            l2 = "*" if first.working_set_bytes < first.l2_bytes else ""
+            row = [
+                case,
+                f"{first.n_sets}{l2}",
+                fmt_bytes(first.bytes_moved),
+                fmt_us(first.floor_us),
+            ]
+            for v in variants:
+                cell = fmt_us(t.get(v)) if v in row_rs else ""
+                if v in row_rs and row_rs[v].check.startswith("mismatch"):
+                    cell += "!"
+                row.append(cell)
+            if mine is not None and t.get(mine.variant):
+                tm = t[mine.variant]
+                row += [
+                    fmt_gbs(mine.bytes_moved / (tm * 1e-6) / 1e9),
+                    fmt_ratio(tm / mine.floor_us),
+                ]
+                sp = mine.speedup_graph if mode == "graph" else mine.speedup_eager
+                row += [fmt_ratio(sp.get(b)) if b in row_rs else "" for b in bases]
+            else:
+                row += ["n/a", "n/a"] + ["" for _ in bases]
+            rows.append(row)
+        what = "in a CUDA graph" if mode == "graph" else "eager (events around back-to-back calls)"
+        who = ours[0] if len(ours) == 1 else f"the first of {', '.join(ours)} in the row"
+        notes = [
+            f"us per call, median, {what}; ours = {who or '-'}; vs X = X's time / our time",
+            "sets: input sets rotated through (* = their working set fits in L2, so the data "
+            "is cache-resident); ! = output differed from the reference",
+        ]
+        tables.append(Table(f"{group} ({mode})", headers, rows, notes))
+    return tables
+
+
+def paired_us(a: Result | None, b: Result | None) -> tuple[float, float, str] | None:
+    """Times of two results in the same mode: in graph when both have one, else eager."""
+    if a is None or b is None:
+        return None
+    if a.graph_us and b.graph_us:
+        return a.graph_us, b.graph_us, "graph"
+    if a.eager_us and b.eager_us:
+        return a.eager_us, b.eager_us, "eager"
+    return None
+
+
+def per_step_table(
+    results: Sequence[Result],
+    *,
+    group: str,
+    ours: str,
+    baselines: Sequence[str],
+    tokens: Sequence[int] = (1, 256, 1024),
+    layers: Sequence[int] = (61, 78),
+    title: str | None = None,
+) -> Table:
+    """Time saved per decode step by ``ours`` over each baseline when the op runs once per
+    layer: (baseline - ours) per call x layers, from in-graph times (eager if no graph)."""
+    rs = {(r.x, r.variant): r for r in results if r.group == group}
+    headers = ["tokens", "vs", "baseline us", "ours us", "speedup", "saved us/call"]
+    headers += [f"saved us/step ({n} layers)" for n in layers]
+    rows = []
+    for t in tokens:
+        for b in baselines:
+            pair = paired_us(rs.get((t, b)), rs.get((t, ours)))
+            if pair is None:
+                continue
+            tb, to, mode = pair
+            saved = tb - to
+            row = [str(t), b + ("" if mode == "graph" else " (eager)"), fmt_us(tb), fmt_us(to)]
+            row += [fmt_ratio(tb / to), f"{saved:.2f}"]
+            row += [f"{saved * n:.0f}" for n in layers]
+            rows.append(row)
+    return Table(
+        title or f"per decode step, {group}: {ours} vs {', '.join(baselines)}",
+        headers,
+        rows,
+        ["one call per attention layer per decode step; saved = (baseline - ours) x layers"],
+    )
+
+
+def render_text(table: Table) -> str:
+    cols = [table.headers] + table.rows
+    widths = [max(len(r[i]) for r in cols if i < len(r)) for i in range(len(table.headers))]
+
+    def line(r: list[str]) -> str:
+        cells = [r[i].rjust(w) if i else r[i].ljust(w) for i, w in enumerate(widths)]
+        return "  ".join(cells).rstrip()
+
+    out = [f"== {table.title}", line(table.headers), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in table.rows]
+    out += [f"   {n}" for n in table.notes]
+    return "\n".join(out)
+
+
+def render_markdown_table(table: Table) -> str:
+    out = ["| " + " | ".join(table.headers) + " |"]
+    out.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(table.headers))) + "|")
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in table.rows]
+    if table.notes:
+        out.append("")
+        out += [f"_{n}_  " for n in table.notes]
+    return "\n".join(out)
+
+
+def table_to_dict(t: Table) -> dict[str, Any]:
+    return asdict(t)
+
+
+def table_from_dict(d: dict[str, Any]) -> Table:
+    return Table(d["title"], list(d["headers"]), [list(r) for r in d["rows"]], list(d["notes"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------
+
+
+def write_json(
+    path: Path, meta: dict[str, Any], results: Sequence[Result], summaries: Sequence[Table] = ()
+) -> None:
+    doc = {
+        "meta": meta,
+        "results": [asdict(r) for r in results],
+        "summaries": [table_to_dict(t) for t in summaries],
+    }
+    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def load_json(path: Path) -> tuple[dict[str, Any], list[Result], list[Table]]:
+    doc = json.loads(Path(path).read_text())
+    results = [Result(**r) for r in doc["results"]]
+    return doc["meta"], results, [table_from_dict(t) for t in doc.get("summaries", [])]
+
+
+_CSV_FIELDS = [f.name for f in fields(Result)]
+
+
+def write_csv(path: Path, results: Sequence[Result]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=_CSV_FIELDS)
+        w.writeheader()
+        for r in results:
+            row = asdict(r)
+            for k, v in row.items():
+                if isinstance(v, dict):
+                    row[k] = json.dumps(v, sort_keys=True)
+                elif v is None:
+                    row[k] = ""
+                elif isinstance(v, float):
+                    row[k] = repr(v)
+            w.writerow(row)
+
+
+def _parse(kind: str, s: str) -> Any:
+    if kind.startswith("dict"):
+        return json.loads(s) if s else {}
+    if "None" in kind and s == "":
+        return None
+    if kind.startswith("float"):
+        return float(s)
+    if kind.startswith("int"):
+        return int(s)
+    return s
+
+
+def read_csv(path: Path) -> list[Result]:
+    kinds = {f.name: str(f.type) for f in fields(Result)}
+    with open(path, newline="") as f:
+        return [
+            Result(**{k: _parse(kinds[k], v) for k, v in row.items()}) for row in csv.DictReader(f)
+        ]
+
+
+# --------------------------------------------------------------------------------------------
+# Plots (matplotlib is an optional extra, imported lazily)
+# --------------------------------------------------------------------------------------------
+
+
+def write_plots(results: Sequence[Result], out_dir: Path) -> list[Path]:
+    """One PNG per plot key (one panel per group): per-call time vs tokens, log-log, a line per
+    variant (solid: in graph; dotted, same colour: eager) and the floor as a dashed black line.
+    Returns the files written; [] when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for plot in _ordered(r.plot for r in results):
+        prs = [r for r in results if r.plot == plot]
+        groups = _ordered(r.group for r in prs)
+        ncols = min(2, len(groups))
+        nrows = math.ceil(len(groups) / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.6 * nrows), squeeze=False)
+        for ax, group in zip(axes.flat, groups, strict=False):
+            grs = [r for r in prs if r.group == group]
+            for i, series in enumerate(_ordered(r.series for r in grs)):
+                srs = sorted((r for r in grs if r.series == series), key=lambda r: r.x)
+                color = f"C{i % 10}"
+                g = [(r.x, r.graph_us) for r in srs if r.graph_us]
+                e = [(r.x, r.eager_us) for r in srs if r.eager_us]
+                if g:
+                    ax.plot(*zip(*g, strict=True), "o-", color=color, label=series, ms=3.5, lw=1.4)
+                if e:
+                    ax.plot(
+                        *zip(*e, strict=True),
+                        ":",
+                        color=color,
+                        lw=1.0,
+                        alpha=0.8,
+                        label=None if g else f"{series} (eager)",
+                    )
+            floor: dict[int, float] = {}
+            for r in grs:
+                floor[r.x] = min(floor.get(r.x, math.inf), r.floor_us)
+            if floor:
+                xs = sorted(floor)
+                ax.plot(xs, [floor[x] for x in xs], "k--", lw=1.2, label="floor")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("tokens")
+            ax.set_ylabel("us per call")
+            ax.set_title(f"{group}  (solid: CUDA graph, dotted: eager)", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(groups) :]:
+            ax.axis("off")
+        fig.tight_layout()
+        path = out_dir / f"{plot}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown page
+# --------------------------------------------------------------------------------------------
+
+
+def render_markdown_page(
+    meta: dict[str, Any],
+    results: Sequence[Result],
+    summaries: Sequence[Table] = (),
+    plot_links: dict[str, str] | None = None,
+) -> str:
+    """A self-contained results page: run facts, method, per-group tables (graph and eager),
+    summaries and plot links. ``plot_links`` maps plot stems to paths relative to the page."""
+    plot_links = plot_links or {}
+    ops = ", ".join(meta.get("ops", [])) or "bench"
+    lines = [f"# sparse-mla benchmark: {ops}", ""]
+    facts = [
+        ("GPU", meta.get("gpu", "?")),
+        ("date", meta.get("date", "?")),
+        ("torch / triton", f"{meta.get('torch', '?')} / {meta.get('triton', '?')}"),
+        ("sparse-mla", meta.get("sparse_mla", "?")),
+        ("mode", meta.get("mode", "?")),
+        ("command", f"`{meta.get('command', '?')}`"),
+        ("seed", meta.get("seed", "?")),
+    ]
+    lines += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in facts] + [""]
+    if meta.get("mode") != "cuda":
+        lines += ["**CPU interpreter smoke run: the times below mean nothing.**", ""]
+    lines += ["## Method", ""]
+    lines += [f"- {m}" for m in meta.get("method", [])]
+    launch, bw = meta.get("launch_graph_us"), meta.get("copy_gbs")
+    if launch is not None and bw is not None:
+        lines.append(
+            f"- Measured in this run: empty Triton kernel {fmt_us(launch)} us per call in a "
+            f"graph ({fmt_us(meta.get('launch_eager_us'))} us eager); copy bandwidth "
+            f"{bw:.0f} GB/s (read + written, {fmt_bytes(meta.get('copy_bytes', 0))}B per copy)."
+        )
+    for op, notes in meta.get("op_notes", {}).items():
+        lines += [f"- {op}: {n}" for n in notes]
+    lines.append("")
+    shown: set[str] = set()
+    lines += ["## Per-call times in a CUDA graph", ""]
+    for t in group_tables(results, "graph"):
+        group = t.title.rsplit(" (", 1)[0]
+        lines += [f"### {group}", "", render_markdown_table(t), ""]
+        plot = next(r.plot for r in results if r.group == group)
+        if plot in plot_links and plot not in shown:
+            shown.add(plot)
+            lines += [f"![{plot}]({plot_links[plot]})", ""]
+    if summaries:
+        lines += ["## Summaries", ""]
+        for s in summaries:
+            lines += [f"### {s.title}", "", render_markdown_table(s), ""]
+    lines += ["## Eager per-call times", ""]
+    for t in group_tables(results, "eager"):
+        lines += [f"### {t.title}", "", render_markdown_table(t), ""]
+    bad = [r for r in results if r.check.startswith("mismatch") or r.note]
+    if bad:
+        lines += ["## Notes", ""]
+        lines += [f"- {r.group} {r.case} {r.variant}: {r.check} {r.note}".rstrip() for r in bad]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_markdown_from_json(json_path: Path, plot_prefix: str = "plots/") -> str:
+    """Re-render the results page of a finished run (e.g. to commit it under docs/results/
+    with the plots copied beside it): links every plot whose PNG lies in the run's ``plots``
+    folder as ``plot_prefix + name``."""
+    json_path = Path(json_path)
+    meta, results, summaries = load_json(json_path)
+    plot_dir = json_path.parent / "plots"
+    links = {
+        r.plot: f"{plot_prefix}{r.plot}.png"
+        for r in results
+        if (plot_dir / f"{r.plot}.png").exists()
+    }
+    return render_markdown_page(meta, results, summaries, links)

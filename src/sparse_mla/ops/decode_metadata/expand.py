@@ -1,0 +1,604 @@
+"""Decode-metadata expansion for speculative (multi-token) decode: Triton kernels and wrappers.
+
+A decode request ``b`` has ``n_b`` query tokens this step and total length ``L_b`` (including
+those tokens); its ``j``-th query token sees positions ``< L_b - n_b + j + 1``. Kernels that only
+take one query token per row need every query token "flattened" into its own row:
+
+* :func:`expand_decode_tokens` -- one Triton launch for both the uniform and the ragged case
+  (no device-to-host synchronisation, CUDA-graph safe with ``out=``),
+* :func:`native_decode_seq_lens` -- the un-flattened ``[B, n]`` lengths for kernels that take
+  ``n`` query tokens natively,
+* :func:`dcp_local_seq_lens` -- lengths localised to one decode-context-parallel rank.
+
+All three share :func:`_dcp_local_len`, so DCP localisation is identical everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._checks import check_int, check_same_device, check_shape, check_tensor
+from ..._runtime import cdiv, next_pow2
+
+_INT32_MAX = 2**31 - 1
+# Block-table columns copied per loop iteration (a 64-token page size and 128K context give
+# 2048-2560 columns: two or three iterations).
+_COPY_CHUNK = 1024
+
+DecodeLens = int | Sequence[int] | torch.Tensor
+
+
+class ExpandedDecodeTokens(NamedTuple):
+    """Flattened decode metadata: one row per query token, rows ordered request by request.
+
+    ``N`` = number of rows (real tokens first, then CUDA-graph padding rows), ``W`` = block-table
+    width.
+
+    * ``seq_lens``: int32 ``[N]``, positions visible to each token,
+      ``max(L_b - n_b + j + 1, 0)`` (DCP-localised when ``dcp_size > 1``); 0 on padding rows.
+    * ``block_table``: int32 ``[N, W]``, the request's block-table row; all zeros on padding rows.
+    * ``decode_lens``: int32 ``[N]``, all 1 (every row is a single query token).
+    * ``req_id``: int32 ``[N]``, the request (block-table row) ``b`` of each token; 0 on padding.
+    """
+
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    decode_lens: torch.Tensor
+    req_id: torch.Tensor
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dcp_local_len(length, dcp_size, dcp_rank, interleave):
+    # Number of positions p < length owned by dcp_rank, owner(p) = (p // interleave) % dcp_size.
+    # Closed form: every full round of dcp_size*interleave positions gives `interleave`, the
+    # partial round gives whatever of this rank's group falls below `length`. length >= 0.
+    span = dcp_size * interleave
+    full = length // span
+    rem = length - full * span
+    part = tl.minimum(tl.maximum(rem - dcp_rank * interleave, 0), interleave)
+    return full * interleave + part
+
+
+@triton.jit
+def _expand_kernel(
+    seq_lens_ptr,
+    sl_stride,
+    bt_ptr,
+    bt_s0,
+    bt_s1,
+    dl_ptr,
+    dl_stride,
+    out_sl_ptr,
+    out_sl_stride,
+    out_bt_ptr,
+    out_bt_s0,
+    out_bt_s1,
+    out_dl_ptr,
+    out_dl_stride,
+    out_rid_ptr,
+    out_rid_stride,
+    num_reqs,
+    width,
+    uniform_n,
+    uniform_div,
+    uniform_total,
+    max_decode_len,
+    dcp_size,
+    dcp_rank,
+    dcp_interleave,
+    UNIFORM: tl.constexpr,
+    DCP: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # One program per output row.
+    row = tl.program_id(0)
+    if UNIFORM:
+        # Host-known n: request and draft position are a division away. uniform_div is
+        # max(n, 1) (computed on the host) so n == 0 (all rows padding) does not divide by 0.
+        req = row // uniform_div
+        j = row - req * uniform_div
+        n = uniform_n
+        real = row < uniform_total
+    else:
+        # Ragged: every program scans all B decode lengths (device data, so clamped to
+        # [0, max_decode_len]; that also keeps the int32 prefix sum from overflowing).
+        offs = tl.arange(0, BLOCK_B)
+        in_b = offs < num_reqs
+        dls = tl.load(dl_ptr + offs * dl_stride, mask=in_b, other=0)
+        dls = tl.minimum(tl.maximum(dls, 0), max_decode_len)
+        ends = tl.cumsum(dls, axis=0)
+        # Ends are non-decreasing, so the requests ending at or before `row` are exactly
+        # 0..req-1, and their lengths sum to the start row of request `req`.
+        before = in_b & (ends <= row)
+        req = tl.sum(before.to(tl.int32), axis=0)
+        start = tl.sum(tl.where(before, dls, 0), axis=0)
+        n = tl.sum(tl.where(offs == req, dls, 0), axis=0)
+        j = row - start
+        real = row < tl.sum(dls, axis=0)
+
+    # Padding rows read request 0 under a false mask: no load can leave [0, B).
+    req = tl.where(real, req, 0)
+    seq_len = tl.load(seq_lens_ptr + req.to(tl.int64) * sl_stride, mask=real, other=0)
+    # Clamp before subtracting so a hostile negative length cannot wrap around.
+    length = tl.maximum(tl.maximum(seq_len, 0) - n + j + 1, 0)
+    if DCP:
+        length = _dcp_local_len(length, dcp_size, dcp_rank, dcp_interleave)
+    length = tl.where(real, length, 0)
+
+    row64 = row.to(tl.int64)
+    tl.store(out_sl_ptr + row64 * out_sl_stride, length)
+    tl.store(out_dl_ptr + row64 * out_dl_stride, 1)
+    tl.store(out_rid_ptr + row64 * out_rid_stride, req)
+
+    # Copy the request's block-table row; padding rows get every column zeroed.
+    cols = tl.arange(0, BLOCK_W)
+    src = bt_ptr + req.to(tl.int64) * bt_s0
+    dst = out_bt_ptr + row64 * out_bt_s0
+    # Folding `real` into the bound (rather than `mask & real`) also keeps the interpreter
+    # happy: it mis-types a scalar bool broadcast into a vector mask.
+    read_w = tl.where(real, width, 0)
+    for c0 in range(0, width, BLOCK_W):
+        c = (c0 + cols).to(tl.int64)
+        vals = tl.load(src + c * bt_s1, mask=c < read_w, other=0)
+        tl.store(dst + c * out_bt_s1, vals, mask=c < width)
+
+
+@triton.jit
+def _native_lens_kernel(
+    seq_lens_ptr,
+    sl_stride,
+    out_ptr,
+    out_s0,
+    out_s1,
+    out_dl_ptr,
+    out_dl_stride,
+    num_reqs,
+    next_n,
+    dcp_size,
+    dcp_rank,
+    dcp_interleave,
+    WRITE_DL: tl.constexpr,
+    DCP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # A [BLOCK_R, BLOCK_N] tile of requests x draft positions per program.
+    reqs = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    js = tl.arange(0, BLOCK_N)
+    in_r = reqs < num_reqs
+    seq_len = tl.load(seq_lens_ptr + reqs.to(tl.int64) * sl_stride, mask=in_r, other=0)
+    seq_len = tl.maximum(seq_len, 0)
+    length = tl.maximum(seq_len[:, None] - next_n + 1 + js[None, :], 0)
+    if DCP:
+        length = _dcp_local_len(length, dcp_size, dcp_rank, dcp_interleave)
+    mask = in_r[:, None] & (js[None, :] < next_n)
+    offs = reqs.to(tl.int64)[:, None] * out_s0 + js.to(tl.int64)[None, :] * out_s1
+    tl.store(out_ptr + offs, length, mask=mask)
+    if WRITE_DL:
+        tl.store(out_dl_ptr + reqs.to(tl.int64) * out_dl_stride, next_n + reqs * 0, mask=in_r)
+
+
+@triton.jit
+def _dcp_local_kernel(
+    seq_lens_ptr,
+    sl_stride,
+    out_ptr,
+    out_stride,
+    n_elem,
+    dcp_size,
+    dcp_rank,
+    dcp_interleave,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n_elem
+    length = tl.load(seq_lens_ptr + offs.to(tl.int64) * sl_stride, mask=m, other=0)
+    length = _dcp_local_len(tl.maximum(length, 0), dcp_size, dcp_rank, dcp_interleave)
+    tl.store(out_ptr + offs.to(tl.int64) * out_stride, length, mask=m)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host-side checks shared by the wrappers and the builder
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_dcp(dcp_size: int, dcp_rank: int, dcp_interleave: int) -> None:
+    check_int("dcp_size", dcp_size, lo=1)
+    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
+    check_int("dcp_interleave", dcp_interleave, lo=1)
+    if dcp_size * dcp_interleave > _INT32_MAX:
+        raise ValueError(
+            f"dcp_size * dcp_interleave must fit in int32, got {dcp_size} * {dcp_interleave}"
+        )
+
+
+def _check_seq_lens_block_table(
+    seq_lens: object, block_table: object
+) -> tuple[torch.Tensor, torch.Tensor, torch.device]:
+    seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
+    block_table = check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
+    device = check_same_device(seq_lens=seq_lens, block_table=block_table)
+    if block_table.shape[0] != seq_lens.shape[0]:
+        raise ValueError(
+            f"block_table must have one row per request ({seq_lens.shape[0]} = len(seq_lens)), "
+            f"got shape {tuple(block_table.shape)}"
+        )
+    return seq_lens, block_table, device
+
+
+def _host_decode_lens(decode_lens: object, num_reqs: int, max_decode_len: int) -> list[int]:
+    """Validate host-known decode lengths (a sequence of ints or a CPU tensor) as a list."""
+    if isinstance(decode_lens, torch.Tensor):
+        check_tensor("decode_lens", decode_lens, dtype=(torch.int32, torch.int64), ndim=1)
+        values = decode_lens.tolist()  # a CPU tensor: no device synchronisation
+    elif isinstance(decode_lens, Sequence) and not isinstance(decode_lens, str | bytes):
+        values = list(decode_lens)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"decode_lens must hold ints, got {type(v).__name__}")
+    else:
+        raise TypeError(
+            "decode_lens must be an int, a sequence of ints or an int32 tensor, "
+            f"got {type(decode_lens).__name__}"
+        )
+    if len(values) != num_reqs:
+        raise ValueError(
+            f"decode_lens must have one entry per request ({num_reqs} = len(seq_lens)), "
+            f"got {len(values)}"
+        )
+    for v in values:
+        if v < 0:
+            raise ValueError(f"decode_lens must be >= 0, got {v}")
+        if v > max_decode_len:
+            raise ValueError(f"decode_lens holds {v} > max_decode_len={max_decode_len}")
+    return values
+
+
+def _check_out_1d(name: str, t: object, n: int, device: torch.device) -> torch.Tensor:
+    t = check_tensor(name, t, dtype=torch.int32, ndim=1, device=device)
+    check_shape(name, t, (n,))
+    return t
+
+
+def _check_expanded_out(
+    out: object, num_tokens: int, width: int, device: torch.device
+) -> ExpandedDecodeTokens:
+    if not isinstance(out, ExpandedDecodeTokens):
+        raise TypeError(f"out must be an ExpandedDecodeTokens, got {type(out).__name__}")
+    _check_out_1d("out.seq_lens", out.seq_lens, num_tokens, device)
+    bt = check_tensor("out.block_table", out.block_table, dtype=torch.int32, ndim=2, device=device)
+    check_shape("out.block_table", bt, (num_tokens, width))
+    _check_out_1d("out.decode_lens", out.decode_lens, num_tokens, device)
+    _check_out_1d("out.req_id", out.req_id, num_tokens, device)
+    return out
+
+
+def _empty_expanded(num_tokens: int, width: int, device: torch.device) -> ExpandedDecodeTokens:
+    def e(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.int32, device=device)
+
+    return ExpandedDecodeTokens(e(num_tokens), e(num_tokens, width), e(num_tokens), e(num_tokens))
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers (arguments already validated)
+# ----------------------------------------------------------------------------------------------
+
+
+def _launch_expand(
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    out: ExpandedDecodeTokens,
+    *,
+    uniform_n: int | None,
+    device_decode_lens: torch.Tensor | None,
+    max_decode_len: int,
+    dcp_size: int,
+    dcp_rank: int,
+    dcp_interleave: int,
+) -> None:
+    num_tokens = out.seq_lens.shape[0]
+    if num_tokens == 0:
+        return
+    num_reqs, width = block_table.shape
+    uniform = device_decode_lens is None
+    if uniform:
+        assert uniform_n is not None
+        dl, dl_stride = seq_lens, 0  # unused by the uniform kernel
+        n, n_div, total = uniform_n, max(uniform_n, 1), num_reqs * uniform_n
+    else:
+        dl, dl_stride = device_decode_lens, device_decode_lens.stride(0)
+        n, n_div, total = 0, 1, 0
+    block_w = min(_COPY_CHUNK, max(16, next_pow2(width)))
+    _expand_kernel[(num_tokens,)](
+        seq_lens,
+        seq_lens.stride(0),
+        block_table,
+        block_table.stride(0),
+        block_table.stride(1),
+        dl,
+        dl_stride,
+        out.seq_lens,
+        out.seq_lens.stride(0),
+        out.block_table,
+        out.block_table.stride(0),
+        out.block_table.stride(1),
+        out.decode_lens,
+        out.decode_lens.stride(0),
+        out.req_id,
+        out.req_id.stride(0),
+        num_reqs,
+        width,
+        n,
+        n_div,
+        total,
+        max_decode_len,
+        dcp_size,
+        dcp_rank,
+        dcp_interleave,
+        UNIFORM=uniform,
+        DCP=dcp_size > 1,
+        BLOCK_B=next_pow2(num_reqs),
+        BLOCK_W=block_w,
+        num_warps=4,
+    )
+
+
+def _launch_native(
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    decode_lens_out: torch.Tensor | None,
+    *,
+    next_n: int,
+    dcp_size: int,
+    dcp_rank: int,
+    dcp_interleave: int,
+) -> None:
+    num_reqs = seq_lens.shape[0]
+    if num_reqs == 0:
+        return
+    block_n = next_pow2(next_n)
+    block_r = max(1, min(next_pow2(num_reqs), 1024 // block_n))
+    dl = decode_lens_out if decode_lens_out is not None else seq_lens
+    _native_lens_kernel[(cdiv(num_reqs, block_r),)](
+        seq_lens,
+        seq_lens.stride(0),
+        out,
+        out.stride(0),
+        out.stride(1),
+        dl,
+        dl.stride(0),
+        num_reqs,
+        next_n,
+        dcp_size,
+        dcp_rank,
+        dcp_interleave,
+        WRITE_DL=decode_lens_out is not None,
+        DCP=dcp_size > 1,
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Public wrappers
+# ----------------------------------------------------------------------------------------------
+
+
+def expand_decode_tokens(
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    decode_lens: DecodeLens,
+    *,
+    max_decode_len: int,
+    num_tokens: int | None = None,
+    uniform: bool | None = None,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    dcp_interleave: int = 1,
+    out: ExpandedDecodeTokens | None = None,
+) -> ExpandedDecodeTokens:
+    """Flatten ``B`` decode requests into one single-query-token row per token (one launch).
+
+    Args:
+        seq_lens: int32 ``[B]`` on the kernel device, total length ``L_b`` of each request
+            (including its ``n_b`` query tokens). Negative values are treated as 0.
+        block_table: int32 ``[B, W]`` on the same device, each request's page ids; any strides
+            (a row stride larger than ``W`` or a non-contiguous view is fine).
+        decode_lens: number of query tokens ``n_b`` of each request, in one of three forms:
+
+            * a Python ``int``: every request has that many (uniform);
+            * host-known: a sequence of ints or a CPU int32/int64 tensor ``[B]`` (when the
+              kernel device is not the CPU). Checked: ``0 <= n_b <= max_decode_len``;
+            * device data: an int32 tensor ``[B]`` on the kernel device (under the interpreter
+              that is any CPU tensor). Never read on the host: the kernel clamps each value to
+              ``[0, max_decode_len]``.
+        max_decode_len: upper bound on ``n_b`` (>= 1).
+        num_tokens: rows to write, ``N``. Defaults to ``sum(n_b)`` when host-known, else
+            ``B * max_decode_len``. Rows past the real tokens are CUDA-graph padding: seq_len 0,
+            decode_len 1, req_id 0 and the whole block-table row 0 (every column is written,
+            where upstream zeroes only column 0, so the output is deterministic). Smaller than
+            a host-known ``sum(n_b)`` is an error; with device ``decode_lens`` whose sum exceeds
+            ``N`` the tokens past row ``N`` are simply not written.
+        uniform: ``None`` picks the uniform kernel when ``decode_lens`` is host-known and all
+            equal; ``True`` demands that; ``False`` forces the ragged kernel (host-known
+            ``decode_lens`` are then copied to the device first, which allocates).
+        dcp_size, dcp_rank, dcp_interleave: decode context parallelism. With ``dcp_size > 1``
+            each per-token length is replaced, after expansion, by the number of positions
+            ``p < len`` this rank owns, ``owner(p) = (p // dcp_interleave) % dcp_size``.
+        out: optional pre-sized buffers with the shapes below (any strides); must not overlap
+            the inputs. With ``out`` and device ``decode_lens`` the call allocates nothing and
+            does not synchronise (CUDA-graph safe).
+
+    Returns:
+        :class:`ExpandedDecodeTokens` (``out`` itself when given): ``seq_lens`` int32 ``[N]``,
+        ``block_table`` int32 ``[N, W]``, ``decode_lens`` int32 ``[N]`` (all 1), ``req_id`` int32
+        ``[N]``. Example: ``L=[10, 7]``, ``n=3`` gives ``seq_lens=[8, 9, 10, 5, 6, 7]``.
+    """
+    seq_lens, block_table, device = _check_seq_lens_block_table(seq_lens, block_table)
+    num_reqs, width = block_table.shape
+    check_int("max_decode_len", max_decode_len, lo=1)
+    _check_dcp(dcp_size, dcp_rank, dcp_interleave)
+    if uniform is not None and not isinstance(uniform, bool):
+        raise TypeError(f"uniform must be None or a bool, got {type(uniform).__name__}")
+
+    # Classify decode_lens: host-known values, or device data.
+    host: list[int] | None = None
+    device_dl: torch.Tensor | None = None
+    if isinstance(decode_lens, int) and not isinstance(decode_lens, bool):
+        check_int("decode_lens", decode_lens, lo=0, hi=max_decode_len)
+        host = [decode_lens] * num_reqs
+    elif isinstance(decode_lens, torch.Tensor) and decode_lens.device == device:
+        device_dl = check_tensor("decode_lens", decode_lens, dtype=torch.int32, ndim=1)
+        check_shape("decode_lens", device_dl, (num_reqs,))
+    elif isinstance(decode_lens, torch.Tensor) and decode_lens.device.type != "cpu":
+        raise ValueError(
+            f"decode_lens is on {decode_lens.device} but seq_lens is on {device}: pass it on "
+            "the kernel device (device data) or on the CPU (host-known)"
+        )
+    else:
+        host = _host_decode_lens(decode_lens, num_reqs, max_decode_len)
+
+    total: int | None = sum(host) if host is not None else None
+    if num_tokens is None:
+        num_tokens = total if total is not None else num_reqs * max_decode_len
+    check_int("num_tokens", num_tokens, lo=0, hi=_INT32_MAX)
+    if total is not None and num_tokens < total:
+        raise ValueError(f"num_tokens={num_tokens} is smaller than sum(decode_lens)={total}")
+    if num_reqs * max_decode_len > _INT32_MAX:
+        raise ValueError("len(seq_lens) * max_decode_len must fit in int32")
+
+    is_uniform = host is not None and len(set(host)) <= 1
+    if uniform is True and not is_uniform:
+        raise ValueError(
+            "uniform=True needs host-known decode_lens that are all equal"
+            + (" (got a device tensor)" if host is None else f" (got {sorted(set(host))})")
+        )
+    use_uniform = is_uniform and uniform is not False
+    if not use_uniform and device_dl is None:
+        # Ragged (or forced ragged) with host-known lengths: the kernel needs them on device.
+        assert host is not None
+        device_dl = torch.tensor(host, dtype=torch.int32, device=device)
+
+    if out is None:
+        out = _empty_expanded(num_tokens, width, device)
+    else:
+        _check_expanded_out(out, num_tokens, width, device)
+
+    _launch_expand(
+        seq_lens,
+        block_table,
+        out,
+        uniform_n=(host[0] if host else 0) if use_uniform else None,
+        device_decode_lens=None if use_uniform else device_dl,
+        max_decode_len=max_decode_len,
+        dcp_size=dcp_size,
+        dcp_rank=dcp_rank,
+        dcp_interleave=dcp_interleave,
+    )
+    return out
+
+
+def native_decode_seq_lens(
+    seq_lens: torch.Tensor,
+    *,
+    next_n: int,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    dcp_interleave: int = 1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token lengths in the un-flattened ``[B, next_n]`` layout (one launch).
+
+    For kernels that take ``next_n`` query tokens per request natively (all ``n_b`` equal).
+
+    Args:
+        seq_lens: int32 ``[B]``, total length ``L_b`` of each request (negatives read as 0).
+        next_n: query tokens per request (>= 1).
+        dcp_size, dcp_rank, dcp_interleave: as in :func:`expand_decode_tokens`; the lengths
+            are localised to ``dcp_rank`` after the causal offset is applied.
+        out: optional int32 ``[B, next_n]`` buffer on the same device (any strides).
+
+    Returns:
+        int32 ``[B, next_n]``: ``out[b, j] = max(L_b - next_n + 1 + j, 0)`` (DCP-localised).
+    """
+    seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
+    check_int("next_n", next_n, lo=1, hi=_INT32_MAX)
+    _check_dcp(dcp_size, dcp_rank, dcp_interleave)
+    num_reqs = seq_lens.shape[0]
+    if out is None:
+        out = torch.empty((num_reqs, next_n), dtype=torch.int32, device=seq_lens.device)
+    else:
+        check_tensor("out", out, dtype=torch.int32, ndim=2, device=seq_lens.device)
+        check_shape("out", out, (num_reqs, next_n))
+    _launch_native(
+        seq_lens,
+        out,
+        None,
+        next_n=next_n,
+        dcp_size=dcp_size,
+        dcp_rank=dcp_rank,
+        dcp_interleave=dcp_interleave,
+    )
+    return out
+
+
+def dcp_local_seq_lens(
+    seq_lens: torch.Tensor,
+    *,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int = 1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Localise lengths to one decode-context-parallel rank (elementwise, one launch).
+
+    Args:
+        seq_lens: int32 ``[N]``, global lengths (negatives read as 0); any stride.
+        dcp_size: number of DCP ranks ``W`` (>= 1).
+        dcp_rank: this rank, in ``[0, dcp_size)``.
+        interleave: tokens per group ``I`` (>= 1); position ``p`` lives on rank ``(p // I) % W``.
+        out: optional int32 ``[N]`` buffer on the same device; may be ``seq_lens`` itself.
+
+    Returns:
+        int32 ``[N]``: the number of positions ``p < seq_lens[i]`` owned by ``dcp_rank``.
+        Example: ``W=2``, rank 1, ``I=1``: ``[8, 9, 10] -> [4, 4, 5]``.
+    """
+    seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
+    check_int("dcp_size", dcp_size, lo=1)
+    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
+    check_int("interleave", interleave, lo=1)
+    if dcp_size * interleave > _INT32_MAX:
+        raise ValueError(f"dcp_size * interleave must fit in int32, got {dcp_size} * {interleave}")
+    n = seq_lens.shape[0]
+    if out is None:
+        out = torch.empty(n, dtype=torch.int32, device=seq_lens.device)
+    else:
+        _check_out_1d("out", out, n, seq_lens.device)
+    if n > 0:
+        block = min(1024, max(16, next_pow2(n)))
+        _dcp_local_kernel[(cdiv(n, block),)](
+            seq_lens,
+            seq_lens.stride(0),
+            out,
+            out.stride(0),
+            n,
+            dcp_size,
+            dcp_rank,
+            interleave,
+            BLOCK=block,
+            num_warps=4,
+        )
+    return out

@@ -1,0 +1,11 @@
+"""Lightning-indexer logits over the paged K cache (bf16 or DeepGEMM fp8), native MTP."""
+
+from .logits import IndexLogitsConfig, choose_index_logits_config, index_logits
+from .naive import index_logits_reference
+
+__all__ = [
+    "IndexLogitsConfig",
+    "choose_index_logits_config",
+    "index_logits",
+    "index_logits_reference",
+]

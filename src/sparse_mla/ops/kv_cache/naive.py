@@ -1,0 +1,168 @@
+"""Plain-PyTorch references for the cache formats: writers, readers, dequantisers.
+
+Written for clarity, not speed. The byte layouts are described in
+:mod:`sparse_mla.ops.kv_cache.kv_cache`; these functions are the executable definition the
+Triton writers are compared against bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kv_cache import (
+    AMAX_FLOOR,
+    FP8_MAX,
+    MLA_NOPE_DIM,
+    MLA_ROPE_DIM,
+    MLA_TILE,
+    indexer_k_cache_layout,
+    mla_cache_layout,
+)
+
+
+def pow2_scale_reference(amax: torch.Tensor) -> torch.Tensor:
+    """``2 ** ceil(log2(max(amax, 1e-4) / 448))`` as fp32 (computed in fp64, so exact).
+
+    Args:
+        amax: float tensor of any shape, the largest magnitude of each quantisation group.
+    """
+    a = amax.float().clamp_min(AMAX_FLOOR).double()  # the floor as the fp32 value, like kernels
+    return torch.exp2(torch.ceil(torch.log2(a / FP8_MAX))).float()
+
+
+def quantize_pow2_e4m3(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise the last dim of ``x`` in groups of ``group`` values with power-of-two scales.
+
+    Args:
+        x: float tensor ``[..., G * group]``.
+    Returns:
+        ``(values, scales)``: float8_e4m3fn ``[..., G * group]`` and fp32 ``[..., G]`` with
+        ``x ~= values * scales`` (per group).
+    """
+    xf = x.float().unflatten(-1, (-1, group))
+    scale = pow2_scale_reference(xf.abs().amax(dim=-1))
+    y = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)  # exact: scale is a power of two
+    return y.to(torch.float8_e4m3fn).flatten(-2), scale
+
+
+def _slots(slot_mapping: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, slots) of the entries the writers act on: 0 <= slot < num_slots."""
+    s = slot_mapping.long()
+    keep = (s >= 0) & (s < num_slots)
+    return keep.nonzero().flatten(), s[keep]
+
+
+def _indexer_fp8_views(c3: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte views of DeepGEMM's page layout: values [P, page, D], scale bytes [P, page, 4]."""
+    pages, page, _ = c3.shape
+    s0 = c3.stride(0)
+    values = c3.as_strided((pages, page, head_dim), (s0, head_dim, 1))
+    scales = c3.as_strided(
+        (pages, page, 4), (s0, 4, 1), storage_offset=c3.storage_offset() + page * head_dim
+    )
+    return values, scales
+
+
+def write_indexer_k_reference(
+    k: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> torch.Tensor:
+    """Reference for :func:`~sparse_mla.ops.kv_cache.write_indexer_k` (same arguments).
+
+    Args:
+        k: bf16 ``[T, D]`` new keys.
+        k_cache: bf16 ``[P, page, D]`` or uint8 ``[P, page, 1, D + 4]`` (DeepGEMM layout),
+            written in place.
+        slot_mapping: int ``[T]``; entries outside ``[0, P * page)`` (e.g. -1) are skipped.
+    """
+    lay = indexer_k_cache_layout(k_cache)
+    tok, slot = _slots(slot_mapping, lay.num_pages * lay.page_size)
+    page, off = slot // lay.page_size, slot % lay.page_size
+    if not lay.fp8:
+        lay.cache3[page, off] = k[tok]
+        return k_cache
+    values, scale_bytes = _indexer_fp8_views(lay.cache3, lay.head_dim)
+    q, scale = quantize_pow2_e4m3(k[tok], lay.head_dim)  # one scale per token
+    values[page, off] = q.view(torch.uint8)
+    scale_bytes[page, off] = scale.view(torch.uint8).reshape(-1, 4)  # native (little) endian
+    return k_cache
+
+
+def indexer_k_cache_values_and_scales(
+    k_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split a uint8 fp8 indexer cache into float8_e4m3fn values ``[P, page, D]`` and fp32
+    scales ``[P, page]`` (copies)."""
+    lay = indexer_k_cache_layout(k_cache)
+    if not lay.fp8:
+        raise ValueError("k_cache is bf16: it has no fp8 values or scales")
+    values, scale_bytes = _indexer_fp8_views(lay.cache3, lay.head_dim)
+    return (
+        values.contiguous().view(torch.float8_e4m3fn),
+        scale_bytes.contiguous().view(torch.float32).squeeze(-1),
+    )
+
+
+def dequantize_indexer_k_cache(k_cache: torch.Tensor) -> torch.Tensor:
+    """Every key of an indexer K cache as fp32 ``[P, page, D]`` (fp8: ``value * scale``, exact).
+
+    Args:
+        k_cache: bf16 ``[P, page, D]`` (or ``[P, page, 1, D]``) or uint8
+            ``[P, page, 1, D + 4]`` (or ``[P, page, D + 4]``) in DeepGEMM's layout.
+    """
+    lay = indexer_k_cache_layout(k_cache)
+    if not lay.fp8:
+        return lay.cache3.float()
+    values, scales = indexer_k_cache_values_and_scales(k_cache)
+    return values.float() * scales.unsqueeze(-1)
+
+
+def write_mla_latent_reference(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> torch.Tensor:
+    """Reference for :func:`~sparse_mla.ops.kv_cache.write_mla_latent` (same arguments).
+
+    Args:
+        kv_c: bf16 ``[T, 512]`` nope latents; k_pe: bf16 ``[T, 64]`` rope keys.
+        kv_cache: bf16 ``[P, page, 576]`` or uint8 ``[P, page, 1, 656]``, written in place.
+        slot_mapping: int ``[T]``; entries outside ``[0, P * page)`` are skipped.
+    """
+    nope, rope = kv_c.shape[1], k_pe.shape[1]
+    lay = mla_cache_layout(kv_cache, nope, rope)
+    tok, slot = _slots(slot_mapping, lay.num_pages * lay.page_size)
+    page, off = slot // lay.page_size, slot % lay.page_size
+    if not lay.fp8:
+        lay.cache3[page, off] = torch.cat([kv_c[tok], k_pe[tok]], dim=-1)
+        return kv_cache
+    q, scale = quantize_pow2_e4m3(kv_c[tok], MLA_TILE)
+    n = len(tok)
+    row = torch.cat(
+        [
+            q.view(torch.uint8),
+            scale.contiguous().view(torch.uint8).reshape(n, -1),
+            k_pe[tok].contiguous().view(torch.uint8).reshape(n, -1),
+        ],
+        dim=-1,
+    )
+    lay.cache3[page, off] = row
+    return kv_cache
+
+
+def dequantize_mla_cache(
+    kv_cache: torch.Tensor, nope_dim: int = MLA_NOPE_DIM, rope_dim: int = MLA_ROPE_DIM
+) -> torch.Tensor:
+    """Every latent of an MLA cache as fp32 ``[P, page, nope + rope]`` (exact conversion).
+
+    Args:
+        kv_cache: bf16 ``[P, page, 576]`` (or ``[P, page, 1, 576]``) or FlashMLA's fp8 format,
+            uint8 ``[P, page, 1, 656]`` (or ``[P, page, 656]``).
+    """
+    lay = mla_cache_layout(kv_cache, nope_dim, rope_dim)
+    c3 = lay.cache3
+    if not lay.fp8:
+        return c3.float()
+    ntiles = nope_dim // MLA_TILE
+    nope = c3[..., :nope_dim].contiguous().view(torch.float8_e4m3fn).float()
+    scale = c3[..., nope_dim : nope_dim + 4 * ntiles].contiguous().view(torch.float32)
+    rope = c3[..., nope_dim + 4 * ntiles :].contiguous().view(torch.bfloat16).float()
+    nope = (nope.unflatten(-1, (ntiles, MLA_TILE)) * scale.unsqueeze(-1)).flatten(-2)
+    return torch.cat([nope, rope], dim=-1)

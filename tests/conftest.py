@@ -1,0 +1,27 @@
+"""Shared fixtures: a fresh, printed random seed per test (reproduce with SPARSE_MLA_SEED)."""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """A fresh seed per test (or ``$SPARSE_MLA_SEED``), printed and kept in the report."""
+    env = os.environ.get("SPARSE_MLA_SEED")
+    value = int(env) if env else secrets.randbits(31)
+    print(f"{request.node.nodeid}: seed={value} (rerun with SPARSE_MLA_SEED={value})")
+    request.node.user_properties.append(("seed", value))
+    return value
+
+
+@pytest.fixture
+def rng(seed: int) -> random.Random:
+    """A ``random.Random`` seeded from :func:`seed`; also seeds torch's global generator."""
+    torch.manual_seed(seed)
+    return random.Random(seed)

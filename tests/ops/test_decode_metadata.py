@@ -1,0 +1,653 @@
+"""Decode-metadata expansion: kernels vs the loop reference, bit for bit (Triton interpreter)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import sparse_mla
+from sparse_mla._runtime import default_device
+from sparse_mla.ops.decode_metadata import (
+    DecodeMetadataBuilder,
+    ExpandedDecodeTokens,
+    dcp_local_seq_lens,
+    expand_decode_tokens,
+    native_decode_seq_lens,
+)
+from sparse_mla.ops.decode_metadata import expand as expand_mod
+from sparse_mla.ops.decode_metadata.naive import (
+    dcp_local_len,
+    dcp_local_seq_lens_reference,
+    expand_decode_tokens_reference,
+    expand_decode_tokens_torch_ops,
+    native_decode_seq_lens_reference,
+)
+
+DEV = default_device()
+POISON = -7777
+
+
+def i32(values, *shape: int) -> torch.Tensor:
+    t = torch.tensor(values, dtype=torch.int32, device=DEV)
+    return t.reshape(shape) if shape else t
+
+
+def poisoned_out(num_tokens: int, width: int, rng: random.Random) -> ExpandedDecodeTokens:
+    """Output buffers full of POISON; the block table is sometimes a strided view."""
+
+    def vec() -> torch.Tensor:
+        return torch.full((num_tokens,), POISON, dtype=torch.int32, device=DEV)
+
+    pad = 5 if rng.random() < 0.5 else 0
+    bt = torch.full((num_tokens, width + pad), POISON, dtype=torch.int32, device=DEV)
+    return ExpandedDecodeTokens(vec(), bt[:, :width], vec(), vec())
+
+
+def make_block_table(num_reqs: int, width: int, layout: str) -> torch.Tensor:
+    """Random page ids in the requested memory layout (values identical across layouts)."""
+    vals = torch.randint(0, 1 << 20, (num_reqs, width), dtype=torch.int32)
+    if layout == "contiguous":
+        return vals.to(DEV)
+    if layout == "wide_rows":  # row stride > width, as in a capacity-sized table
+        big = torch.full((num_reqs, width + 7), POISON, dtype=torch.int32, device=DEV)
+        big[:, :width] = vals
+        return big[:, :width]
+    if layout == "column_step":  # non-contiguous view: every other column
+        big = torch.full((num_reqs, 2 * width), POISON, dtype=torch.int32, device=DEV)
+        big[:, ::2] = vals
+        return big[:, ::2]
+    if layout == "transposed":  # column-major storage
+        return vals.t().contiguous().t().to(DEV)
+    raise AssertionError(layout)
+
+
+def assert_same(got: ExpandedDecodeTokens, want: ExpandedDecodeTokens, msg: str) -> None:
+    for name in ExpandedDecodeTokens._fields:
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == torch.int32, f"{name} dtype {g.dtype} ({msg})"
+        assert g.shape == w.shape, f"{name} shape {tuple(g.shape)} != {tuple(w.shape)} ({msg})"
+        assert torch.equal(g, w), f"{name} differs ({msg}):\n{g}\nwant\n{w}"
+        assert not (g == POISON).any(), f"{name} has unwritten entries ({msg})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Worked examples (SPEC section 1 and 3)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_exports() -> None:
+    assert sparse_mla.expand_decode_tokens is expand_decode_tokens
+    assert sparse_mla.dcp_local_seq_lens is dcp_local_seq_lens
+
+
+@pytest.mark.parametrize("form", ["int", "list", "list_forced_ragged", "device_tensor"])
+def test_uniform_example(form: str) -> None:
+    seq_lens = i32([10, 7])
+    bt = i32([[1, 2, 3], [4, 5, 6]], 2, 3)
+    kwargs: dict = {"max_decode_len": 3}
+    dl: object = {"int": 3, "list": [3, 3], "list_forced_ragged": [3, 3]}.get(form)
+    if form == "list_forced_ragged":
+        kwargs["uniform"] = False
+    if form == "device_tensor":
+        dl = i32([3, 3])
+        kwargs["num_tokens"] = 6
+    out = expand_decode_tokens(seq_lens, bt, dl, **kwargs)
+    assert out.seq_lens.tolist() == [8, 9, 10, 5, 6, 7]
+    assert out.req_id.tolist() == [0, 0, 0, 1, 1, 1]
+    assert out.decode_lens.tolist() == [1] * 6
+    assert out.block_table.tolist() == [[1, 2, 3]] * 3 + [[4, 5, 6]] * 3
+
+
+@pytest.mark.parametrize("device_data", [False, True])
+def test_ragged_example(device_data: bool) -> None:
+    seq_lens = i32([10, 7, 12, 0])
+    bt = i32(list(range(8)), 4, 2)
+    dl = i32([3, 1, 4, 0]) if device_data else [3, 1, 4, 0]
+    out = expand_decode_tokens(seq_lens, bt, dl, max_decode_len=4, num_tokens=10)
+    assert out.seq_lens.tolist() == [8, 9, 10, 7, 9, 10, 11, 12, 0, 0]
+    assert out.req_id.tolist() == [0, 0, 0, 1, 2, 2, 2, 2, 0, 0]
+    assert out.block_table.tolist() == [[0, 1]] * 3 + [[2, 3]] + [[4, 5]] * 4 + [[0, 0]] * 2
+    assert out.decode_lens.tolist() == [1] * 10
+
+
+def test_default_num_tokens() -> None:
+    seq_lens, bt = i32([10, 7, 12, 0]), i32(list(range(8)), 4, 2)
+    assert expand_decode_tokens(seq_lens, bt, [3, 1, 4, 0], max_decode_len=4).seq_lens.shape == (8,)
+    # Device data is not host-known: one row per possible token.
+    out = expand_decode_tokens(seq_lens, bt, i32([3, 1, 4, 0]), max_decode_len=5)
+    assert out.seq_lens.tolist() == [8, 9, 10, 7, 9, 10, 11, 12] + [0] * 12
+
+
+def test_dcp_examples() -> None:
+    # World 2, rank 1: global [8, 9, 10] -> local [4, 4, 5] (localised after expansion).
+    got = dcp_local_seq_lens(i32([8, 9, 10]), dcp_size=2, dcp_rank=1)
+    assert got.tolist() == [4, 4, 5]
+    out = expand_decode_tokens(
+        i32([10]), i32([[3]], 1, 1), 3, max_decode_len=3, dcp_size=2, dcp_rank=1
+    )
+    assert out.seq_lens.tolist() == [4, 4, 5]
+    # Owner examples: W=2, I=1: p=5 on rank 1; W=2, I=2: p=5 on rank 0.
+    assert dcp_local_len(6, 2, 1, 1) - dcp_local_len(5, 2, 1, 1) == 1
+    assert dcp_local_len(6, 2, 0, 2) - dcp_local_len(5, 2, 0, 2) == 1
+    native = native_decode_seq_lens(i32([10]), next_n=3, dcp_size=2, dcp_rank=1)
+    assert native.tolist() == [[4, 4, 5]]
+
+
+def test_native_example() -> None:
+    got = native_decode_seq_lens(i32([10, 7, 1]), next_n=3)
+    assert got.tolist() == [[8, 9, 10], [5, 6, 7], [0, 0, 1]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Randomised comparisons against the references
+# ----------------------------------------------------------------------------------------------
+
+LAYOUTS = ["contiguous", "wide_rows", "column_step", "transposed"]
+DCP_CONFIGS = [(1, 1), (2, 1), (2, 16), (4, 1), (4, 16), (4, 64), (2, 64)]
+
+
+@pytest.mark.parametrize("mode", ["uniform", "ragged_host", "ragged_device", "forced_ragged"])
+@pytest.mark.parametrize("case", range(6))
+def test_expand_random(mode: str, case: int, rng: random.Random, seed: int) -> None:
+    for trial in range(4):
+        num_reqs = rng.choice([0, 1, 2, 3, 5, 7])
+        width = rng.choice([0, 1, 3, 17, 64]) if trial < 3 else 1030  # > one copy chunk
+        max_n = rng.randint(1, 5)
+        if mode == "uniform":
+            decode_lens: object = rng.randint(0, max_n)
+            host = [decode_lens] * num_reqs
+        else:
+            host = [rng.randint(0, max_n) for _ in range(num_reqs)]
+            decode_lens = host
+        # Lengths around n: 0, below n (clamped), and large ones that DCP splits unevenly.
+        seq_lens = i32(
+            [rng.choice([0, 1, rng.randint(0, max_n + 1), rng.randint(0, 600)]) for _ in host]
+        )
+        bt = make_block_table(num_reqs, width, rng.choice(LAYOUTS))
+        dcp_size, interleave = rng.choice(DCP_CONFIGS)
+        dcp_rank = rng.randrange(dcp_size)
+        total = sum(host)
+        num_tokens = total + rng.choice([0, 0, 1, 4])
+        kwargs: dict = {
+            "max_decode_len": max_n,
+            "num_tokens": num_tokens,
+            "dcp_size": dcp_size,
+            "dcp_rank": dcp_rank,
+            "dcp_interleave": interleave,
+        }
+        if mode == "ragged_device":
+            decode_lens = i32(host)
+        if mode == "forced_ragged":
+            kwargs["uniform"] = False
+        msg = (
+            f"seed={seed} trial={trial} B={num_reqs} W={width} n={host} L={seq_lens.tolist()} "
+            f"N={num_tokens} dcp=({dcp_size},{dcp_rank},{interleave})"
+        )
+        want = expand_decode_tokens_reference(
+            seq_lens,
+            bt,
+            host,
+            num_tokens=num_tokens,
+            dcp_size=dcp_size,
+            dcp_rank=dcp_rank,
+            dcp_interleave=interleave,
+        )
+        out = poisoned_out(num_tokens, width, rng) if rng.random() < 0.7 else None
+        got = expand_decode_tokens(seq_lens, bt, decode_lens, out=out, **kwargs)
+        if out is not None:
+            assert got is out
+        assert_same(got, want, msg)
+        # The PyTorch-ops baseline agrees too.
+        ops = expand_decode_tokens_torch_ops(
+            seq_lens,
+            bt,
+            host,
+            num_tokens=num_tokens,
+            dcp_size=dcp_size,
+            dcp_rank=dcp_rank,
+            dcp_interleave=interleave,
+        )
+        assert_same(ops, want, "torch_ops " + msg)
+
+
+def test_torch_ops_device_lens(rng: random.Random, seed: int) -> None:
+    host = [rng.randint(0, 4) for _ in range(6)]
+    seq_lens = i32([rng.randint(0, 50) for _ in host])
+    bt = make_block_table(6, 9, "contiguous")
+    want = expand_decode_tokens_reference(seq_lens, bt, host, num_tokens=sum(host) + 3)
+    got = expand_decode_tokens_torch_ops(
+        seq_lens, bt, i32(host), total_tokens=sum(host), num_tokens=sum(host) + 3
+    )
+    assert_same(got, want, f"seed={seed}")
+    with pytest.raises(ValueError, match="total_tokens"):
+        expand_decode_tokens_torch_ops(seq_lens, bt, i32(host))
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_device_decode_lens_adversarial(case: int, rng: random.Random, seed: int) -> None:
+    """Hostile device lengths: negative, above max_decode_len, sum beyond num_tokens."""
+    max_n = 3
+    for trial in range(3):
+        num_reqs = rng.randint(1, 6)
+        host = [rng.choice([-(2**31), -5, -1, 0, 1, 3, 4, 100, 2**31 - 1]) for _ in range(num_reqs)]
+        seq_lens = i32([rng.choice([-(2**31), -3, 0, 2, 40, 2**31 - 1]) for _ in host])
+        bt = make_block_table(num_reqs, rng.choice([1, 5]), rng.choice(LAYOUTS))
+        clamped_total = sum(min(max(n, 0), max_n) for n in host)
+        num_tokens = rng.randint(0, clamped_total + 2)
+        dcp_size, interleave = rng.choice(DCP_CONFIGS)
+        dcp_rank = rng.randrange(dcp_size)
+        dcp = {"dcp_size": dcp_size, "dcp_rank": dcp_rank, "dcp_interleave": interleave}
+        want = expand_decode_tokens_reference(
+            seq_lens, bt, host, max_decode_len=max_n, num_tokens=num_tokens, **dcp
+        )
+        out = poisoned_out(num_tokens, bt.shape[1], rng)
+        got = expand_decode_tokens(
+            seq_lens, bt, i32(host), max_decode_len=max_n, num_tokens=num_tokens, out=out, **dcp
+        )
+        assert_same(got, want, f"seed={seed} trial={trial} n={host} L={seq_lens.tolist()}")
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_native_random(case: int, rng: random.Random, seed: int) -> None:
+    for trial in range(3):
+        num_reqs = rng.choice([0, 1, 4, 9])
+        next_n = rng.randint(1, 5)
+        seq_lens = i32(
+            [rng.choice([-4, 0, 1, next_n, rng.randint(0, 300)]) for _ in range(num_reqs)]
+        )
+        dcp_size, interleave = rng.choice(DCP_CONFIGS)
+        dcp = {
+            "dcp_size": dcp_size,
+            "dcp_rank": rng.randrange(dcp_size),
+            "dcp_interleave": interleave,
+        }
+        want = native_decode_seq_lens_reference(seq_lens, next_n=next_n, **dcp)
+        if rng.random() < 0.5:
+            # Column-major, poisoned buffer.
+            out = torch.full((next_n, num_reqs), POISON, dtype=torch.int32, device=DEV).t()
+        else:
+            out = torch.full((num_reqs, next_n), POISON, dtype=torch.int32, device=DEV)
+        got = native_decode_seq_lens(seq_lens, next_n=next_n, out=out, **dcp)
+        assert got is out
+        assert torch.equal(got, want), f"seed={seed} trial={trial} {dcp}\n{got}\n{want}"
+
+
+@pytest.mark.parametrize("dcp_size,interleave", [(1, 1), (2, 1), (2, 16), (4, 1), (4, 16), (4, 64)])
+def test_dcp_local_random(dcp_size: int, interleave: int, rng: random.Random, seed: int) -> None:
+    n = rng.randint(1, 40)
+    lens = [rng.choice([-9, 0, 1, rng.randint(0, 700)]) for _ in range(n)]
+    for rank in range(dcp_size):
+        # Definition: count the owned positions one by one.
+        brute = [
+            sum(1 for p in range(max(v, 0)) if (p // interleave) % dcp_size == rank) for v in lens
+        ]
+        assert [dcp_local_len(v, dcp_size, rank, interleave) for v in lens] == brute
+        ref = dcp_local_seq_lens_reference(
+            i32(lens), dcp_size=dcp_size, dcp_rank=rank, interleave=interleave
+        )
+        assert ref.tolist() == brute, f"seed={seed}"
+        # Strided input, poisoned output.
+        src = torch.full((2 * n,), POISON, dtype=torch.int32, device=DEV)
+        src[::2] = i32(lens)
+        out = torch.full((n,), POISON, dtype=torch.int32, device=DEV)
+        got = dcp_local_seq_lens(
+            src[::2], dcp_size=dcp_size, dcp_rank=rank, interleave=interleave, out=out
+        )
+        assert got is out and got.tolist() == brute, f"seed={seed} rank={rank}"
+    # Every position is owned by exactly one rank.
+    per_rank = [
+        dcp_local_seq_lens(i32(lens), dcp_size=dcp_size, dcp_rank=r, interleave=interleave)
+        for r in range(dcp_size)
+    ]
+    assert torch.stack(per_rank).sum(0).tolist() == [max(v, 0) for v in lens]
+
+
+def test_dcp_local_in_place_and_empty() -> None:
+    t = i32([8, 9, 10])
+    assert dcp_local_seq_lens(t, dcp_size=2, dcp_rank=1, out=t) is t
+    assert t.tolist() == [4, 4, 5]
+    assert dcp_local_seq_lens(i32([]), dcp_size=2, dcp_rank=0).shape == (0,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Edge cases
+# ----------------------------------------------------------------------------------------------
+
+
+def test_empty_batch() -> None:
+    bt = torch.empty((0, 4), dtype=torch.int32, device=DEV)
+    seq_lens = i32([])
+    out = expand_decode_tokens(seq_lens, bt, [], max_decode_len=2)
+    assert [t.shape for t in out] == [(0,), (0, 4), (0,), (0,)]
+    # All padding.
+    for dl, kw in (([], {}), (2, {}), (i32([]), {}), ([], {"uniform": False})):
+        out = expand_decode_tokens(seq_lens, bt, dl, max_decode_len=2, num_tokens=3, **kw)
+        assert out.seq_lens.tolist() == [0, 0, 0]
+        assert out.req_id.tolist() == [0, 0, 0]
+        assert out.decode_lens.tolist() == [1, 1, 1]
+        assert out.block_table.tolist() == [[0] * 4] * 3
+    assert native_decode_seq_lens(seq_lens, next_n=2).shape == (0, 2)
+
+
+def test_zero_tokens_and_zero_width() -> None:
+    seq_lens, bt = i32([5, 6]), i32([[1, 2], [3, 4]], 2, 2)
+    out = expand_decode_tokens(seq_lens, bt, 0, max_decode_len=2)
+    assert out.seq_lens.shape == (0,) and out.block_table.shape == (0, 2)
+    out = expand_decode_tokens(seq_lens, bt, i32([1, 1]), max_decode_len=2, num_tokens=0)
+    assert out.seq_lens.shape == (0,)
+    out = expand_decode_tokens(seq_lens, bt, 0, max_decode_len=2, num_tokens=2)
+    assert out.seq_lens.tolist() == [0, 0] and out.block_table.tolist() == [[0, 0], [0, 0]]
+    empty_w = torch.empty((2, 0), dtype=torch.int32, device=DEV)
+    out = expand_decode_tokens(seq_lens, empty_w, [1, 2], max_decode_len=2)
+    assert out.seq_lens.tolist() == [5, 5, 6] and out.block_table.shape == (3, 0)
+
+
+def test_lengths_below_decode_len_clamp() -> None:
+    # CUDA-graph padding requests have L = 0: never negative (vLLM issue 51593).
+    out = expand_decode_tokens(i32([0, 2]), i32([[1], [2]], 2, 1), 4, max_decode_len=4)
+    assert out.seq_lens.tolist() == [0, 0, 0, 0, 0, 0, 1, 2]
+
+
+# ----------------------------------------------------------------------------------------------
+# Builder
+# ----------------------------------------------------------------------------------------------
+
+
+def builder(**kw) -> DecodeMetadataBuilder:
+    args = {"max_num_tokens": 32, "max_num_requests": 8, "max_blocks_per_req": 6}
+    args.update(kw)
+    return DecodeMetadataBuilder(
+        args.pop("max_num_tokens"),
+        args.pop("max_num_requests"),
+        args.pop("max_blocks_per_req"),
+        args.pop("max_decode_len", 4),
+        **args,
+    )
+
+
+def test_builder_modes() -> None:
+    b = builder(native_decode_lens=(1, 2))
+    seq_lens, bt = i32([10, 7, 12, 0]), i32(list(range(12)), 4, 3)
+
+    m = b.build(seq_lens, bt, [2, 2, 2, 2])
+    assert (m.flattened, m.requires_padding, m.next_n, m.num_tokens) == (False, False, 2, 8)
+    assert m.seq_lens.tolist() == [[9, 10], [6, 7], [11, 12], [0, 0]]
+    assert m.decode_lens.tolist() == [2, 2, 2, 2]
+    assert m.req_id.tolist() == [0, 1, 2, 3]
+    assert m.block_table is bt and m.num_requests == 4
+
+    m = b.build(seq_lens, bt, [3, 3, 3, 3], num_tokens=14)  # uniform but not native
+    assert (m.flattened, m.requires_padding, m.next_n, m.num_tokens) == (True, False, 1, 14)
+    want = expand_decode_tokens_reference(seq_lens, bt, 3, num_tokens=14)
+    assert_same(ExpandedDecodeTokens(m.seq_lens, m.block_table, m.decode_lens, m.req_id), want, "")
+
+    m = b.build(seq_lens, bt, torch.tensor([3, 1, 4, 0]), num_tokens=10)  # ragged, CPU int64
+    assert (m.flattened, m.requires_padding, m.next_n, m.num_tokens) == (True, True, 1, 10)
+    assert m.seq_lens.tolist() == [8, 9, 10, 7, 9, 10, 11, 12, 0, 0]
+    assert m.req_id.tolist() == [0, 0, 0, 1, 2, 2, 2, 2, 0, 0]
+
+    m = b.build(i32([]), torch.empty((0, 3), dtype=torch.int32, device=DEV), [], num_tokens=2)
+    assert m.flattened and m.seq_lens.tolist() == [0, 0] and m.num_requests == 0
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_builder_random(case: int, rng: random.Random, seed: int) -> None:
+    dcp_size, interleave = rng.choice(DCP_CONFIGS)
+    dcp = {"dcp_size": dcp_size, "dcp_rank": rng.randrange(dcp_size), "dcp_interleave": interleave}
+    b = builder(native_decode_lens=(1, 2), **dcp)
+    for trial in range(4):
+        num_reqs = rng.randint(0, 8)
+        host = [rng.randint(0, 4) for _ in range(num_reqs)]
+        if rng.random() < 0.5:
+            host = [rng.randint(1, 3)] * num_reqs
+        seq_lens = i32([rng.randint(0, 300) for _ in host])
+        bt = make_block_table(num_reqs, rng.randint(0, 6), rng.choice(LAYOUTS))
+        num_tokens = sum(host) + rng.randint(0, 32 - sum(host))
+        m = b.build(seq_lens, bt, host, num_tokens=num_tokens)
+        msg = f"seed={seed} trial={trial} n={host} dcp={dcp}"
+        if not m.flattened:
+            n = host[0]
+            assert torch.equal(
+                m.seq_lens, native_decode_seq_lens_reference(seq_lens, next_n=n, **dcp)
+            ), msg
+            assert m.decode_lens.tolist() == host and m.req_id.tolist() == list(range(num_reqs))
+            continue
+        assert m.requires_padding == (len(set(host)) > 1), msg
+        want = expand_decode_tokens_reference(seq_lens, bt, host, num_tokens=num_tokens, **dcp)
+        got = ExpandedDecodeTokens(m.seq_lens, m.block_table, m.decode_lens, m.req_id)
+        assert_same(got, want, msg)
+
+
+class _FactoryRecorder(TorchDispatchMode):
+    """Records every aten op that creates a new tensor."""
+
+    FACTORIES = ("empty", "zeros", "ones", "full", "arange", "new_", "lift_fresh", "clone", "_to")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func).split(".")[1]
+        if name.startswith(self.FACTORIES):
+            self.created.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: `kernel[grid](...)` records the launch, runs nothing."""
+
+    def __init__(self) -> None:
+        self.launches = 0
+        self.constexprs: list[dict] = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches += 1
+            self.constexprs.append(kwargs)
+
+        return launch
+
+
+def test_builder_views_no_alloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = builder(native_decode_lens=(2,))
+    seq_lens, bt = i32([10, 7, 12, 0]), i32(list(range(12)), 4, 3)
+    cases = {
+        "native": torch.tensor([2, 2, 2, 2], dtype=torch.int32),
+        "uniform": torch.tensor([3, 3, 3, 3], dtype=torch.int32),
+        "ragged": torch.tensor([3, 1, 4, 0], dtype=torch.int32),
+    }
+    # Real runs: the outputs are views of the builder's storage, stable across builds.
+    for name, dl in cases.items():
+        first = b.build(seq_lens, bt, dl, num_tokens=12)
+        ptrs = [t.data_ptr() for t in (first.seq_lens, first.decode_lens, first.req_id)]
+        for step in range(1, 3):
+            again = b.build(seq_lens + step, bt, dl, num_tokens=12)
+            assert [t.data_ptr() for t in (again.seq_lens, again.decode_lens, again.req_id)] == ptrs
+        if name == "native":
+            assert again.seq_lens.untyped_storage().data_ptr() == b._native_seq_lens.data_ptr()
+            want = native_decode_seq_lens_reference(seq_lens + 2, next_n=2)
+        else:
+            assert again.block_table.data_ptr() == b._block_table.data_ptr()
+            assert again.seq_lens.untyped_storage().data_ptr() == b._seq_lens.data_ptr()
+            want = expand_decode_tokens_reference(seq_lens + 2, bt, dl, num_tokens=12).seq_lens
+        assert torch.equal(again.seq_lens, want), name
+    # Host path only (the interpreter itself allocates while it runs a kernel): no tensor
+    # is created, and each build is exactly one launch.
+    fake_expand, fake_native = _NoLaunch(), _NoLaunch()
+    monkeypatch.setattr(expand_mod, "_expand_kernel", fake_expand)
+    monkeypatch.setattr(expand_mod, "_native_lens_kernel", fake_native)
+    for name, dl in cases.items():
+        with _FactoryRecorder() as rec:
+            b.build(seq_lens, bt, dl, num_tokens=12)
+        assert rec.created == [], f"{name}: {rec.created}"
+    assert (fake_expand.launches, fake_native.launches) == (2, 1)
+
+
+def test_expand_with_out_no_alloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _NoLaunch()
+    monkeypatch.setattr(expand_mod, "_expand_kernel", fake)
+    seq_lens, bt, dl = i32([10, 7, 12, 0]), i32(list(range(8)), 4, 2), i32([3, 1, 4, 0])
+    out = poisoned_out(10, 2, random.Random(0))
+    with _FactoryRecorder() as rec:
+        expand_decode_tokens(seq_lens, bt, dl, max_decode_len=4, num_tokens=10, out=out)
+        expand_decode_tokens(seq_lens, bt, 2, max_decode_len=4, num_tokens=10, out=out)
+        expand_decode_tokens(seq_lens, bt, [2] * 4, max_decode_len=4, num_tokens=10, out=out)
+    assert rec.created == [] and fake.launches == 3
+    # One launch each: device data -> ragged kernel, host-known equal lengths -> uniform.
+    assert [k["UNIFORM"] for k in fake.constexprs] == [False, True, True]
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input
+# ----------------------------------------------------------------------------------------------
+
+
+def _good() -> tuple[torch.Tensor, torch.Tensor]:
+    return i32([10, 7]), i32([[1, 2], [3, 4]], 2, 2)
+
+
+@pytest.mark.parametrize(
+    "change,exc,match",
+    [
+        ({"seq_lens": torch.tensor([10, 7])}, TypeError, "seq_lens"),
+        ({"seq_lens": [10, 7]}, TypeError, "seq_lens"),
+        ({"seq_lens": torch.tensor([[10, 7]], dtype=torch.int32)}, ValueError, "seq_lens"),
+        ({"block_table": torch.tensor([[1, 2], [3, 4]])}, TypeError, "block_table"),
+        ({"block_table": torch.zeros(2, 2, dtype=torch.float32)}, TypeError, "block_table"),
+        ({"block_table": torch.zeros(3, 2, dtype=torch.int32)}, ValueError, "block_table"),
+        (
+            {"block_table": torch.zeros(2, 2, dtype=torch.int32, device="meta")},
+            ValueError,
+            "block_table",
+        ),
+        ({"decode_lens": torch.tensor([1, 1], dtype=torch.int16)}, TypeError, "decode_lens"),
+        (
+            {"decode_lens": torch.tensor([1, 1], dtype=torch.int32, device="meta")},
+            ValueError,
+            "decode_lens",
+        ),
+        ({"decode_lens": [1, 1, 1]}, ValueError, "decode_lens"),
+        ({"decode_lens": i32([1, 1, 1])}, ValueError, "decode_lens"),
+        ({"decode_lens": [1, -1]}, ValueError, "decode_lens"),
+        ({"decode_lens": -1}, ValueError, "decode_lens"),
+        ({"decode_lens": [1, 1.0]}, TypeError, "decode_lens"),
+        ({"decode_lens": "11"}, TypeError, "decode_lens"),
+        ({"decode_lens": True}, TypeError, "decode_lens"),
+        ({"decode_lens": [1, 5]}, ValueError, "max_decode_len"),
+        ({"decode_lens": 5}, ValueError, "decode_lens"),
+        ({"max_decode_len": 0}, ValueError, "max_decode_len"),
+        ({"max_decode_len": 2.0}, TypeError, "max_decode_len"),
+        ({"num_tokens": 3}, ValueError, "num_tokens"),
+        ({"num_tokens": -1}, ValueError, "num_tokens"),
+        ({"dcp_size": 0}, ValueError, "dcp_size"),
+        ({"dcp_size": 2, "dcp_rank": 2}, ValueError, "dcp_rank"),
+        ({"dcp_size": 2, "dcp_rank": -1}, ValueError, "dcp_rank"),
+        ({"dcp_interleave": 0}, ValueError, "dcp_interleave"),
+        ({"uniform": 1}, TypeError, "uniform"),
+        ({"uniform": True, "decode_lens": [1, 2]}, ValueError, "uniform"),
+        ({"uniform": True, "decode_lens": "device"}, ValueError, "uniform"),
+    ],
+)
+def test_expand_bad_input(change: dict, exc: type, match: str) -> None:
+    seq_lens, bt = _good()
+    args = {"seq_lens": seq_lens, "block_table": bt, "decode_lens": [2, 2], "max_decode_len": 4}
+    args.update(change)
+    if isinstance(args["decode_lens"], str) and args["decode_lens"] == "device":
+        args["decode_lens"] = i32([2, 2])
+    with pytest.raises(exc, match=match):
+        expand_decode_tokens(
+            args.pop("seq_lens"), args.pop("block_table"), args.pop("decode_lens"), **args
+        )
+
+
+@pytest.mark.parametrize(
+    "field,bad,exc",
+    [
+        ("seq_lens", torch.zeros(5, dtype=torch.int32), ValueError),
+        ("seq_lens", torch.zeros(4, dtype=torch.int64), TypeError),
+        ("block_table", torch.zeros(4, 3, dtype=torch.int32), ValueError),
+        ("block_table", torch.zeros(4, 2, dtype=torch.int32, device="meta"), ValueError),
+        ("decode_lens", torch.zeros(4, 1, dtype=torch.int32), ValueError),
+        ("req_id", torch.zeros(4, dtype=torch.float32), TypeError),
+    ],
+)
+def test_expand_bad_out(field: str, bad: torch.Tensor, exc: type) -> None:
+    seq_lens, bt = _good()
+    out = poisoned_out(4, 2, random.Random(0))._replace(**{field: bad})
+    with pytest.raises(exc, match=f"out.{field}"):
+        expand_decode_tokens(seq_lens, bt, 2, max_decode_len=2, out=out)
+    with pytest.raises(TypeError, match="out"):
+        expand_decode_tokens(seq_lens, bt, 2, max_decode_len=2, out=tuple(out))
+
+
+def test_native_and_dcp_bad_input() -> None:
+    seq_lens = i32([3, 4])
+    with pytest.raises(TypeError, match="seq_lens"):
+        native_decode_seq_lens(seq_lens.long(), next_n=2)
+    with pytest.raises(ValueError, match="next_n"):
+        native_decode_seq_lens(seq_lens, next_n=0)
+    with pytest.raises(ValueError, match="out"):
+        native_decode_seq_lens(seq_lens, next_n=2, out=torch.zeros(2, 3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="out"):
+        native_decode_seq_lens(seq_lens, next_n=2, out=torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="dcp_rank"):
+        native_decode_seq_lens(seq_lens, next_n=2, dcp_size=2, dcp_rank=3)
+    with pytest.raises(TypeError, match="seq_lens"):
+        dcp_local_seq_lens(seq_lens.float(), dcp_size=2, dcp_rank=0)
+    with pytest.raises(ValueError, match="dcp_size"):
+        dcp_local_seq_lens(seq_lens, dcp_size=0, dcp_rank=0)
+    with pytest.raises(ValueError, match="dcp_rank"):
+        dcp_local_seq_lens(seq_lens, dcp_size=4, dcp_rank=4)
+    with pytest.raises(ValueError, match="interleave"):
+        dcp_local_seq_lens(seq_lens, dcp_size=2, dcp_rank=0, interleave=0)
+    with pytest.raises(ValueError, match="out"):
+        dcp_local_seq_lens(seq_lens, dcp_size=2, dcp_rank=0, out=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="out"):
+        dcp_local_seq_lens(
+            seq_lens, dcp_size=2, dcp_rank=0, out=torch.zeros(2, dtype=torch.int32, device="meta")
+        )
+
+
+def test_builder_bad_input() -> None:
+    with pytest.raises(ValueError, match="max_decode_len"):
+        builder(max_decode_len=0)
+    with pytest.raises(ValueError, match="native_decode_lens"):
+        builder(native_decode_lens=(0,))
+    with pytest.raises(ValueError, match="native_decode_lens"):
+        builder(native_decode_lens=(5,))
+    with pytest.raises(ValueError, match="dcp_rank"):
+        builder(dcp_size=2, dcp_rank=2)
+    with pytest.raises(ValueError, match="dcp_interleave"):
+        builder(dcp_interleave=0)
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        builder(max_num_tokens=-1)
+    b = builder()
+    seq_lens, bt = i32([10, 7]), i32([[1, 2], [3, 4]], 2, 2)
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        b.build(seq_lens, bt, [4, 4], num_tokens=33)
+    with pytest.raises(ValueError, match="num_tokens"):
+        b.build(seq_lens, bt, [4, 4], num_tokens=7)
+    with pytest.raises(ValueError, match="max_num_requests"):
+        b.build(i32([1] * 9), torch.zeros(9, 2, dtype=torch.int32, device=seq_lens.device), [1] * 9)
+    with pytest.raises(ValueError, match="max_blocks_per_req"):
+        b.build(seq_lens, torch.zeros(2, 7, dtype=torch.int32), [1, 1])
+    with pytest.raises(ValueError, match="decode_lens"):
+        b.build(seq_lens, bt, [1])
+    with pytest.raises(ValueError, match="decode_lens"):
+        b.build(seq_lens, bt, [1, -2])
+    with pytest.raises(ValueError, match="max_decode_len"):
+        b.build(seq_lens, bt, [1, 5])
+    with pytest.raises(TypeError, match="decode_lens"):
+        b.build(seq_lens, bt, torch.tensor([1.0, 1.0]))
+    with pytest.raises(ValueError, match="decode_lens"):
+        b.build(seq_lens, bt, torch.tensor([1, 1], dtype=torch.int32, device="meta"))
+    with pytest.raises(TypeError, match="seq_lens"):
+        b.build(seq_lens.long(), bt, [1, 1])
+    with pytest.raises(ValueError, match="block_table"):
+        b.build(seq_lens, bt.to("meta"), [1, 1])
+    with pytest.raises(ValueError, match="seq_lens"):
+        b.build(seq_lens.to("meta"), bt.to("meta"), [1, 1])
