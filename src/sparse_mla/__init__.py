@@ -14,23 +14,39 @@ from .ops.decode_metadata import (  # noqa: E402
     dcp_local_seq_lens,
     expand_decode_tokens,
 )
+from .ops.indexer import IndexLogitsConfig, index_logits  # noqa: E402
+from .ops.kv_cache import (  # noqa: E402
+    new_indexer_k_cache,
+    new_mla_cache,
+    write_indexer_k,
+    write_mla_latent,
+)
 from .ops.remap import (  # noqa: E402
     RemapLayout,
     choose_remap_layout,
     convert_req_index_to_global_index,
     filter_and_convert_dcp_index,
 )
+from .ops.topk import select_topk, topk_workspace  # noqa: E402
 
 __all__ = [
     "DecodeMetadata",
     "DecodeMetadataBuilder",
     "ExpandedDecodeTokens",
+    "IndexLogitsConfig",
     "RemapLayout",
     "choose_remap_layout",
     "convert_req_index_to_global_index",
     "dcp_local_seq_lens",
     "expand_decode_tokens",
     "filter_and_convert_dcp_index",
+    "index_logits",
     "info",
     "mode",
+    "new_indexer_k_cache",
+    "new_mla_cache",
+    "select_topk",
+    "topk_workspace",
+    "write_indexer_k",
+    "write_mla_latent",
 ]

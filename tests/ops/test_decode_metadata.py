@@ -634,7 +634,7 @@ def test_builder_bad_input() -> None:
     with pytest.raises(ValueError, match="max_num_requests"):
         b.build(i32([1] * 9), torch.zeros(9, 2, dtype=torch.int32, device=seq_lens.device), [1] * 9)
     with pytest.raises(ValueError, match="max_blocks_per_req"):
-        b.build(seq_lens, torch.zeros(2, 7, dtype=torch.int32), [1, 1])
+        b.build(seq_lens, torch.zeros(2, 7, dtype=torch.int32, device=seq_lens.device), [1, 1])
     with pytest.raises(ValueError, match="decode_lens"):
         b.build(seq_lens, bt, [1])
     with pytest.raises(ValueError, match="decode_lens"):

@@ -67,6 +67,9 @@ def check_close(got: torch.Tensor, q, w, cache, lens, bt, **kw) -> None:
     fin = torch.isfinite(ref)
     heads, dim = q.shape[1], q.shape[2]
     tol = (dim + heads + 2) * 2.0**-24 * mag[fin]
+    if DEV.type == "cuda" and q.dtype == torch.float8_e4m3fn:
+        # Hopper's fp8 tensor-core dot accumulates with fewer mantissa bits than fp32.
+        tol = 2.0**-9 * mag[fin]
     err = (got[fin] - ref[fin]).abs()
     assert torch.all(err <= tol), f"max err/tol {(err / tol.clamp_min(1e-300)).max():.3g}"
 

@@ -104,8 +104,10 @@ def test_layout_auto_owns_rows_for_every_width():
         assert lay.block_cols * lay.num_chunks >= k
         assert lay.block_cols & (lay.block_cols - 1) == 0
     assert choose_remap_layout(384, count_valid=True).block_cols == 512
-    assert choose_remap_layout(128, count_valid=True, num_rows=1).rows_per_program == 1
-    assert choose_remap_layout(128, count_valid=True, num_rows=4096).rows_per_program > 1
+    assert choose_remap_layout(512, count_valid=True, num_rows=1).num_warps == 16
+    assert choose_remap_layout(2048, count_valid=True, num_rows=1).num_warps == 8
+    assert choose_remap_layout(2048, count_valid=True, num_rows=4096).num_warps == 4
+    assert choose_remap_layout(64, count_valid=True).num_warps == 2
 
 
 def test_layout_seed_and_tiled_policies():

@@ -3,11 +3,13 @@
 Three policies share one kernel:
 
 ``auto`` (ours)
-    One program owns whole rows, so the valid count is a register reduction and a plain
+    One program owns a whole row, so the valid count is a register reduction and a plain
     store (no atomics, no zero-filled counter) and compaction is deterministic in column
     order, for *every* K: widths that are not a power of two use masked lanes (384 -> 512)
-    and very wide rows loop over column chunks with a running count. Several short rows
-    share a program so each program moves a useful amount of data.
+    and very wide rows loop over column chunks with a running count. Measured on an H200
+    (benchmarks/tune_remap.py, docs/results/): packing several rows into one program never
+    won for K in {384, 512, 2048}; many warps win while the grid is small (latency), 4 warps
+    once there are enough rows to fill the chip.
 ``seed``
     The upstream fix as published: a single 8-warp tile per row only when counting and K is
     a power of two; otherwise the tiled layout below (atomics when counting).
@@ -28,8 +30,8 @@ POLICIES = ("auto", "seed", "tiled_atomic")
 LEGACY_TILE = 128
 # Widest column chunk one program loads at once; wider rows loop over chunks.
 MAX_CHUNK = 4096
-# Elements one program of the row-owning layout aims to cover (rows x chunk).
-TARGET_ELEMS = 2048
+# From this many rows on the grid fills the chip and 4 warps per program are best.
+MANY_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,10 @@ def choose_remap_layout(
 
     block_cols = min(next_pow2(num_cols), MAX_CHUNK)
     num_chunks = -(-num_cols // block_cols)
-    rows = max(1, TARGET_ELEMS // block_cols)
-    if num_rows is not None:
-        rows = min(rows, next_pow2(max(num_rows, 1)))
-    elems = rows * block_cols
-    num_warps = 4 if elems <= 1024 else 8
-    return RemapLayout(rows, block_cols, num_chunks, 1, False, True, num_warps)
+    if num_rows is not None and num_rows >= MANY_ROWS:
+        num_warps = 4
+    else:
+        num_warps = 16 if block_cols <= 1024 else 8
+    # Never more warps than one element per thread.
+    num_warps = max(1, min(num_warps, block_cols // 32))
+    return RemapLayout(1, block_cols, num_chunks, 1, False, True, num_warps)

@@ -1,0 +1,1014 @@
+"""Exact top-k of the DSA indexer scores: Triton radix select + in-order compaction.
+
+Algorithm (both paths):
+
+1. Every fp32 score becomes an order-preserving uint32 key: negative floats ``~bits``,
+   positive ``bits | 0x80000000``; ``-0.0`` takes ``+0.0``'s key and every NaN takes key 0,
+   below ``-inf`` (``0x007FFFFF``). Larger key = better score, equal key = equal score.
+2. Radix select of the k-th largest key, 8 bits per pass from the top (4 passes): a
+   256-bin histogram of the next digit over the candidates that match the digits chosen so
+   far, then the bin holding the k-th largest. After 4 passes the threshold key ``T`` is
+   exact, and ``need`` = how many keys equal to ``T`` are taken (``k - need`` keys are > T).
+3. One in-order pass writes every position with key > T and the first ``need`` positions
+   with key == T, at ``count of selected positions before it`` (``tl.cumsum``), so the
+   output is the selected positions in ascending order. Ties never drop candidates: the
+   threshold's equal keys are counted, not buffered.
+
+Rows with ``length <= k`` short-circuit to ``[0, 1, ..., length-1, -1, ...]``.
+
+Two launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
+
+* ``row``: one program per row, all passes in one launch, looping over chunks of the row
+  (a row of at most ``ROW_BLOCK`` scores is loaded once and kept in registers).
+* ``split``: ``S`` programs per row, each owning a contiguous slice; 6 launches: four
+  histogram passes (each program adds its slice's histogram into the row's global
+  histogram with atomics), a count pass (per-slice counts of keys > T and == T) and the
+  write pass (an exclusive prefix over the slice counts places each slice's output). The
+  histogram part of the int32 workspace must be zero on entry; the last launch zeroes it
+  again, so a workspace from :func:`topk_workspace` stays reusable (one call at a time).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import _runtime
+from ..._checks import check_int, check_same_device, check_shape, check_tensor
+from ..._runtime import cdiv, next_pow2
+
+__all__ = [
+    "MAX_K",
+    "MAX_SPLITS",
+    "select_topk",
+    "supported_k",
+    "topk_workspace",
+    "topk_workspace_numel",
+]
+
+MAX_K = 4096
+MAX_SPLITS = 256
+_NBINS = 256  # 8-bit digits, 4 passes over the 32-bit key
+_NPASS = 4
+# Per-row workspace layout (int32): 4 histograms; the selection state after passes 1..4
+# (prefix, need, done at _STATE_OFF + 4 * p); the per-slice (count > thr, count == thr).
+_STATE_OFF = _NPASS * _NBINS
+_CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
+WS_ROW_STRIDE = _CNT_OFF + 2 * MAX_SPLITS
+
+# The same numbers as kernel constants.
+NBINS = tl.constexpr(_NBINS)
+NPASS = tl.constexpr(_NPASS)
+_WS_HIST = tl.constexpr(0)
+_WS_STATE = tl.constexpr(_STATE_OFF)
+_WS_CNT = tl.constexpr(_CNT_OFF)
+
+# Tuning knobs (module-level so a benchmark or a test can change them).
+ROW_BLOCK = 4096  # chunk of the one-program-per-row kernel
+ROW_WARPS = 8
+SPLIT_BLOCK = 1024  # chunk of the split kernels; slices are whole chunks
+SPLIT_WARPS = 4
+SPLIT_MIN_N = ROW_BLOCK + 1  # rows this short always use the row kernel
+CTAS_PER_SM = 8  # split heuristic: programs per SM to aim at (hides load latency)
+_MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
+
+
+def supported_k(k: int) -> bool:
+    """k values the kernels support: positive multiples of 128 up to ``MAX_K``."""
+    return isinstance(k, int) and not isinstance(k, bool) and 0 < k <= MAX_K and k % 128 == 0
+
+
+def topk_workspace_numel(rows: int) -> int:
+    """int32 elements of the workspace the split path needs for ``rows`` rows."""
+    return max(rows, 1) * WS_ROW_STRIDE
+
+
+def topk_workspace(rows: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """A zeroed int32 workspace for :func:`select_topk` with up to ``rows`` rows.
+
+    Allocate it once (outside CUDA-graph capture) and pass it as ``workspace=``; the kernels
+    restore the part that must be zero on entry, so it can be reused by every later call
+    (one call at a time: concurrent calls on one workspace would mix their histograms).
+
+    Returns:
+        int32 ``[topk_workspace_numel(rows)]`` of zeros on ``device``.
+    """
+    dev = _runtime.default_device() if device is None else torch.device(device)
+    return torch.zeros(topk_workspace_numel(rows), dtype=torch.int32, device=dev)
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # the interpreter: any fixed number keeps the choice deterministic
+
+
+def choose_num_splits(rows: int, n: int, k: int, device: torch.device) -> int:
+    """Programs per row (1 = the row kernel) for ``rows`` rows of ``n`` scores; shapes only."""
+    if n <= k or n < SPLIT_MIN_N:
+        return 1
+    want = cdiv(CTAS_PER_SM * _num_sms(device), max(rows, 1))
+    return max(1, min(want, cdiv(n, SPLIT_BLOCK), MAX_SPLITS))
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel helpers
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _keys(x):
+    """fp32 -> order-preserving uint32 key (integer ops only, so no denormal flush)."""
+    b = x.to(tl.uint32, bitcast=True)
+    mag = b & 0x7FFFFFFF
+    key = tl.where((b >> 31) != 0, ~b, b | 0x80000000)
+    key = tl.where(mag == 0, 0x80000000, key)  # -0.0 ranks as +0.0
+    key = tl.where(mag > 0x7F800000, 0, key)  # NaN: below -inf (key 0x007FFFFF)
+    return key.to(tl.uint32)
+
+
+@triton.jit
+def _chunk(x_row, s_xn, start, end, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    """Positions, visibility and keys of the chunk [start, start + BLOCK) of a row.
+
+    Unmasked (whole) chunks let the compiler vectorize the loads."""
+    offs = start + tl.arange(0, BLOCK)
+    if MASKED:
+        valid = offs < end
+        x = tl.load(x_row + offs * s_xn, mask=valid, other=0.0)
+    else:
+        valid = tl.full([BLOCK], 1, tl.int1)
+        x = tl.load(x_row + offs * s_xn)
+    return offs, valid, _keys(x)
+
+
+@triton.jit
+def _match(key, valid, prefix, P: tl.constexpr):
+    """Candidates of pass P: visible keys whose top 8*P bits equal the prefix chosen so far."""
+    if P == 0:
+        m = valid
+    else:
+        HI: tl.constexpr = 32 - 8 * P
+        m = valid & ((key >> HI) == (prefix >> HI))
+    return m
+
+
+@triton.jit
+def _digit_hist(key, match, n_match, P: tl.constexpr, BLOCK: tl.constexpr):
+    """256-bin histogram of pass P's digit over the matching keys.
+
+    Non-matching keys are routed to bin 0 and subtracted again, which needs no histogram
+    mask (not every Triton release has one)."""
+    LO: tl.constexpr = 24 - 8 * P
+    digit = ((key >> LO) & 0xFF).to(tl.int32)
+    digit = tl.where(match, digit, 0)
+    h = tl.histogram(digit, NBINS)
+    bins = tl.arange(0, NBINS)
+    return h - tl.where(bins == 0, BLOCK - n_match, 0)
+
+
+@triton.jit
+def _pick_bin(hist, need):
+    """The digit d holding the need-th largest candidate.
+
+    ``hist``: int32 [256] candidates per digit, ``need`` in [1, sum(hist)]. Returns d with
+    ``count(digit > d) < need <= count(digit >= d)``, the new ``need = need - count(digit >
+    d)``, and 1 when the whole bin d is taken (``new need == hist[d]``), else 0."""
+    bins = tl.arange(0, NBINS)
+    above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # candidates with a larger digit
+    hit = (above < need) & (above + hist >= need)
+    d = tl.max(tl.where(hit, bins, 0), 0)
+    need = need - tl.sum(tl.where(hit, above, 0), 0)
+    whole = (tl.sum(tl.where(hit, hist, 0), 0) == need).to(tl.int32)
+    return d, need, whole
+
+
+@triton.jit
+def _add_digit(prefix, d, P: tl.constexpr):
+    return prefix | (d.to(tl.uint32) << (24 - 8 * P))
+
+
+@triton.jit
+def _finish(prefix, need, done):
+    """Threshold form of the selection: keys > thr, plus the first ``need`` keys == thr.
+
+    When a pass took its whole bin (done), every key >= prefix is selected (the digits
+    below are still 0): thr = prefix - 1, need = 0. prefix >= 1 then, since some visible
+    key is not selected (length > k) and it is smaller than prefix."""
+    one = tl.full([], 1, tl.uint32)
+    thr = tl.where(done != 0, prefix - one, prefix)
+    need = tl.where(done != 0, 0, need)
+    return thr, need
+
+
+@triton.jit
+def _state_after(ws_row, P: tl.constexpr, K: tl.constexpr):
+    """Selection state after the first P passes (prefix, need, done) of a split row.
+
+    The launch of pass P - 1 stored the state after P - 1 passes and the histogram of
+    pass P - 1, so one bin pick gives it (instead of replaying P picks)."""
+    prefix = tl.full([], 0, tl.uint32)
+    need = tl.full([], K, tl.int32)
+    done = tl.full([], 0, tl.int32)
+    if P >= 2:
+        prefix = tl.load(ws_row + _WS_STATE + 4 * (P - 1)).to(tl.uint32, bitcast=True)
+        need = tl.load(ws_row + _WS_STATE + 4 * (P - 1) + 1)
+        done = tl.load(ws_row + _WS_STATE + 4 * (P - 1) + 2)
+    if P >= 1:  # noqa: SIM102  (compile-time test apart from the runtime one)
+        if done == 0:
+            hist = tl.load(ws_row + _WS_HIST + (P - 1) * NBINS + tl.arange(0, NBINS))
+            d, need, done = _pick_bin(hist, need)
+            prefix = _add_digit(prefix, d, P - 1)
+    return prefix, need, done
+
+
+@triton.jit
+def _store_state(ws_row, P: tl.constexpr, prefix, need, done):
+    tl.store(ws_row + _WS_STATE + 4 * P, prefix.to(tl.int32, bitcast=True))
+    tl.store(ws_row + _WS_STATE + 4 * P + 1, need)
+    tl.store(ws_row + _WS_STATE + 4 * P + 2, done)
+
+
+@triton.jit
+def _hist_chunk(
+    hist,
+    x_row,
+    s_xn,
+    start,
+    end,
+    prefix,
+    P: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
+    match = _match(key, valid, prefix, P)
+    if P == 0 and not MASKED:
+        hist += _digit_hist(key, match, BLOCK, P, BLOCK)
+    else:
+        n_match = tl.sum(match.to(tl.int32), 0)
+        # Later passes match few keys: skip the histogram of chunks without any.
+        if n_match > 0:
+            hist += _digit_hist(key, match, n_match, P, BLOCK)
+    return hist
+
+
+@triton.jit
+def _hist_range(x_row, s_xn, lo, hi, prefix, P: tl.constexpr, BLOCK: tl.constexpr):
+    """Histogram of pass P's digit over the candidates among positions [lo, hi)."""
+    hist = tl.zeros([NBINS], tl.int32)
+    full_end = lo + tl.maximum(hi - lo, 0) // BLOCK * BLOCK
+    for start in range(lo, full_end, BLOCK):
+        hist = _hist_chunk(hist, x_row, s_xn, start, hi, prefix, P, BLOCK, False)
+    if full_end < hi:
+        hist = _hist_chunk(hist, x_row, s_xn, full_end, hi, prefix, P, BLOCK, True)
+    return hist
+
+
+@triton.jit
+def _count_chunk(
+    n_gt, n_eq, x_row, s_xn, start, end, thr, BLOCK: tl.constexpr, MASKED: tl.constexpr
+):
+    offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
+    n_gt += tl.sum((valid & (key > thr)).to(tl.int32), 0)
+    n_eq += tl.sum((valid & (key == thr)).to(tl.int32), 0)
+    return n_gt, n_eq
+
+
+@triton.jit
+def _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED: tl.constexpr):
+    """Block-table row of this query row, and the number of its pages that may be read:
+    W, or 0 when req_id is outside [0, R) (then every slot is -1)."""
+    if FUSED:
+        r = tl.load(req_ptr + row * s_req)
+        ok = (r >= 0) & (r < n_req)
+        bt_row = bt_ptr + tl.where(ok, r, 0).to(tl.int64) * s_btr
+        page_limit = tl.where(ok, n_pages, 0)
+    else:
+        bt_row = bt_ptr
+        page_limit = n_pages
+    return page_limit, bt_row
+
+
+@triton.jit
+def _emit(
+    o_row,
+    s_oc,
+    col,
+    pos,
+    m,
+    page_limit,
+    bt_row,
+    s_btc,
+    block_size,
+    stride_rows,
+    FUSED: tl.constexpr,
+):
+    """Store position ``pos`` (or its global slot when FUSED) at column ``col`` where m.
+
+    Returns how many stored entries are valid (slots: those that pass the remap's rules)."""
+    if FUSED:
+        page = pos // block_size
+        ok = m & (pos >= 0) & (page < page_limit)
+        blk = tl.load(bt_row + page * s_btc, mask=ok, other=0)
+        val = tl.where(ok, blk * stride_rows + pos % block_size, -1)
+    else:
+        ok = m & (pos >= 0)
+        val = pos
+    tl.store(o_row + col * s_oc, val, mask=m)
+    return tl.sum(ok.to(tl.int32), 0)
+
+
+@triton.jit
+def _emit_short_row(
+    o_row,
+    s_oc,
+    length,
+    page_limit,
+    bt_row,
+    s_btc,
+    block_size,
+    stride_rows,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FUSED: tl.constexpr,
+):
+    """A row with length <= K: positions 0..length-1 in order, then -1."""
+    nvalid = length * 0
+    for c0 in tl.static_range(0, K, BLOCK_K):
+        col = c0 + tl.arange(0, BLOCK_K)
+        pos = tl.where(col < length, col, -1)
+        nvalid += _emit(
+            o_row,
+            s_oc,
+            col,
+            pos,
+            col < K,
+            page_limit,
+            bt_row,
+            s_btc,
+            block_size,
+            stride_rows,
+            FUSED,
+        )
+    return nvalid
+
+
+@triton.jit
+def _select(key, valid, thr, need, eq_seen):
+    """In-order selection of one chunk: keys > thr, and keys == thr while fewer than
+    ``need`` equal keys precede them in the row. Returns the mask, each selected key's
+    exclusive rank within the chunk, the chunk's selected count and its equal count."""
+    eq = (valid & (key == thr)).to(tl.int32)
+    eq_rank = eq_seen + tl.cumsum(eq, 0) - eq
+    sel = (valid & (key > thr)) | ((eq != 0) & (eq_rank < need))
+    s = sel.to(tl.int32)
+    rank = tl.cumsum(s, 0) - s
+    return sel, rank, tl.sum(s, 0), tl.sum(eq, 0)
+
+
+@triton.jit
+def _write_chunk(
+    base,
+    eq_seen,
+    nvalid,
+    x_row,
+    s_xn,
+    start,
+    end,
+    thr,
+    need,
+    o_row,
+    s_oc,
+    page_limit,
+    bt_row,
+    s_btc,
+    block_size,
+    stride_rows,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MASKED: tl.constexpr,
+    FUSED: tl.constexpr,
+):
+    offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
+    sel, rank, n_sel, n_eq = _select(key, valid, thr, need, eq_seen)
+    col = base + rank
+    nvalid += _emit(
+        o_row,
+        s_oc,
+        col,
+        offs,
+        sel & (col < K),
+        page_limit,
+        bt_row,
+        s_btc,
+        block_size,
+        stride_rows,
+        FUSED,
+    )
+    return base + n_sel, eq_seen + n_eq, nvalid
+
+
+@triton.jit
+def _write_range(
+    base,
+    eq_seen,
+    x_row,
+    s_xn,
+    lo,
+    hi,
+    thr,
+    need,
+    o_row,
+    s_oc,
+    page_limit,
+    bt_row,
+    s_btc,
+    block_size,
+    stride_rows,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FUSED: tl.constexpr,
+):
+    """Write the selected positions among [lo, hi) in order, the first at column base.
+
+    ``eq_seen``: keys == thr before lo. Returns the number of valid entries written."""
+    nvalid = base * 0
+    full_end = lo + tl.maximum(hi - lo, 0) // BLOCK * BLOCK
+    for start in range(lo, full_end, BLOCK):
+        base, eq_seen, nvalid = _write_chunk(
+            base,
+            eq_seen,
+            nvalid,
+            x_row,
+            s_xn,
+            start,
+            hi,
+            thr,
+            need,
+            o_row,
+            s_oc,
+            page_limit,
+            bt_row,
+            s_btc,
+            block_size,
+            stride_rows,
+            K,
+            BLOCK,
+            False,
+            FUSED,
+        )
+    if full_end < hi:
+        base, eq_seen, nvalid = _write_chunk(
+            base,
+            eq_seen,
+            nvalid,
+            x_row,
+            s_xn,
+            full_end,
+            hi,
+            thr,
+            need,
+            o_row,
+            s_oc,
+            page_limit,
+            bt_row,
+            s_btc,
+            block_size,
+            stride_rows,
+            K,
+            BLOCK,
+            True,
+            FUSED,
+        )
+    return nvalid
+
+
+# ---------------------------------------------------------------------------------------
+# One program per row
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _topk_row_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
+    len_ptr,
+    s_len,
+    n_cols,
+    out_ptr,
+    s_or,
+    s_oc,
+    cnt_ptr,
+    s_cnt,
+    bt_ptr,
+    s_btr,
+    s_btc,
+    req_ptr,
+    s_req,
+    n_req,
+    n_pages,
+    block_size,
+    stride_rows,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
+    FUSED: tl.constexpr,
+    COUNTS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    # Device lengths are untrusted: clamp to [0, N].
+    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    x_row = x_ptr + row.to(tl.int64) * s_xr
+    o_row = out_ptr + row.to(tl.int64) * s_or
+    page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
+
+    if length <= K:
+        nvalid = _emit_short_row(
+            o_row,
+            s_oc,
+            length,
+            page_limit,
+            bt_row,
+            s_btc,
+            block_size,
+            stride_rows,
+            K,
+            BLOCK_K,
+            FUSED,
+        )
+    else:
+        need = tl.full([], K, tl.int32)
+        prefix = tl.full([], 0, tl.uint32)
+        done = tl.full([], 0, tl.int32)
+        if ONE_CHUNK:
+            # The whole row fits one block: load once, keep the keys in registers.
+            offs, valid, key = _chunk(x_row, s_xn, 0, length, BLOCK, True)
+            for P in tl.static_range(NPASS):
+                if done == 0:
+                    match = _match(key, valid, prefix, P)
+                    hist = _digit_hist(key, match, tl.sum(match.to(tl.int32), 0), P, BLOCK)
+                    d, need, done = _pick_bin(hist, need)
+                    prefix = _add_digit(prefix, d, P)
+            thr, need = _finish(prefix, need, done)
+            sel, rank, n_sel, n_eq = _select(key, valid, thr, need, 0)
+            nvalid = _emit(
+                o_row,
+                s_oc,
+                rank,
+                offs,
+                sel & (rank < K),
+                page_limit,
+                bt_row,
+                s_btc,
+                block_size,
+                stride_rows,
+                FUSED,
+            )
+        else:
+            for P in tl.static_range(NPASS):
+                if done == 0:
+                    hist = _hist_range(x_row, s_xn, 0, length, prefix, P, BLOCK)
+                    d, need, done = _pick_bin(hist, need)
+                    prefix = _add_digit(prefix, d, P)
+            thr, need = _finish(prefix, need, done)
+            nvalid = _write_range(
+                length * 0,
+                length * 0,
+                x_row,
+                s_xn,
+                0,
+                length,
+                thr,
+                need,
+                o_row,
+                s_oc,
+                page_limit,
+                bt_row,
+                s_btc,
+                block_size,
+                stride_rows,
+                K,
+                BLOCK,
+                FUSED,
+            )
+    if COUNTS:
+        tl.store(cnt_ptr + row * s_cnt, nvalid)
+
+
+# ---------------------------------------------------------------------------------------
+# Several programs per row (grid = rows x S), one launch per phase
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _split_hist_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
+    len_ptr,
+    s_len,
+    n_cols,
+    ws_ptr,
+    ws_stride,
+    slice_len,
+    K: tl.constexpr,
+    P: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    sl = tl.program_id(1)
+    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    lo = sl * slice_len
+    if (length > K) & (lo < length):
+        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+        prefix, need, done = _state_after(ws_row, P, K)
+        if P >= 1:  # noqa: SIM102  (compile-time test apart from the runtime one)
+            if sl == 0:
+                _store_state(ws_row, P, prefix, need, done)  # for the next launch
+        if done == 0:
+            x_row = x_ptr + row.to(tl.int64) * s_xr
+            hi = tl.minimum(lo + slice_len, length)
+            hist = _hist_range(x_row, s_xn, lo, hi, prefix, P, BLOCK)
+            bins = tl.arange(0, NBINS)
+            # Only non-empty bins: most bins of a slice are empty.
+            tl.atomic_add(ws_row + _WS_HIST + P * NBINS + bins, hist, mask=hist > 0, sem="relaxed")
+
+
+@triton.jit
+def _split_count_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
+    len_ptr,
+    s_len,
+    n_cols,
+    ws_ptr,
+    ws_stride,
+    slice_len,
+    cnt_ptr,
+    s_cnt,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ZERO_COUNTS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    sl = tl.program_id(1)
+    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    if length > K:
+        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+        prefix, need, done = _state_after(ws_row, NPASS, K)
+        thr, need = _finish(prefix, need, done)
+        x_row = x_ptr + row.to(tl.int64) * s_xr
+        lo = sl * slice_len
+        hi = tl.minimum(lo + slice_len, length)
+        n_gt = length * 0
+        n_eq = length * 0
+        full_end = lo + tl.maximum(hi - lo, 0) // BLOCK * BLOCK
+        for start in range(lo, full_end, BLOCK):
+            n_gt, n_eq = _count_chunk(n_gt, n_eq, x_row, s_xn, start, hi, thr, BLOCK, False)
+        if full_end < hi:
+            n_gt, n_eq = _count_chunk(n_gt, n_eq, x_row, s_xn, full_end, hi, thr, BLOCK, True)
+        # Every slice stores its counts (zeros past the length): the write pass reads them.
+        tl.store(ws_row + _WS_CNT + 2 * sl, n_gt)
+        tl.store(ws_row + _WS_CNT + 2 * sl + 1, n_eq)
+        if sl == 0:
+            # The write pass reads the final state, so it may zero the histograms.
+            _store_state(ws_row, NPASS, prefix, need, done)
+            if ZERO_COUNTS:
+                tl.store(cnt_ptr + row * s_cnt, 0)  # the write pass adds each slice's count
+
+
+@triton.jit
+def _split_write_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
+    len_ptr,
+    s_len,
+    n_cols,
+    ws_ptr,
+    ws_stride,
+    slice_len,
+    n_splits,
+    out_ptr,
+    s_or,
+    s_oc,
+    cnt_ptr,
+    s_cnt,
+    bt_ptr,
+    s_btr,
+    s_btc,
+    req_ptr,
+    s_req,
+    n_req,
+    n_pages,
+    block_size,
+    stride_rows,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    S_POW2: tl.constexpr,
+    FUSED: tl.constexpr,
+    COUNTS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    sl = tl.program_id(1)
+    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    o_row = out_ptr + row.to(tl.int64) * s_or
+    page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
+    if length <= K:
+        if sl == 0:
+            nvalid = _emit_short_row(
+                o_row,
+                s_oc,
+                length,
+                page_limit,
+                bt_row,
+                s_btc,
+                block_size,
+                stride_rows,
+                K,
+                BLOCK_K,
+                FUSED,
+            )
+            if COUNTS:
+                tl.store(cnt_ptr + row * s_cnt, nvalid)
+    else:
+        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+        lo = sl * slice_len
+        if lo < length:
+            prefix = tl.load(ws_row + _WS_STATE + 4 * NPASS).to(tl.uint32, bitcast=True)
+            need = tl.load(ws_row + _WS_STATE + 4 * NPASS + 1)
+            done = tl.load(ws_row + _WS_STATE + 4 * NPASS + 2)
+            thr, need = _finish(prefix, need, done)
+            # Where this slice's output starts: selected counts of the slices before it.
+            sidx = tl.arange(0, S_POW2)
+            s_ok = sidx < n_splits
+            gts = tl.load(ws_row + _WS_CNT + 2 * sidx, mask=s_ok, other=0)
+            eqs = tl.load(ws_row + _WS_CNT + 2 * sidx + 1, mask=s_ok, other=0)
+            eq_before = tl.cumsum(eqs, 0) - eqs
+            take = tl.minimum(tl.maximum(need - eq_before, 0), eqs)
+            before = sidx < sl
+            base = tl.sum(tl.where(before, gts + take, 0), 0)
+            eq_seen = tl.sum(tl.where(before, eqs, 0), 0)
+            x_row = x_ptr + row.to(tl.int64) * s_xr
+            hi = tl.minimum(lo + slice_len, length)
+            nvalid = _write_range(
+                base,
+                eq_seen,
+                x_row,
+                s_xn,
+                lo,
+                hi,
+                thr,
+                need,
+                o_row,
+                s_oc,
+                page_limit,
+                bt_row,
+                s_btc,
+                block_size,
+                stride_rows,
+                K,
+                BLOCK,
+                FUSED,
+            )
+            if COUNTS:
+                if FUSED:
+                    tl.atomic_add(cnt_ptr + row * s_cnt, nvalid, sem="relaxed")
+                elif sl == 0:
+                    tl.store(cnt_ptr + row * s_cnt, K + length * 0)
+        if sl == 0:
+            # Leave the workspace zeroed for the next call (the histograms are read no more).
+            tl.store(
+                ws_row + _WS_HIST + tl.arange(0, NPASS * NBINS), tl.zeros([NPASS * NBINS], tl.int32)
+            )
+
+
+# ---------------------------------------------------------------------------------------
+# Host wrapper
+# ---------------------------------------------------------------------------------------
+
+
+def _check_kernel_device(name: str, t: torch.Tensor) -> None:
+    if not _runtime.INTERPRETER and t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor (kernels run on the GPU), got {t.device}")
+
+
+def select_topk(
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    k: int = 2048,
+    out: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    req_id: torch.Tensor | None = None,
+    block_size: int = 64,
+    block_stride_rows: int | None = None,
+    valid_counts_out: torch.Tensor | None = None,
+    return_valid_counts: bool = False,
+    workspace: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k positions of each row of indexer scores (DSA), optionally remapped.
+
+    Ranking: higher score first, compared by value (``-0.0 == +0.0``); NaN ranks below every
+    number (``-inf`` included), so a NaN is only selected when fewer than k numbers are
+    visible; ties (equal scores, NaNs included) are broken by the lowest position. The
+    result is exact whatever the distribution (ties at the threshold are counted, never
+    buffered). Output order: the selected positions in ascending order, then -1.
+
+    Args:
+        logits: fp32 ``[rows, N]`` (any strides), score of position ``i`` of each row in
+            column ``i``. Columns at or past a row's length are ignored whatever they hold.
+        lengths: int32 ``[rows]``, visible positions of each row (device data). Values are
+            clamped to ``[0, N]``: a negative length selects nothing, one > N means N.
+        k: positions to keep per row; a positive multiple of 128, at most ``MAX_K`` (4096).
+        out: optional int32 ``[rows, k]`` (any strides) to write into; every entry is
+            written.
+        block_table: optional int32 ``[R, W]``, physical page of (request row, logical
+            page). With ``req_id``, the result is global KV-cache slots instead of positions:
+            ``block_table[req_id[t], i // block_size] * block_stride_rows + i % block_size``,
+            -1 where ``i`` is -1, the page is outside ``[0, W)`` or ``req_id[t]`` is outside
+            ``[0, R)`` (never read out of bounds). Bit-identical to ``select_topk`` followed
+            by the index remap.
+        req_id: int32 ``[rows]``, block-table row of each query row (with block_table).
+        block_size: positions per page (>= 1).
+        block_stride_rows: physical rows between consecutive pages (default block_size).
+        valid_counts_out: optional int32 ``[rows]`` for the valid counts: ``min(k, length)``
+            for positions; for slots, the entries that passed the remap's rules (= entries
+            != -1 for a block table of non-negative pages).
+        return_valid_counts: also return the valid counts.
+        workspace: optional int32, at least ``topk_workspace_numel(rows)`` elements, zero on
+            first use (:func:`topk_workspace`); needed by the split path, allocated per
+            call when omitted. The kernels restore the part that must be zero.
+        num_splits: programs per row; None picks from the shapes and the GPU, 1 forces the
+            one-program-per-row kernel (at most ``MAX_SPLITS``).
+
+    Returns:
+        int32 ``[rows, k]`` positions (or slots), or ``(out, valid_counts)`` with
+        ``return_valid_counts``, valid_counts int32 ``[rows]``.
+    """
+    check_tensor("logits", logits, dtype=torch.float32, ndim=2)
+    _check_kernel_device("logits", logits)
+    rows, n = logits.shape
+    check_tensor("lengths", lengths, dtype=torch.int32, ndim=1)
+    check_shape("lengths", lengths, (rows,))
+    check_int("k", k, lo=1)
+    if not supported_k(k):
+        raise ValueError(f"k must be a positive multiple of 128 and at most {MAX_K}, got {k}")
+    if (n - 1) * logits.stride(1) >= 2**31 or n > _MAX_COLS:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} with strides {logits.stride()}: "
+            "column offsets must fit in int32"
+        )
+    fused = block_table is not None or req_id is not None
+    if fused:
+        if block_table is None or req_id is None:
+            raise ValueError("block_table and req_id must be given together")
+        check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
+        check_tensor("req_id", req_id, dtype=torch.int32, ndim=1)
+        check_shape("req_id", req_id, (rows,))
+        check_int("block_size", block_size, lo=1, hi=2**31 - 1)
+        stride_rows = block_size if block_stride_rows is None else block_stride_rows
+        check_int("block_stride_rows", stride_rows, lo=1, hi=2**31 - 1)
+    else:
+        check_int("block_size", block_size, lo=1)
+        stride_rows = block_size
+    if out is not None:
+        check_tensor("out", out, dtype=torch.int32, ndim=2)
+        check_shape("out", out, (rows, k))
+    if valid_counts_out is not None:
+        check_tensor("valid_counts_out", valid_counts_out, dtype=torch.int32, ndim=1)
+        check_shape("valid_counts_out", valid_counts_out, (rows,))
+    if workspace is not None:
+        check_tensor("workspace", workspace, dtype=torch.int32, ndim=1)
+        if not workspace.is_contiguous() or workspace.numel() < topk_workspace_numel(rows):
+            raise ValueError(
+                f"workspace must be a contiguous int32 tensor of at least "
+                f"{topk_workspace_numel(rows)} elements, got "
+                f"{workspace.numel()} (contiguous={workspace.is_contiguous()})"
+            )
+    if num_splits is not None:
+        check_int("num_splits", num_splits, lo=1, hi=MAX_SPLITS)
+    device = check_same_device(
+        logits=logits,
+        lengths=lengths,
+        out=out,
+        block_table=block_table,
+        req_id=req_id,
+        valid_counts_out=valid_counts_out,
+        workspace=workspace,
+    )
+
+    if out is None:
+        out = torch.empty((rows, k), dtype=torch.int32, device=device)
+    want_counts = return_valid_counts or valid_counts_out is not None
+    counts = valid_counts_out
+    if want_counts and counts is None:
+        counts = torch.empty(rows, dtype=torch.int32, device=device)
+    if rows == 0:
+        return (out, counts) if return_valid_counts else out
+
+    if fused:
+        bt, req = block_table, req_id
+        n_req, n_pages = block_table.shape
+        s_btr, s_btc = block_table.stride()
+        s_req = req_id.stride(0)
+    else:  # unused pointers: any int32 tensor
+        bt, req, s_req, n_req, n_pages, s_btr, s_btc = out, out, 0, 0, 0, 0, 0
+    cnt = counts if counts is not None else out
+    s_cnt = cnt.stride(0)
+    block_k = min(next_pow2(k), 1024)
+
+    splits = choose_num_splits(rows, n, k, device) if num_splits is None else num_splits
+    slice_len = cdiv(cdiv(max(n, 1), SPLIT_BLOCK), splits) * SPLIT_BLOCK
+    splits = cdiv(max(n, 1), slice_len)  # no empty trailing slices
+    if splits <= 1 or n <= k:
+        _topk_row_kernel[(rows,)](
+            logits,
+            logits.stride(0),
+            logits.stride(1),
+            lengths,
+            lengths.stride(0),
+            n,
+            out,
+            out.stride(0),
+            out.stride(1),
+            cnt,
+            s_cnt,
+            bt,
+            s_btr,
+            s_btc,
+            req,
+            s_req,
+            n_req,
+            n_pages,
+            block_size,
+            stride_rows,
+            K=k,
+            BLOCK=ROW_BLOCK,
+            BLOCK_K=block_k,
+            ONE_CHUNK=n <= ROW_BLOCK,
+            FUSED=fused,
+            COUNTS=want_counts,
+            num_warps=ROW_WARPS,
+        )
+    else:
+        ws = topk_workspace(rows, device) if workspace is None else workspace
+        common = (
+            logits,
+            logits.stride(0),
+            logits.stride(1),
+            lengths,
+            lengths.stride(0),
+            n,
+            ws,
+            WS_ROW_STRIDE,
+            slice_len,
+        )
+        grid = (rows, splits)
+        for p in range(_NPASS):
+            _split_hist_kernel[grid](*common, K=k, P=p, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_WARPS)
+        _split_count_kernel[grid](
+            *common,
+            cnt,
+            s_cnt,
+            K=k,
+            BLOCK=SPLIT_BLOCK,
+            ZERO_COUNTS=want_counts and fused,
+            num_warps=SPLIT_WARPS,
+        )
+        _split_write_kernel[grid](
+            *common,
+            splits,
+            out,
+            out.stride(0),
+            out.stride(1),
+            cnt,
+            s_cnt,
+            bt,
+            s_btr,
+            s_btc,
+            req,
+            s_req,
+            n_req,
+            n_pages,
+            block_size,
+            stride_rows,
+            K=k,
+            BLOCK=SPLIT_BLOCK,
+            BLOCK_K=block_k,
+            S_POW2=MAX_SPLITS,  # one compiled variant whatever the split count
+            FUSED=fused,
+            COUNTS=want_counts,
+            num_warps=SPLIT_WARPS,
+        )
+    return (out, counts) if return_valid_counts else out

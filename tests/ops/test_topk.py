@@ -1,0 +1,444 @@
+"""Exact top-k: random and adversarial scores, lengths, strides, fused remap, bad input.
+
+Every kernel result is compared bit for bit with ``select_topk_reference`` (itself checked
+against a brute-force sort here). Each case runs through the three code paths: the
+one-program-per-row kernel with the row in registers, the same kernel looping over chunks
+(small ROW_BLOCK), and the split kernels (small SPLIT_BLOCK, several programs per row).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import sparse_mla
+from sparse_mla.ops.topk import (
+    positions_to_slots_reference,
+    select_topk,
+    select_topk_reference,
+    topk_workspace,
+    topk_workspace_numel,
+)
+from sparse_mla.ops.topk import topk as topk_mod
+
+DEV = sparse_mla._runtime.default_device()
+POISON = -7777
+PATHS = ("row_registers", "row_chunks", "split")
+
+
+@pytest.fixture(params=PATHS)
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Select a code path; returns the extra select_topk keywords for it."""
+    if request.param == "row_registers":
+        return {"num_splits": 1}
+    if request.param == "row_chunks":
+        monkeypatch.setattr(topk_mod, "ROW_BLOCK", 256)  # several chunks and a tail
+        return {"num_splits": 1}
+    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+    return {"num_splits": 5}
+
+
+def i32(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.int32, device=DEV)
+
+
+def run_checked(logits: torch.Tensor, lengths: torch.Tensor, k: int, **kw) -> torch.Tensor:
+    """select_topk into a poisoned out buffer, compared bit for bit with the reference."""
+    out = torch.full((logits.shape[0], k), POISON, dtype=torch.int32, device=DEV)
+    got, counts = select_topk(logits, lengths, k=k, out=out, return_valid_counts=True, **kw)
+    assert got.data_ptr() == out.data_ptr()
+    want = select_topk_reference(logits, lengths, k)
+    if not torch.equal(got, want):
+        bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+        r = bad[0]
+        raise AssertionError(
+            f"rows {bad} differ; row {r} length {int(lengths[r])}: "
+            f"got {got[r].tolist()[:40]} want {want[r].tolist()[:40]}"
+        )
+    n = logits.shape[1]
+    want_counts = lengths.long().clamp(0, n).clamp_max(k).to(torch.int32)
+    assert torch.equal(counts, want_counts)
+    return got
+
+
+def edge_lengths(n: int, k: int, rows: int, rng: random.Random) -> torch.Tensor:
+    base = [n, 0, 1, k - 1, k, k + 1, n + 100, -5, n - 1, min(n, k + 2)]
+    vals = [base[i] if i < len(base) else rng.randint(0, n) for i in range(rows)]
+    return i32(vals)
+
+
+# ---- the reference itself ----------------------------------------------------------------
+
+
+def brute_force(values: list[float], length: int, k: int) -> list[int]:
+    """Sort positions by (is NaN, -value, position) with Python floats; take k, ascend."""
+    length = min(max(length, 0), len(values))
+
+    def rank(i: int):
+        v = values[i]
+        return (1, 0.0, i) if math.isnan(v) else (0, -v, i)
+
+    chosen = sorted(sorted(range(length), key=rank)[:k])
+    return chosen + [-1] * (k - len(chosen))
+
+
+def test_reference_matches_brute_force(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(
+        [0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-45, 2.5]
+    )
+    for n, k in [(7, 3), (40, 10), (200, 64), (200, 300)]:
+        rows = 6
+        x = torch.randn(rows, n, generator=g).round()
+        x = torch.where(
+            torch.rand(rows, n, generator=g) < 0.4,
+            pool[torch.randint(0, len(pool), (rows, n), generator=g)],
+            x,
+        )
+        lengths = torch.randint(-2, n + 3, (rows,), generator=g, dtype=torch.int32)
+        got = select_topk_reference(x, lengths, k)
+        for r in range(rows):
+            assert got[r].tolist() == brute_force(x[r].tolist(), int(lengths[r]), k), r
+
+
+# ---- random scores ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [128, 256, 384])
+def test_random_normal(path: dict, k: int, seed: int, rng: random.Random):
+    n = rng.randint(1300, 1800)
+    x = torch.randn(10, n, device=DEV) * rng.choice([1e-3, 1.0, 1e3])
+    run_checked(x, edge_lengths(n, k, 10, rng), k, **path)
+
+
+def test_k2048_large_row(seed: int, rng: random.Random):
+    n = 5000 + rng.randint(0, 200)
+    x = torch.randn(2, n, device=DEV)
+    x[1, ::3] = x[1, 7]  # a third of the row ties with one value
+    lengths = i32([n, n - rng.randint(1, 900)])
+    run_checked(x, lengths, 2048, num_splits=1)
+    run_checked(x, lengths, 2048)  # default choice (split under the interpreter)
+
+
+# ---- adversarial scores -------------------------------------------------------------------
+
+
+def adversarial(name: str, rows: int, n: int, g: torch.Generator) -> torch.Tensor:
+    inf, nan = float("inf"), float("nan")
+    if name == "all_equal":
+        return torch.full((rows, n), 0.5)
+    if name == "ties_at_threshold":
+        return torch.randint(0, 6, (rows, n), generator=g).float()
+    if name == "two_valued":
+        return torch.where(torch.rand(rows, n, generator=g) < 0.5, 1.0, -2.0)
+    if name == "integer_valued":
+        return torch.randint(-50, 50, (rows, n), generator=g).float()
+    if name == "neg_inf_runs":
+        x = torch.randn(rows, n, generator=g)
+        x[:, : n // 2] = -inf
+        x[:, n // 2 + 10 : n // 2 + 400] = -inf
+        return x
+    if name == "all_neg_inf":
+        return torch.full((rows, n), -inf)
+    if name == "nan_mix":
+        x = torch.randn(rows, n, generator=g)
+        x[torch.rand(rows, n, generator=g) < 0.3] = nan
+        x[torch.rand(rows, n, generator=g) < 0.1] = -inf
+        x[torch.rand(rows, n, generator=g) < 0.01] = inf
+        x[0, :] = nan  # a row of NaN only
+        x[1, : n - 50] = nan  # fewer numbers than k: NaNs fill the rest
+        return x
+    if name == "nan_payloads":
+        bits = torch.randint(0x7F800001, 0x7FFFFFFF, (rows, n), generator=g, dtype=torch.int64)
+        sign = torch.randint(0, 2, (rows, n), generator=g, dtype=torch.int64) << 31
+        x = ((bits | sign) - (1 << 32) * ((bits | sign) >= 2**31)).to(torch.int32)
+        x = x.view(torch.float32).clone()
+        x[torch.rand(rows, n, generator=g) < 0.5] = -inf
+        return x
+    if name == "huge_tiny":
+        pool = torch.tensor([3.4e38, -3.4e38, 1e-38, -1e-38, inf, -inf, 1e30, -1e30, 1.0])
+        return pool[torch.randint(0, len(pool), (rows, n), generator=g)]
+    if name == "denormals":
+        bits = torch.randint(1, 0x007FFFFF, (rows, n), generator=g, dtype=torch.int32)
+        x = bits.view(torch.float32).clone()
+        neg = torch.rand(rows, n, generator=g) < 0.5
+        x[neg] = -x[neg]
+        x[torch.rand(rows, n, generator=g) < 0.2] = 0.0
+        return x
+    if name == "signed_zeros":
+        x = torch.where(torch.rand(rows, n, generator=g) < 0.5, 0.0, -0.0)
+        x[torch.rand(rows, n, generator=g) < 0.05] = 1e-45
+        x[torch.rand(rows, n, generator=g) < 0.05] = -1e-45
+        return x
+    if name == "exactly_k_on_top":  # the first pass takes its whole bin (k = 128)
+        x = torch.randn(rows, n, generator=g)
+        x[:, torch.randperm(n, generator=g)[:128]] = 100.0 + torch.rand(rows, 128, generator=g)
+        return x
+    if name == "k_ties_on_top":
+        x = torch.randn(rows, n, generator=g)
+        x[:, torch.randperm(n, generator=g)[:128]] = 7.0
+        return x
+    if name == "ascending":
+        return torch.arange(n).float().repeat(rows, 1)
+    if name == "descending_dups":
+        return (-(torch.arange(n) // 7)).float().repeat(rows, 1)
+    raise ValueError(name)
+
+
+ADVERSARIAL = (
+    "all_equal",
+    "ties_at_threshold",
+    "two_valued",
+    "integer_valued",
+    "neg_inf_runs",
+    "all_neg_inf",
+    "nan_mix",
+    "nan_payloads",
+    "huge_tiny",
+    "denormals",
+    "signed_zeros",
+    "exactly_k_on_top",
+    "k_ties_on_top",
+    "ascending",
+    "descending_dups",
+)
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL)
+def test_adversarial(path: dict, name: str, seed: int, rng: random.Random):
+    g = torch.Generator().manual_seed(seed)
+    k = 128
+    n = rng.randint(1100, 1400)
+    x = adversarial(name, 4, n, g).to(DEV)
+    lengths = i32([n, n - rng.randint(1, 500), k + 1 + rng.randint(0, 3), n + 7])
+    run_checked(x, lengths, k, **path)
+
+
+def test_nan_rule_documented_example():
+    nan, inf = float("nan"), float("inf")
+    x = torch.full((1, 300), nan, device=DEV)
+    x[0, 10] = -inf
+    x[0, 250] = -1e30
+    x[0, 5] = -0.0
+    got = select_topk(x, i32([300]), k=128)
+    # The three numbers first (they outrank every NaN), then the lowest-position NaNs.
+    nan_pos = [i for i in range(300) if i not in (5, 10, 250)][:125]
+    assert got[0].tolist() == sorted([5, 10, 250] + nan_pos)
+
+
+def test_signed_zero_ties_by_position():
+    x = torch.full((1, 400), -1.0, device=DEV)
+    x[0, 0::2] = -0.0
+    x[0, 1::2] = 0.0  # 400 zeros, alternating signs: the first 128 positions win
+    got = select_topk(x, i32([400]), k=128)
+    assert got[0].tolist() == list(range(128))
+
+
+# ---- lengths, short rows, strides, out -----------------------------------------------------
+
+
+def test_short_rows_and_small_n(path: dict, rng: random.Random):
+    for n in (1, 100, 128, 129):
+        x = torch.randn(5, n, device=DEV)
+        run_checked(x, i32([n, 0, -3, n + 50, min(n, 7)]), 128, **path)
+
+
+def test_empty_batch_and_zero_columns():
+    out = select_topk(torch.empty(0, 50, device=DEV), i32([]), k=128)
+    assert out.shape == (0, 128)
+    got = select_topk(torch.empty(3, 0, device=DEV), i32([0, 5, -1]), k=128)
+    assert (got == -1).all()
+
+
+def test_noncontiguous_inputs(path: dict, seed: int, rng: random.Random):
+    k = 128
+    n = rng.randint(900, 1200)
+    wide = torch.randn(6, n + 37, device=DEV)
+    x = wide[:, 5 : 5 + n]  # row stride > N
+    lengths = i32([n, 300, k, k + 1, n + 3, 1000, 7, 9])[::2].clone()
+    lengths_strided = torch.zeros(8, dtype=torch.int32, device=DEV)
+    lengths_strided[::2] = lengths[:4]
+    run_checked(x[:4], lengths_strided[::2], k, **path)
+    xt = torch.randn(n, 3, device=DEV).t()  # column stride 3
+    run_checked(xt, i32([n, n - 1, 400]), k, **path)
+
+
+def test_strided_out_untouched_outside(path: dict, rng: random.Random):
+    k = 128
+    x = torch.randn(3, 1000, device=DEV)
+    lengths = i32([1000, 50, 999])
+    buf = torch.full((3, k + 9), POISON, dtype=torch.int32, device=DEV)
+    got = select_topk(x, lengths, k=k, out=buf[:, 4 : 4 + k], **path)
+    assert torch.equal(got, select_topk_reference(x, lengths, k))
+    assert (buf[:, :4] == POISON).all() and (buf[:, 4 + k :] == POISON).all()
+    colmajor = torch.full((k, 3), POISON, dtype=torch.int32, device=DEV).t()
+    got = select_topk(x, lengths, k=k, out=colmajor, **path)
+    assert torch.equal(got, select_topk_reference(x, lengths, k))
+
+
+def test_valid_counts_out_and_return_shapes(path: dict, rng: random.Random):
+    x = torch.randn(3, 600, device=DEV)
+    lengths = i32([600, 10, -4])
+    buf = torch.full((3, 2), POISON, dtype=torch.int32, device=DEV)
+    counts = buf[:, 1]  # strided
+    got = select_topk(x, lengths, k=256, valid_counts_out=counts, **path)
+    assert isinstance(got, torch.Tensor)
+    assert counts.tolist() == [256, 10, 0] and (buf[:, 0] == POISON).all()
+    got2, c2 = select_topk(x, lengths, k=256, return_valid_counts=True, **path)
+    assert torch.equal(got, got2) and c2.tolist() == [256, 10, 0]
+
+
+# ---- fused remap -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size,stride", [(64, None), (16, 48), (1, 5)])
+def test_fused_matches_two_step(
+    path: dict, block_size: int, stride: int | None, seed: int, rng: random.Random
+):
+    g = torch.Generator().manual_seed(seed)
+    k, rows, n = 128, 8, rng.randint(1000, 1300)
+    x = adversarial("ties_at_threshold", rows, n, g).to(DEV)
+    x[::2] = torch.randn(rows // 2, n, generator=g).to(DEV)
+    num_req = 5
+    # Too few pages for the longest rows: their tail maps to -1 (page outside [0, W)).
+    width = (n * 2 // 3) // block_size + 1
+    bt_wide = torch.randint(0, 5000, (num_req, width + 3), generator=g, dtype=torch.int32)
+    bt_wide[0, 1] = -1  # a negative page id: slot -stride + i % bs, may be exactly -1
+    bt = bt_wide.to(DEV)[:, :width]
+    req = i32([0, 1, 2, -1, 4, num_req, 3, 0])
+    lengths = edge_lengths(n, k, rows, rng)
+    out = torch.full((rows, k), POISON, dtype=torch.int32, device=DEV)
+    counts = torch.full((rows, 3), POISON, dtype=torch.int32, device=DEV)[:, 2]
+    got, got_counts = select_topk(
+        x,
+        lengths,
+        k=k,
+        out=out,
+        block_table=bt,
+        req_id=req,
+        block_size=block_size,
+        block_stride_rows=stride,
+        valid_counts_out=counts,
+        return_valid_counts=True,
+        **path,
+    )
+    pos = select_topk_reference(x, lengths, k)
+    want, want_counts = positions_to_slots_reference(
+        pos, bt, req, block_size=block_size, block_stride_rows=stride
+    )
+    assert torch.equal(got, want)
+    assert torch.equal(got_counts, want_counts) and got_counts.data_ptr() == counts.data_ptr()
+    assert (got[3] == -1).all() and (got[5] == -1).all()  # req_id outside [0, R)
+
+
+def test_fused_int32_wrap_matches_reference(rng: random.Random):
+    # Page ids times the stride overflow int32: both sides wrap the same way.
+    x = torch.randn(1, 300, device=DEV)
+    bt = i32([[2**30, 2**31 - 1, 7, 3, 5]])
+    got = select_topk(
+        x, i32([300]), k=128, block_table=bt, req_id=i32([0]), block_size=64, block_stride_rows=1000
+    )
+    pos = select_topk_reference(x, i32([300]), 128)
+    want, _ = positions_to_slots_reference(pos, bt, i32([0]), block_size=64, block_stride_rows=1000)
+    assert torch.equal(got, want)
+
+
+# ---- workspace ---------------------------------------------------------------------------
+
+
+def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: random.Random):
+    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+    ws = topk_workspace(6, DEV)
+    assert ws.numel() == topk_workspace_numel(6)
+    for trial in range(2):
+        x = torch.randn(4, 1500, device=DEV)
+        x[1] = torch.randint(0, 3, (1500,)).float()
+        lengths = i32([1500, 1400, 100, 1500 - trial])
+        got = select_topk(x, lengths, k=256, workspace=ws, num_splits=6)
+        assert torch.equal(got, select_topk_reference(x, lengths, 256))
+        # The histograms (the part that must be zero on entry) are zero again.
+        hist = ws.view(6, -1)[:, : topk_mod._STATE_OFF]
+        assert (hist == 0).all()
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+
+def test_bad_inputs():
+    x = torch.randn(2, 300, device=DEV)
+    L = i32([300, 10])
+    bt = i32([[0, 1], [2, 3]])
+    req = i32([0, 1])
+    cases = [
+        (dict(logits=x.double()), TypeError, "logits must have dtype torch.float32"),
+        (dict(logits=x[0]), ValueError, "logits must be 2-D"),
+        (dict(logits=[[1.0]]), TypeError, "logits must be a torch.Tensor"),
+        (dict(lengths=L.long()), TypeError, "lengths must have dtype torch.int32"),
+        (dict(lengths=i32([1, 2, 3])), ValueError, "lengths must have shape (2,)"),
+        (dict(lengths=i32([[1, 2]])), ValueError, "lengths must be 1-D"),
+        (dict(k=100), ValueError, "k must be a positive multiple of 128"),
+        (dict(k=8192), ValueError, "k must be a positive multiple of 128"),
+        (dict(k=0), ValueError, "k must be >= 1"),
+        (dict(k=128.0), TypeError, "k must be an int"),
+        (
+            dict(out=torch.empty(2, 127, dtype=torch.int32)),
+            ValueError,
+            "out must have shape (2, 128)",
+        ),
+        (
+            dict(out=torch.empty(2, 128, dtype=torch.int64)),
+            TypeError,
+            "out must have dtype torch.int32",
+        ),
+        (dict(block_table=bt), ValueError, "block_table and req_id must be given together"),
+        (dict(req_id=req), ValueError, "block_table and req_id must be given together"),
+        (
+            dict(block_table=bt.long(), req_id=req),
+            TypeError,
+            "block_table must have dtype torch.int32",
+        ),
+        (dict(block_table=bt[0], req_id=req), ValueError, "block_table must be 2-D"),
+        (dict(block_table=bt, req_id=req.long()), TypeError, "req_id must have dtype torch.int32"),
+        (dict(block_table=bt, req_id=i32([0])), ValueError, "req_id must have shape (2,)"),
+        (dict(block_table=bt, req_id=req, block_size=0), ValueError, "block_size must be >= 1"),
+        (
+            dict(block_table=bt, req_id=req, block_stride_rows=0),
+            ValueError,
+            "block_stride_rows must be >= 1",
+        ),
+        (
+            dict(valid_counts_out=torch.empty(3, dtype=torch.int32)),
+            ValueError,
+            "valid_counts_out must have shape (2,)",
+        ),
+        (
+            dict(valid_counts_out=torch.empty(2, dtype=torch.int64)),
+            TypeError,
+            "valid_counts_out must have dtype torch.int32",
+        ),
+        (
+            dict(workspace=torch.zeros(10, dtype=torch.int32)),
+            ValueError,
+            "workspace must be a contiguous int32 tensor of at least",
+        ),
+        (dict(num_splits=0), ValueError, "num_splits must be >= 1"),
+        (dict(num_splits=10_000), ValueError, "num_splits must be <= 256"),
+    ]
+    for kw, exc, msg in cases:
+        args = dict(logits=x, lengths=L, k=128)
+        args.update(kw)
+        logits, lengths = args.pop("logits"), args.pop("lengths")
+        with pytest.raises(exc) as info:
+            select_topk(logits, lengths, **args)
+        assert msg in str(info.value), (kw.keys(), str(info.value))
+
+
+def test_bad_device():
+    if DEV.type != "cpu":
+        pytest.skip("the mismatch is built with a meta tensor under the interpreter")
+    x = torch.randn(2, 300)
+    with pytest.raises(ValueError, match="lengths is on meta but logits is on cpu"):
+        select_topk(x, torch.zeros(2, dtype=torch.int32, device="meta"), k=128)
