@@ -10,7 +10,8 @@ summary=()
 run() {  # name, command...
   local name=$1; shift
   local t0=$SECONDS
-  timeout "${STEP_TIMEOUT:-420}" "$@" >"$W/$name.log" 2>&1
+  local tvar=TIMEOUT_$name  # per-step override, e.g. TIMEOUT_bench=240
+  timeout "${!tvar:-${STEP_TIMEOUT:-420}}" "$@" >"$W/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-12s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
   tail -n "${TAIL:-25}" "$W/$name.log"
