@@ -21,7 +21,7 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -n 2 tests
-	$(BIN)/sparse-mla verify --quick
+	$(BIN)/sparse-mla verify --quick --jobs 2 --no-progress
 
 verify: $(BIN)/.installed
 	$(BIN)/sparse-mla verify

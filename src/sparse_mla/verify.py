@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import multiprocessing
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -206,8 +209,32 @@ RUNNERS = {"remap": _run_remap, "dcp": _run_dcp, "expand": _run_expand}
 
 
 def run_case(case: Case, dev: torch.device) -> str | None:
+    """None when the case passes, else what went wrong (a crash is a failure of the case)."""
     g = torch.Generator().manual_seed(case.seed)
-    return RUNNERS[case.kind](case, g, dev)
+    try:
+        return RUNNERS[case.kind](case, g, dev)
+    except Exception as e:
+        return f"raised {type(e).__name__}: {e}"
+
+
+def _run_chunk(cases: list[Case]) -> list[tuple[Case, str | None]]:
+    dev = default_device()
+    return [(c, run_case(c, dev)) for c in cases]
+
+
+def _results(cases: list[Case], jobs: int) -> Iterator[tuple[Case, str | None]]:
+    """Run the cases, in ``jobs`` processes when > 1 (kernel compilation dominates a sweep on
+    the GPU, and the processes compile different variants side by side)."""
+    if jobs <= 1:
+        dev = default_device()
+        for c in cases:
+            yield c, run_case(c, dev)
+        return
+    chunks = [cases[i : i + 8] for i in range(0, len(cases), 8)]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        for done in pool.map(_run_chunk, chunks):
+            yield from done
 
 
 def _progress(done: int, total: int, failed: int, t0: float) -> None:
@@ -227,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few hundred small configurations")
     ap.add_argument("--seed", type=int, default=0, help="base seed of the sweep")
     ap.add_argument("--case", type=int, default=None, help="rerun only the case with this seed")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -244,12 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     failed: Counter = Counter()
     failures: list[str] = []
     t0 = time.time()
-    for i, case in enumerate(cases):
+    for i, (case, err) in enumerate(_results(cases, args.jobs)):
         key = (case.kind, case.params.get("k", case.params.get("n")))
-        try:
-            err = run_case(case, dev)
-        except Exception as e:  # a crash is a failure of that case, not of the sweep
-            err = f"raised {type(e).__name__}: {e}"
         if err is None:
             passed[key] += 1
         else:

@@ -31,6 +31,7 @@ def _remap_kernel(
     num_blocks,
     num_prefill,
     block_stride_rows,
+    dcp_rank,
     bt_s0,
     bt_s1,
     ti_s0,
@@ -40,7 +41,6 @@ def _remap_kernel(
     K: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DCP_SIZE: tl.constexpr,
-    DCP_RANK: tl.constexpr,
     INTERLEAVE: tl.constexpr,
     HAS_PREFILL: tl.constexpr,
     COUNT: tl.constexpr,
@@ -73,7 +73,7 @@ def _remap_kernel(
         )
         valid = inside & row_valid[:, None] & (tok >= 0)
         if DCP_SIZE > 1:
-            valid = valid & ((tok // INTERLEAVE) % DCP_SIZE == DCP_RANK)
+            valid = valid & ((tok // INTERLEAVE) % DCP_SIZE == dcp_rank)
             local = (tok // (DCP_SIZE * INTERLEAVE)) * INTERLEAVE + tok % INTERLEAVE
         else:
             local = tok
@@ -228,6 +228,7 @@ def _launch(
             block_table.shape[1],
             prefill_workspace_starts.shape[0] if has_prefill else 0,
             block_stride_rows,
+            dcp_rank,
             block_table.stride(0),
             block_table.stride(1),
             token_indices.stride(0),
@@ -237,7 +238,6 @@ def _launch(
             K=num_cols,
             BLOCK_SIZE=block_size,
             DCP_SIZE=dcp_size,
-            DCP_RANK=dcp_rank,
             INTERLEAVE=interleave,
             HAS_PREFILL=has_prefill,
             COUNT=count,
