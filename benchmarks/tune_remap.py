@@ -8,6 +8,7 @@ Prints, for each (K, tokens), every candidate's time and the one ``auto`` picks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -32,6 +33,9 @@ def candidates(k: int) -> list[RemapLayout]:
         for warps in (4, 8, 16):
             if rows * block // (32 * warps) >= 1:
                 out.append(RemapLayout(rows, block, chunks, 1, False, True, warps))
+    # The auto choice with an evict-first hint on the streamed data.
+    auto = choose_remap_layout(k, count_valid=True, num_rows=1024)
+    out.append(dataclasses.replace(auto, evict_first=True))
     return out
 
 

@@ -159,7 +159,11 @@ def test_odd_widths_and_multi_chunk_rows(k):
 
 @pytest.mark.parametrize(
     "layout",
-    [RemapLayout(4, 128, 3, 1, False, True, 4), RemapLayout(2, 64, 6, 1, False, True, 2)],
+    [
+        RemapLayout(4, 128, 3, 1, False, True, 4),
+        RemapLayout(2, 64, 6, 1, False, True, 2),
+        RemapLayout(1, 512, 1, 1, False, True, 4, evict_first=True),
+    ],
 )
 def test_explicit_row_packed_chunked_layouts(layout):
     req, bt, idx = rand_case(5, 11, 384, invalid=0.4, dcp=2)

@@ -47,6 +47,8 @@ class RemapLayout:
         tail_in_kernel: the kernel writes the -1 tail of a compacted row itself; otherwise
             the wrapper pre-fills the output with -1 (upstream's way).
         num_warps: warps per program.
+        evict_first: stream the indices and the output through L2 with an evict-first
+            hint, keeping block-table entries cached (experimental; off by default).
     """
 
     rows_per_program: int
@@ -56,6 +58,7 @@ class RemapLayout:
     atomic: bool
     tail_in_kernel: bool
     num_warps: int
+    evict_first: bool = False
 
 
 def choose_remap_layout(

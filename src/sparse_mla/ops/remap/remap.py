@@ -50,6 +50,7 @@ def _remap_kernel(
     NUM_CHUNKS: tl.constexpr,
     ATOMIC: tl.constexpr,
     TAIL_IN_KERNEL: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < num_tokens
@@ -69,7 +70,10 @@ def _remap_kernel(
         cols = (tl.program_id(1) * NUM_CHUNKS + chunk) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
         inside = row_ok[:, None] & (cols < K)[None, :]
         tok = tl.load(
-            ti_ptr + rows64[:, None] * ti_s0 + cols[None, :] * ti_s1, mask=inside, other=-1
+            ti_ptr + rows64[:, None] * ti_s0 + cols[None, :] * ti_s1,
+            mask=inside,
+            other=-1,
+            eviction_policy=EVICT,
         )
         valid = inside & row_valid[:, None] & (tok >= 0)
         if DCP_SIZE > 1:
@@ -98,9 +102,9 @@ def _remap_kernel(
             else:
                 start = running
             dest = start[:, None] + tl.cumsum(nvalid, axis=1) - nvalid
-            tl.store(out_row + dest * out_s1, val, mask=valid)
+            tl.store(out_row + dest * out_s1, val, mask=valid, eviction_policy=EVICT)
         else:
-            tl.store(out_row + cols[None, :] * out_s1, val, mask=inside)
+            tl.store(out_row + cols[None, :] * out_s1, val, mask=inside, eviction_policy=EVICT)
             if COUNT and ATOMIC:
                 tl.atomic_add(count_ptr + rows, tile_count, mask=row_ok)
         running += tile_count
@@ -247,6 +251,7 @@ def _launch(
             NUM_CHUNKS=layout.num_chunks,
             ATOMIC=layout.atomic,
             TAIL_IN_KERNEL=layout.tail_in_kernel,
+            EVICT="evict_first" if layout.evict_first else "",
             num_warps=layout.num_warps,
         )
     if return_valid_counts:
