@@ -20,9 +20,11 @@ for step in "$@"; do
   case $step in
     env) run env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -m sparse_mla.cli info; date -u' ;;
     tests) run tests python3 -m pytest -q -n 8 ${TESTS:-tests} ;;
-    verify) run verify python3 -m sparse_mla.cli verify --no-progress ;;
-    memcheck) run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x ${MEMCHECK_TESTS:-tests/ops/test_remap.py tests/ops/test_decode_metadata.py} ;;
+    verify) run verify python3 -m sparse_mla.cli verify --no-progress --jobs 12 ;;
+    memcheck) run memcheck compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 python3 -m pytest -q -n 8 ${MEMCHECK_TESTS:-tests/ops} ;;
     gpu_*) run "$step" python3 "benchmarks/$step.py" --out "$W" ;;
+    ncu) run ncu ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy -k regex:_remap_kernel python3 benchmarks/profile_remap.py ;;
+    demo) run demo python3 -m sparse_mla.cli demo --skip-verify ;;
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
     bench) run bench python3 -m sparse_mla.cli bench --out "$W/bench" ${BENCH_ARGS:-} ;;
     *) echo "unknown step $step" ;;

@@ -15,7 +15,9 @@ import torch
 from sparse_mla import _runtime
 from sparse_mla.bench import cases, floor, report, runner, timing
 from sparse_mla.bench import expand as bench_expand
+from sparse_mla.bench import indexer as bench_indexer
 from sparse_mla.bench import remap as bench_remap
+from sparse_mla.bench import topk as bench_topk
 from sparse_mla.bench.report import Result, Table
 
 ON_GPU = not _runtime.INTERPRETER and torch.cuda.is_available()
@@ -566,3 +568,378 @@ def test_no_cuda_message_and_bad_ops(capsys):
     assert "--allow-cpu" in capsys.readouterr().err
     assert runner.main(["--allow-cpu", "--ops", "remap,nope"]) == 2
     assert "unknown op" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# Top-k and indexer: byte counts, checks, summaries, smoke runs
+# --------------------------------------------------------------------------------------------
+
+
+def test_topk_and_indexer_bytes():
+    # 2 rows of 8 scores, k=4: logits 64 + lengths 8 + positions 32
+    assert floor.topk_bytes(2, 8, 4) == 64 + 8 + 32
+    # fused epilogue: + counts 8 + req_id 8 + 3 block-table entries 12
+    assert floor.topk_bytes(2, 8, 4, counts=True, fused=True, touched_pages=3) == 104 + 28
+    # the planning number: 64 rows of 128K scores, k=2048 -> ~34 MB per call
+    assert floor.topk_bytes(64, 131072, 2048) == 64 * 131072 * 4 + 64 * 4 + 64 * 2048 * 4
+    assert floor.indexer_key_bytes(128, fp8=False) == 256
+    assert floor.indexer_key_bytes(128, fp8=True) == 132  # e4m3 values + fp32 scale
+    # B=2, n=3, L=128, H=4, D=8, page 64: keys 2*128*16, logits 6*128*4, q 6*4*8*2,
+    # weights 6*4*4, block table 2*2*4, seq_lens 2*4
+    assert floor.indexer_bytes(2, 3, 128, 4, 8, fp8=False) == 4096 + 3072 + 384 + 96 + 16 + 8
+    assert floor.indexer_bytes(2, 3, 128, 4, 8, fp8=True) == 3072 + 3072 + 192 + 96 + 16 + 8
+    assert floor.indexer_bytes(2, 3, 128, 4, 8, fp8=True, max_len=256) == 3072 + 6144 + 312
+    # keys are read once per request whatever n: n only adds rows (logits, q, weights)
+    b1 = floor.indexer_bytes(64, 1, 32768, 64, 128, fp8=False)
+    b4 = floor.indexer_bytes(64, 4, 32768, 64, 128, fp8=False)
+    assert b4 - b1 == 3 * 64 * (32768 * 4 + 64 * 128 * 2 + 64 * 4)
+    assert 0.95 < 64 * 32768 * 256 / b1 < 1  # ~0.5 GB of bf16 keys dominate
+    assert floor.copy_fraction(4 * 10**9, 1e6, 4e9) == pytest.approx(1.0)
+    assert floor.copy_fraction(10**9, 1e6, 4e9) == pytest.approx(0.25)
+    assert [floor.kfmt(v) for v in (512, 1536, 4096, 32768, 131072)] == [
+        "512",
+        "1536",
+        "4K",
+        "32K",
+        "128K",
+    ]
+
+
+def test_indexer_pages_needed_and_cache_pool(rng):
+    full = bench_indexer.GRIDS["full"]
+    # bf16: 64 requests x 512 pages; fp8: the largest layer case, 128 x 2048 pages
+    assert bench_indexer.pages_needed(full) == {False: 64 * 512, True: 128 * 2048}
+    ops = bench_indexer._ops()
+    pool = bench_indexer.CachePool()
+    cpu = torch.device("cpu")
+    c = pool.get(ops, fp8=True, pages=3, page=64, dim=32, device=cpu)
+    assert c.shape[0] == 3 and c.dtype == torch.uint8 and bool((c != 0).any())
+    assert pool.get(ops, fp8=True, pages=2, page=64, dim=32, device=cpu) is c
+    assert pool.builds == 1  # filled once, shared
+    c5 = pool.get(ops, fp8=True, pages=5, page=64, dim=32, device=cpu)
+    assert c5.shape[0] == 5 and pool.builds == 2  # grown when a case needs more pages
+    b = pool.get(ops, fp8=False, pages=2, page=64, dim=32, device=cpu)
+    assert b.dtype == torch.bfloat16 and pool.builds == 3
+    pool.clear()
+    assert pool.get(ops, fp8=False, pages=1, page=64, dim=32, device=cpu) is not b
+
+
+def test_topk_and_indexer_gpu_grids_build_lazily():
+    # Building the GPU grids allocates nothing (inputs and caches are made per case, later).
+    cpu = torch.device("cpu")
+    full = bench_topk.build("full", cpu)
+    assert len(full) == 12 and {c.params["k"] for c in full} == {2048}
+    assert {(c.params["N"], c.params["B"]) for c in full} == {
+        (n, b) for n in (4096, 16384, 65536, 131072) for b in (1, 8, 64)
+    }
+    assert len(bench_topk.build("quick", cpu)) == 4
+    cases_ = bench_indexer.build("full", cpu)
+    logits = [c for c in cases_ if c.params["kind"] == "logits"]
+    layer = [c for c in cases_ if c.params["kind"] == "layer"]
+    assert len(logits) == 4 and len(layer) == 27
+    assert {(c.params["B"], c.params["ctx"]) for c in logits} == {(64, 32768)}
+    n4 = next(c for c in logits if c.params["n"] == 4 and c.params["dtype"] == "fp8")
+    assert [v.name for v in n4.variants] == ["native", "flattened", "expand+flattened"]
+    assert all(c.budget_ms == 100.0 and c.params["dtype"] == "fp8" for c in layer)
+    assert {len(c.variants) for c in layer if c.params["n"] == 1} == {5}  # no expansion
+    # the largest layer set is far beyond L2: one set, no rotation
+    big = max(layer, key=lambda c: c.set_bytes)
+    assert (big.params["B"], big.params["ctx"], big.params["n"]) == (128, 131072, 4)
+    assert timing.rotation_sets(big.set_bytes, 60 << 20, max_sets=128) == 1
+    assert len(bench_indexer.build("quick", cpu)) == 4 + 4
+    assert bench_indexer.POOL._caches == {}
+
+
+def test_topk_checker_catches_wrong_selections(rng):
+    from sparse_mla.ops.topk.naive import positions_to_slots_reference, select_topk_reference
+
+    k, n = 128, 300
+    chk = bench_topk._Checker(k, exact_rows=2, reference=select_topk_reference)
+    s = bench_topk.make_topk_set(
+        3, n, k, device=torch.device("cpu"), workspace=lambda r, d: torch.zeros(1)
+    )
+    s = chk.keep(0, s)  # the checker holds set 0 weakly: keep the returned set alive
+    assert s["masked"] is s["logits"]  # full rows: no masked copy
+    pos = select_topk_reference(s["logits"], s["lengths"], k)
+    ref = chk.snapshot(torch.topk(s["masked"], k, dim=1))
+    assert ref["self"] == ""
+    for ret in (pos.clone(), torch.topk(s["masked"], k, dim=1, sorted=False)):
+        snap = chk.snapshot(ret)
+        assert snap["self"] == "" and chk.compare(snap, ref) == ""
+    slots, counts = positions_to_slots_reference(pos, s["block_table"], s["req_id"], block_size=64)
+    fused = chk.snapshot((slots, counts))
+    assert fused["self"] == "" and chk.compare(fused, ref) == ""
+
+    def unselected(row: int) -> int:
+        return sorted(set(range(n)) - set(pos[row].tolist()))[0]
+
+    bad = pos.clone()
+    bad[2, 0] = unselected(2)  # past the exactly-checked rows: the score comparison catches it
+    snap = chk.snapshot(bad)
+    assert snap["self"] == "" and chk.compare(snap, ref).startswith("mismatch in selected scores")
+    bad = pos.clone()
+    bad[0, 3] = unselected(0)
+    assert "select_topk_reference" in chk.snapshot(bad)["self"]
+    bad = pos.clone()
+    bad[2, 5] = bench_topk.POISON
+    assert "unwritten" in chk.snapshot(bad)["self"]
+    bad = pos.clone()
+    bad[2, 1] = bad[2, 0]
+    assert "duplicated" in chk.snapshot(bad)["self"]
+    bad = slots.clone()
+    bad[0, 0] = slots[1, 0]  # another request's slot
+    assert chk.snapshot((bad, counts))["self"]
+    bad_counts = counts.clone()
+    bad_counts[1] -= 1
+    assert "valid counts" in chk.snapshot((slots, bad_counts))["self"]
+    # shorter rows: invisible positions are masked for torch.topk, -1 padding counts as valid
+    short = torch.tensor([n, 100, 7], dtype=torch.int32)
+    masked = bench_topk.mask_invisible(s["logits"], short)
+    assert torch.isneginf(masked[1, 100:]).all() and torch.equal(masked[0], s["logits"][0])
+
+
+def test_set_ref_does_not_keep_set_zero_alive():
+    ref = cases.SetRef()
+    s = ref.keep(0, {"x": torch.ones(3)})
+    assert ref.keep(1, {"x": torch.zeros(3)}) is not s and ref.get() is s
+    assert torch.equal(ref.get()["x"], torch.ones(3))
+    del s  # the runner drops its sets when a case ends: so must the checks
+    with pytest.raises(RuntimeError, match="gone"):
+        ref.get()
+
+
+def test_layer_check_helpers():
+    slots = torch.tensor([[5, 7, -1], [1, -1, -1]], dtype=torch.int32)
+    counts = torch.tensor([2, 1], dtype=torch.int32)
+    a = bench_indexer._layer_snapshot((slots, counts))
+    assert bench_indexer._layer_self_check(a) == "" and bench_indexer._layer_compare(a, a) == ""
+    other = bench_indexer._layer_snapshot(torch.zeros(2, 3))  # e.g. the logits stage
+    assert other == {} and bench_indexer._layer_self_check(other) == ""
+    assert bench_indexer._layer_compare(other, a) == "skipped"
+    b = bench_indexer._layer_snapshot((slots.flip(1).contiguous(), counts))
+    assert bench_indexer._layer_compare(b, a).startswith("mismatch in slots")
+    c = bench_indexer._layer_snapshot((slots, counts + 1))
+    assert "counts" in bench_indexer._layer_self_check(c)
+    assert bench_indexer._layer_compare(c, a) == "mismatch in valid counts"
+    p = slots.clone()
+    p[1, 2] = bench_indexer.POISON
+    assert "unwritten" in bench_indexer._layer_self_check(
+        bench_indexer._layer_snapshot((p, counts))
+    )
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_logits_checker_against_fp64(rng, fp8):
+    ops = bench_indexer._ops()
+    cpu = torch.device("cpu")
+    cache = bench_indexer.CachePool().get(ops, fp8=fp8, pages=9, page=64, dim=32, device=cpu)
+    # ctx 200 is not a page multiple: columns 200..255 must be -inf
+    s = bench_indexer.make_logits_set(
+        ops, cache, requests=2, n=2, ctx=200, heads=8, dim=32, page=64, fp8=fp8, device=cpu
+    )
+    chk = bench_indexer._LogitsChecker(ops.reference, bench_indexer._tol(fp8, 8, 32), 2)
+    s = chk.keep(0, s)
+    args = (s["q"], s["weights"], s["cache"])
+    native = chk.snapshot(ops.logits(*args, s["seq_lens"], s["block_table"], next_n=2))
+    assert native["self"] == ""
+    f = s["flat"]
+    flat = chk.snapshot(ops.logits(*args, f.seq_lens, f.block_table, next_n=1))
+    assert flat["self"] == "" and chk.compare(flat, native) == ""
+    x = native["logits"].clone()
+    x[3, 10] += 1.0  # request 1, row 1
+    assert "error" in chk.vs_reference(x) and chk.compare({"logits": x}, native).startswith(
+        "mismatch in logits"
+    )
+    x = native["logits"].clone()
+    x[0, 250] = 0.0  # a column no row can see
+    assert "-inf pattern" in chk.vs_reference(x)
+    assert chk.compare({"logits": x}, native) == "mismatch in the -inf pattern"
+    x = native["logits"].clone()
+    x[2, :5] = bench_indexer.POISON
+    assert chk.vs_reference(x)
+
+
+def _ir(kind: str, variant: str, us: float, bytes_moved: int = 10**6, **params) -> Result:
+    return Result(
+        op="indexer",
+        group="g",
+        plot="p",
+        case="c",
+        variant=variant,
+        role="ours",
+        series=variant,
+        x=1,
+        params=dict(kind=kind, **params),
+        bytes_moved=bytes_moved,
+        floor_us=us / 2,
+        launch_us=0.5,
+        copy_gbs=4000.0,
+        graph_us=us,
+        eager_us=us * 2,
+    )
+
+
+def test_indexer_and_topk_summaries():
+    lay = dict(dtype="fp8", ctx=8192, k=2048)
+    rs = [
+        _ir("layer", v, t, B=2, n=2, **lay)
+        for v, t in [
+            ("chain", 10.0),
+            ("expand", 1.0),
+            ("logits", 5.0),
+            ("top-k", 3.0),
+            ("remap", 1.5),
+            ("top-k+slots", 3.5),
+        ]
+    ]
+    rs += [
+        _ir("layer", v, t, B=1, n=1, **lay)
+        for v, t in [("chain", 6.0), ("logits", 4.0), ("top-k", 2.0), ("remap", 1.0)]
+    ]
+    rs += [
+        _ir("logits", "native", 100.0, 4 * 10**8, dtype="bf16", B=64, ctx=32768, n=4),
+        _ir("logits", "flattened", 300.0, 4 * 10**8, dtype="bf16", B=64, ctx=32768, n=4),
+    ]
+    report.finalize(rs)
+    logits_t, layer_t = bench_indexer.summaries(rs)
+    h = logits_t.headers
+    native, flat = logits_t.rows
+    assert native[h.index("% copy")] == "100%" and native[h.index("GB/s")] == "4000"
+    assert flat[h.index("% copy")] == "33%" and flat[h.index("native speedup")] == "3.00x"
+    h = layer_t.headers
+    one, two = layer_t.rows  # sorted by (ctx, B, n)
+    assert one[h.index("expand us")] == "-" and one[h.index("sum us")] == "7.00"
+    assert two[h.index("sum us")] == "10.5" and two[h.index("fused sum us")] == "9.50"
+    assert two[h.index("chain us")] == "10.0" and two[h.index("chain/floor")] == "2.00x"
+    assert two[h.index("sum x61 ms")] == f"{10.5 * 61 / 1e3:.2f}"
+    assert one[h.index("top-k+slots us")] == "n/a" and one[h.index("fused sum us")] == "n/a"
+
+    def tr(variant, us):
+        r = _ir("topk", variant, us, N=4096, B=8)
+        r.op = "topk"
+        return r
+
+    rs = [tr("ours", 8.0), tr("ours+slots", 12.0), tr("torch.topk", 30.0)]
+    rs.append(tr("torch.topk unsorted", 20.0))
+    report.finalize(rs)
+    (t,) = bench_topk.summaries(rs)
+    row = dict(zip(t.headers, t.rows[0], strict=True))
+    assert row["N"] == "4K" and row["slots/ours"] == "1.50x"
+    assert row["vs torch.topk"] == "3.75x" and row["vs unsorted"] == "2.50x"
+    assert row["ours % copy"] == "3%"  # 1 MB in 8 us = 125 GB/s of 4000
+
+
+def test_resolve_ops_and_case_budget_and_self_check():
+    assert runner.resolve_ops("all") == ["remap", "expand", "topk", "indexer"]
+    assert runner.resolve_ops("topk, indexer,topk") == ["topk", "indexer"]
+    assert runner.parse_args([]).ops == "remap,expand"  # the default set is unchanged
+    fb = FakeBackend(ms_per_call=0.001)
+    cfg = runner.RunConfig(graph_calls=64, reps=30, warmup=0, budget_ms=100)
+    rs, _ = runner.run_case(_toy_case(fb), fb, cfg, launch_us=0.5, bw=1e9)
+    assert rs[0].graph_calls == 64
+    case = _toy_case(fb)
+    case.budget_ms = 0.5  # 1 us calls: 16 calls x 30 reps fit 0.5 ms
+    case.self_check = lambda snap: "fp64 check failed" if int(snap.sum()) == 20 else ""
+    rs, errors = runner.run_case(case, fb, cfg, launch_us=0.5, bw=1e9)
+    by = {r.variant: r for r in rs}
+    assert by["ours"].graph_calls == 16 and by["ours"].graph_reps == 30
+    # the self check applies to the reference too
+    assert by["ref"].check == by["ours"].check == "mismatch: fp64 check failed"
+    assert by["wrong"].check == "mismatch"
+    assert any(e.startswith("toy T=4 ref: mismatch: fp64") for e in errors)
+
+
+@cpu_only
+def test_smoke_topk_indexer_real_kernels(tmp_path, capsys):
+    out = tmp_path / "ti"
+    argv = ["--allow-cpu", "--ops", "topk,indexer", "--out", str(out), "--seed", "13"]
+    rc = runner.main([*argv, "--graph-calls", "1", "--no-plots"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    meta, rs, summ = report.load_json(out / "results.json")
+    assert meta["ops"] == ["topk", "indexer"] and meta["mode"] == "cpu"
+    assert not [
+        (r.group, r.case, r.variant, r.check, r.note)
+        for r in rs
+        if r.check not in ("ok", "reference", "skipped") or r.note
+    ]
+    # only the layer stages whose outputs are not slots have nothing to compare with
+    assert {r.variant for r in rs if r.check == "skipped"} == {"expand", "logits", "top-k"}
+    top = [r for r in rs if r.op == "topk"]
+    assert {r.variant for r in top} == {"ours", "ours+slots", "torch.topk", "torch.topk unsorted"}
+    assert {r.params["N"] for r in top} == {512, 2048}  # 2048 with num_splits=2: split path
+    logits = [r for r in rs if r.params.get("kind") == "logits"]
+    assert {(r.params["dtype"], r.params["n"], r.variant) for r in logits} == {
+        (d, n, v)
+        for d in ("bf16", "fp8")
+        for n, v in [(1, "native"), (4, "native"), (4, "flattened"), (4, "expand+flattened")]
+    }
+    layer = [r for r in rs if r.params.get("kind") == "layer"]
+    assert {(r.params["n"], r.variant) for r in layer} == {
+        (n, v)
+        for n in (1, 2)
+        for v in ("chain", "expand", "logits", "top-k", "remap", "top-k+slots")
+        if n > 1 or v != "expand"
+    }
+    for r in rs:
+        assert r.graph_us and r.eager_us and r.floor_us > 0 and r.bytes_moved > 0
+    chain = next(r for r in layer if r.variant == "chain" and r.params["n"] == 2)
+    stages = [r for r in layer if r.params["n"] == 2 and r.variant in bench_indexer.LAYER_STAGES]
+    assert chain.bytes_moved == sum(r.bytes_moved for r in stages)
+    titles = [t.title for t in summ]
+    assert titles[0].startswith("top-k: ours vs torch.topk")
+    assert titles[1].startswith("indexer logits") and titles[2].startswith("indexer side per layer")
+    assert len(summ[2].rows) == 2
+    page = (out / "results.md").read_text()
+    assert "indexer side per layer" in page and "% copy" in page and "fp64" in page
+    assert bench_indexer.POOL._caches == {}  # the shared caches are freed after the run
+
+
+def _standin_select(
+    logits,
+    lengths,
+    *,
+    k=2048,
+    out=None,
+    block_table=None,
+    req_id=None,
+    block_size=64,
+    return_valid_counts=False,
+    valid_counts_out=None,
+    workspace=None,
+    num_splits=None,
+):
+    from sparse_mla.ops.topk.naive import positions_to_slots_reference, select_topk_reference
+
+    pos = select_topk_reference(logits, lengths, k)
+    if block_table is None:
+        return out.copy_(pos)
+    slots, counts = positions_to_slots_reference(pos, block_table, req_id, block_size=block_size)
+    if logits.shape[1] == 2048:
+        slots[-1, 0] += 1  # a planted bug in the fused epilogue: the checks must catch it
+    out.copy_(slots)
+    valid_counts_out.copy_(counts)
+    return out, valid_counts_out
+
+
+@cpu_only
+def test_smoke_topk_standin_planted_bug(tmp_path, monkeypatch, capsys, seed):
+    from sparse_mla.ops.topk.naive import select_topk_reference
+
+    monkeypatch.setattr(
+        bench_topk,
+        "_ops",
+        lambda: SimpleNamespace(
+            select=_standin_select,
+            workspace=lambda rows, device: torch.zeros(1, dtype=torch.int32),
+            reference=select_topk_reference,
+        ),
+    )
+    out = tmp_path / "tk"
+    argv = ["--allow-cpu", "--ops", "topk", "--out", str(out), "--seed", str(seed)]
+    rc = runner.main([*argv, "--no-plots"])
+    assert rc == 1 and "mismatch" in capsys.readouterr().err
+    _, rs, _ = report.load_json(out / "results.json")
+    assert {(r.group, r.variant) for r in rs if r.check.startswith("mismatch")} == {
+        ("topk N=2K k=128", "ours+slots")
+    }

@@ -1,6 +1,6 @@
 """The registry of benchmarked ops, their cases and variants.
 
-Adding an op (top-k, indexer, ...) is one module that defines ``build(grid, device)`` returning
+Adding an op is one module that defines ``build(grid, device)`` returning
 :class:`Case` objects and calls :func:`register_op`; then list the module in
 ``runner.OP_MODULES``. The runner does the rest (rotation, checks, timing, floors, tables,
 files, plots).
@@ -9,6 +9,7 @@ files, plots).
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,32 @@ from .report import Result, Table
 
 InputSet = dict[str, Any]
 Launch = Callable[[], Any]
+
+
+class SetRef:
+    """A weak handle on input set 0 of a case (the set every check call runs on), for
+    snapshots and byte counts that need its inputs; the set is freed with its case.
+    ``keep(i, s)`` is meant to wrap ``make_set``'s result."""
+
+    def __init__(self) -> None:
+        self._ref: Callable[[], Any] = lambda: None
+
+    def keep(self, i: int, s: InputSet) -> InputSet:
+        if i == 0:
+            if not isinstance(s, _WeakDict):
+                s = _WeakDict(s)
+            self._ref = weakref.ref(s)
+        return s
+
+    def get(self) -> InputSet:
+        s = self._ref()
+        if s is None:
+            raise RuntimeError("input set 0 is gone (its case has finished)")
+        return s
+
+
+class _WeakDict(dict):
+    """A dict that can be referenced weakly (plain dicts cannot)."""
 
 
 @dataclass
@@ -47,7 +74,10 @@ class Case:
     it may look at their outputs); ``poison(set)`` fills outputs with a sentinel before the
     check run; ``snapshot(ret)`` clones a call's result for comparison; ``compare(a, ref)``
     returns "" when equal else a short reason; ``reference`` names the variant others are
-    checked against."""
+    checked against; ``self_check(snapshot)`` (optional) returns "" or a reason for any
+    variant, the reference included (e.g. against an independent fp64 or naive reference on
+    a subset of rows). ``budget_ms`` (optional) lowers the per-variant time budget of this
+    case (large cases: fewer calls and repetitions)."""
 
     op: str
     group: str  # table grouping and plot panel, e.g. "remap K=2048"
@@ -64,6 +94,8 @@ class Case:
     compare: Callable[[Any, Any], str] | None = None
     reference: str | None = None
     series_tag: str = ""  # appended to variant names in plots, e.g. " [ragged]"
+    self_check: Callable[[Any], str] | None = None
+    budget_ms: float | None = None
 
 
 @dataclass
@@ -72,6 +104,7 @@ class OpSpec:
     build: Callable[[str, torch.device], list[Case]]
     notes: list[str] = field(default_factory=list)
     summaries: Callable[[list[Result]], list[Table]] = lambda results: []
+    cleanup: Callable[[], None] = lambda: None  # after all cases ran (e.g. free shared caches)
 
 
 OPS: dict[str, OpSpec] = {}

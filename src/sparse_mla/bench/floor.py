@@ -38,6 +38,31 @@ EXPAND_BYTES_RULE = (
     "rows (W = 2048 pages = a 128K context at page 64)."
 )
 
+TOPK_BYTES_RULE = (
+    "top-k bytes = logits read (rows*N*4) + lengths read (rows*4) + positions written "
+    "(rows*k*4); the fused slot epilogue adds req_id read (rows*4), valid counts written "
+    "(rows*4) and the block-table entries touched (4 bytes per distinct (row, page) among the "
+    "selected positions, counted exactly from the reference selection). torch.topk is held to "
+    "the same floor as ours (it writes fp32 values and int64 indices on top)."
+)
+INDEXER_BYTES_RULE = (
+    "indexer bytes = keys read once per request (B*L*D*2 bf16; B*L*(D+4) fp8 = e4m3 values + "
+    "one fp32 scale per key) + logits written (B*n*max_len*4) + q (B*n*H*D*2 bf16, *1 fp8) "
+    "+ weights (B*n*H*4) + block-table entries (B*ceil(L/page)*4) + seq_lens (B*4). The "
+    "flattened form is held to the same floor (it reads the keys n times). % copy = achieved "
+    "GB/s over the copy bandwidth measured in the run."
+)
+LAYER_BYTES_RULE = (
+    "per-layer chain bytes = expansion (n > 1) + logits + top-k + remap bytes (each by its own "
+    "rule); every intermediate is written by one kernel and read by the next, so it counts "
+    "twice. The chain's floor applies the floor rule to the chain as one call."
+)
+
+
+def kfmt(n: int) -> str:
+    """``32768`` -> ``"32K"`` (multiples of 1024), else the plain number."""
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
 
 def transfer_us(nbytes: int, bw_bytes_per_s: float) -> float:
     """Time to move ``nbytes`` at ``bw_bytes_per_s``, in microseconds."""
@@ -96,3 +121,50 @@ def count_touched_pages(
     valid &= page < max_blocks
     key = req_id.long()[:, None] * max_blocks + page
     return int(torch.unique(key[valid]).numel())
+
+
+def copy_fraction(nbytes: int, time_us: float, bw_bytes_per_s: float) -> float:
+    """Achieved bandwidth as a fraction of the copy bandwidth (1.0 = as fast as a copy)."""
+    return nbytes / (time_us * 1e-6) / bw_bytes_per_s
+
+
+def topk_bytes(
+    rows: int, n: int, k: int, *, counts: bool = False, fused: bool = False, touched_pages: int = 0
+) -> int:
+    """Fewest bytes for one top-k call over ``rows`` rows of ``n`` fp32 scores.
+
+    ``counts``: valid counts written; ``fused``: the slot epilogue (req_id read and
+    ``touched_pages`` block-table entries read)."""
+    b = rows * n * INT + rows * INT + rows * k * INT
+    if counts:
+        b += rows * INT
+    if fused:
+        b += rows * INT + touched_pages * INT
+    return b
+
+
+def indexer_key_bytes(dim: int, *, fp8: bool) -> int:
+    """Bytes of one cached indexer key: bf16 values, or e4m3 values + one fp32 scale."""
+    return dim + 4 if fp8 else 2 * dim
+
+
+def indexer_bytes(
+    requests: int,
+    next_n: int,
+    ctx: int,
+    heads: int,
+    dim: int,
+    *,
+    fp8: bool,
+    page_size: int = 64,
+    max_len: int | None = None,
+) -> int:
+    """Fewest bytes for one logits call: ``requests`` requests of context ``ctx`` (keys read
+    once per request, whatever ``next_n``), ``requests * next_n`` rows of ``max_len``
+    (default ``ctx``) fp32 logits written, plus q, weights, block table and lengths."""
+    rows = requests * next_n
+    max_len = ctx if max_len is None else max_len
+    keys = requests * ctx * indexer_key_bytes(dim, fp8=fp8)
+    q = rows * heads * dim * (1 if fp8 else 2)
+    small = rows * heads * INT + requests * -(-ctx // page_size) * INT + requests * INT
+    return keys + rows * max_len * INT + q + small

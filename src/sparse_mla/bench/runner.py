@@ -49,6 +49,8 @@ from .timing import (
 OP_MODULES: dict[str, str] = {
     "remap": "sparse_mla.bench.remap",
     "expand": "sparse_mla.bench.expand",
+    "topk": "sparse_mla.bench.topk",
+    "indexer": "sparse_mla.bench.indexer",
 }
 DEFAULT_OPS = ("remap", "expand")
 
@@ -75,6 +77,14 @@ def load_op(name: str) -> OpSpec:
     return OPS[name]
 
 
+def resolve_ops(text: str) -> list[str]:
+    """``--ops`` value -> op names in order, duplicates dropped; ``all`` = every op."""
+    ops = [o.strip() for o in text.split(",") if o.strip()]
+    if "all" in ops:
+        return list(OP_MODULES)
+    return list(dict.fromkeys(ops))
+
+
 def _short(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0][:160] if msg else ''}"
@@ -91,6 +101,7 @@ def run_case(
     backend.synchronize()
     errors: list[str] = []
     snaps: dict[str, Any] = {}
+    budget = min(cfg.budget_ms, case.budget_ms) if case.budget_ms else cfg.budget_ms
     timed: list[tuple[Any, Any, Any, str]] = []  # (variant, graph Timing, eager Timing, note)
     for v in case.variants:
         note = ""
@@ -103,7 +114,7 @@ def run_case(
             backend.synchronize()
             est = probe_us(calls, backend, n=min(4, cfg.graph_calls))
             n_calls, reps = plan_sizes(
-                est, max_calls=cfg.graph_calls, max_reps=cfg.reps, budget_ms=cfg.budget_ms
+                est, max_calls=cfg.graph_calls, max_reps=cfg.reps, budget_ms=budget
             )
         except Exception as e:  # a broken variant must not stop the run
             errors.append(f"{case.group} {case.label} {v.name}: {_short(e)}")
@@ -145,6 +156,10 @@ def run_case(
             check = "skipped"
         else:
             check = case.compare(snaps[v.name], snaps[ref]) or "ok"
+        if case.self_check is not None and v.name in snaps:
+            own = case.self_check(snaps[v.name])
+            if own:
+                check = own if own.startswith("mismatch") else f"mismatch: {own}"
         if check.startswith("mismatch"):
             errors.append(f"{case.group} {case.label} {v.name}: {check} vs {ref}")
         nbytes = case.bytes_moved(sets, v)
@@ -199,7 +214,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--ops",
         default=",".join(DEFAULT_OPS),
-        help=f"comma-separated ops (available: {', '.join(OP_MODULES)})",
+        help=f"comma-separated ops, or 'all' (available: {', '.join(OP_MODULES)}; "
+        f"default {','.join(DEFAULT_OPS)})",
     )
     p.add_argument("--quick", action="store_true", help="a small subset of the grid")
     p.add_argument(
@@ -244,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = argv[1:]
     argv = list(argv)
     args = parse_args(argv)
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    ops = resolve_ops(args.ops)
     unknown = [o for o in ops if o not in OP_MODULES]
     if unknown or not ops:
         print(
@@ -292,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results += rs
         errors += errs
         print(_progress(i, len(cases), case, rs), flush=True)
+    for spec in specs:
+        spec.cleanup()
     finalize(results)
     summaries = [t for spec in specs for t in spec.summaries(results)]
 
@@ -329,8 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
             "Eager: events around the same number of back-to-back calls, same repetitions.",
             "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
-            "poisoned (-7777), then checked bit for bit against the reference variant before "
-            "timing (compacted DCP rows compared as sorted rows).",
+            "poisoned (-7777), then checked against the reference variant before timing: bit "
+            "for bit (compacted DCP rows compared as sorted rows) unless the op's notes below "
+            "say otherwise (top-k: as sets of scores; logits: against fp64 on a subset).",
             "Rotation: calls cycle through independent input sets, enough for their working "
             "set to reach 2x L2 (at most one set per captured call, 2 GiB in all); cases whose "
             "sets still fit in L2 are flagged with * (cache-resident, as after the producing "

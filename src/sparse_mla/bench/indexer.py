@@ -1,0 +1,853 @@
+"""Benchmark cases for the lightning-indexer logits and the whole indexer side of a layer.
+
+1. Logits (``sparse_mla.index_logits``), V3.2 shapes (q ``[rows, 64, 128]``, fp32 weights
+   ``[rows, 64]``, page 64), B = 64 requests x 32K context, bf16 and fp8 caches:
+
+   * ``native``: ``index_logits(..., next_n=n)``, each request's keys read once for its n rows;
+   * ``flattened`` (n > 1): the rows expanded beforehand with ``sparse_mla.expand_decode_tokens``
+     (outside the timed call), then ``next_n=1``: every row reads its keys itself (n times);
+   * ``expand+flattened`` (n > 1): the expansion inside the timed call, then the same.
+
+   Checks before timing: the rows of the first and last request against the fp64 reference
+   (``index_logits_reference`` on those requests' pages, error <= tol x magnitude, exact -inf
+   pattern) for every variant; flattened against native (same -inf pattern, values within a
+   loose bound: the fp64 check is the precise one).
+
+2. Per layer, the indexer side of one decode step for B requests of context L with n query
+   tokens each (fp8 cache): ``expand`` (n > 1, uniform kernel), ``logits`` (native, next_n=n),
+   ``top-k`` (k=2048 over the B*n rows), ``remap`` (positions -> slots, valid counts), each
+   timed alone in a graph; ``chain``: the four back to back, captured in one graph; and
+   ``top-k+slots``, the fused alternative to top-k + remap. Checks: ``chain`` and
+   ``top-k+slots`` give the same slots and counts as ``remap`` (bit for bit).
+
+Every request is at full context (``seq_lens = L``). The K caches are filled once per run
+(random keys through ``write_indexer_k``; the largest is a few GB) and shared by the cases of
+that cache format: every input set draws its block table as distinct random pages of it, so
+rotating sets read different keys without more memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from .cases import (
+    Case,
+    InputSet,
+    OpSpec,
+    SetRef,
+    Variant,
+    kwargs_filter,
+    register_op,
+    tensor_fields,
+)
+from .floor import (
+    INDEXER_BYTES_RULE,
+    LAYER_BYTES_RULE,
+    copy_fraction,
+    count_touched_pages,
+    expand_bytes,
+    indexer_bytes,
+    indexer_key_bytes,
+    kfmt,
+    remap_bytes,
+    topk_bytes,
+)
+from .report import Result, Table, fmt_bytes, fmt_gbs, fmt_ratio, fmt_us, paired_us
+
+POISON = -7777
+LAYERS = 61  # DeepSeek V3.2: one indexer per layer
+
+GRIDS: dict[str, dict[str, Any]] = {
+    "full": dict(
+        heads=64,
+        dim=128,
+        page=64,
+        k=2048,
+        requests=64,
+        ctx=32768,
+        dtypes=("bf16", "fp8"),
+        ns=(1, 4),
+        ref_requests=2,
+        layer_batches=(1, 32, 128),
+        layer_ctxs=(8192, 32768, 131072),
+        layer_ns=(1, 2, 4),
+        layer_dtype="fp8",
+        layer_budget_ms=100.0,
+    ),
+    "quick": dict(
+        heads=64,
+        dim=128,
+        page=64,
+        k=2048,
+        requests=64,
+        ctx=32768,
+        dtypes=("bf16", "fp8"),
+        ns=(1, 4),
+        ref_requests=2,
+        layer_batches=(1, 128),
+        layer_ctxs=(32768,),
+        layer_ns=(1, 4),
+        layer_dtype="fp8",
+        layer_budget_ms=100.0,
+    ),
+    # CPU interpreter smoke: tiny heads/dims/contexts, both cache formats, both layer paths.
+    "cpu": dict(
+        heads=8,
+        dim=32,
+        page=64,
+        k=128,
+        requests=2,
+        ctx=256,
+        dtypes=("bf16", "fp8"),
+        ns=(1, 4),
+        ref_requests=2,
+        layer_batches=(2,),
+        layer_ctxs=(256,),
+        layer_ns=(1, 2),
+        layer_dtype="fp8",
+        layer_budget_ms=None,
+    ),
+}
+
+
+# Error bounds in units of the magnitude sum_h |w_h| (|q_h| . |k|) (benchmarks/gpu_indexer.py):
+# bf16 products are exact and accumulate in fp32; Hopper's fp8 MMA keeps fewer bits.
+def _tol(fp8: bool, heads: int, dim: int) -> float:
+    return 2.0**-9 if fp8 else 4 * (dim + heads + 2) * 2.0**-24
+
+
+def _ops() -> SimpleNamespace:
+    """The implementations timed (tests replace this with stand-ins)."""
+    import sparse_mla
+    from sparse_mla.ops.indexer import naive as indexer_naive
+
+    return SimpleNamespace(
+        logits=sparse_mla.index_logits,
+        reference=indexer_naive.index_logits_reference,
+        expand=sparse_mla.expand_decode_tokens,
+        select=sparse_mla.select_topk,
+        workspace=sparse_mla.topk_workspace,
+        remap=sparse_mla.convert_req_index_to_global_index,
+        new_cache=sparse_mla.new_indexer_k_cache,
+        write=sparse_mla.write_indexer_k,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Shared K caches
+# --------------------------------------------------------------------------------------------
+
+
+def fill_indexer_cache(
+    ops: SimpleNamespace,
+    pages: int,
+    page: int,
+    dim: int,
+    *,
+    fp8: bool,
+    device: torch.device,
+    chunk: int = 1 << 20,
+) -> torch.Tensor:
+    """A K cache of ``pages`` pages with random keys (through ``write_indexer_k``, so the fp8
+    format holds real scales), written ``chunk`` tokens at a time to bound the temporaries."""
+    cache = ops.new_cache(pages, page, dim, fp8=fp8, device=device)
+    total = pages * page
+    for s0 in range(0, total, chunk):
+        t = min(chunk, total - s0)
+        k = torch.randn(t, dim, device=device, dtype=torch.bfloat16)
+        ops.write(k, cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64))
+    return cache
+
+
+class CachePool:
+    """One filled K cache per (format, page, dim, device), built on first use at the size the
+    whole grid needs and shared by every case; :meth:`clear` frees them after the run."""
+
+    def __init__(self) -> None:
+        self._caches: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.builds = 0
+
+    def get(
+        self,
+        ops: SimpleNamespace,
+        *,
+        fp8: bool,
+        pages: int,
+        page: int,
+        dim: int,
+        device: torch.device,
+    ) -> torch.Tensor:
+        key = (fp8, page, dim, str(device))
+        cache = self._caches.get(key)
+        if cache is None or cache.shape[0] < pages:
+            self._caches.pop(key, None)
+            del cache
+            cache = fill_indexer_cache(ops, pages, page, dim, fp8=fp8, device=device)
+            self._caches[key] = cache
+            self.builds += 1
+        return cache
+
+    def clear(self) -> None:
+        self._caches.clear()
+
+
+POOL = CachePool()
+
+
+def _random_block_table(
+    cache: torch.Tensor, requests: int, width: int, device: torch.device
+) -> torch.Tensor:
+    perm = torch.randperm(cache.shape[0], device=device)[: requests * width]
+    return perm.view(requests, width).to(torch.int32)
+
+
+def _queries(rows: int, heads: int, dim: int, fp8: bool, device: torch.device):
+    q = torch.randn(rows, heads, dim, device=device)
+    q = q.to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
+    w = torch.randn(rows, heads, device=device) * (heads**-0.5 * dim**-0.5)
+    return q, w
+
+
+def _expand_kw(ops: SimpleNamespace, n: int) -> dict[str, Any]:
+    return kwargs_filter(ops.expand)(dict(max_decode_len=n, uniform=True))
+
+
+def _per_token_outputs(exp: Any, rows: int) -> int:
+    per_token = [x for _, x in tensor_fields(exp) if tuple(x.shape) == (rows,)]
+    return len(per_token) if per_token else 3
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Logits: native vs flattened
+# --------------------------------------------------------------------------------------------
+
+
+def make_logits_set(
+    ops: SimpleNamespace,
+    cache: torch.Tensor,
+    *,
+    requests: int,
+    n: int,
+    ctx: int,
+    heads: int,
+    dim: int,
+    page: int,
+    fp8: bool,
+    device: torch.device,
+) -> InputSet:
+    width = -(-ctx // page)
+    bt = _random_block_table(cache, requests, width, device)
+    seq_lens = torch.full((requests,), ctx, dtype=torch.int32, device=device)
+    q, w = _queries(requests * n, heads, dim, fp8, device)
+    s: InputSet = {
+        "cache": cache,
+        "block_table": bt,
+        "seq_lens": seq_lens,
+        "q": q,
+        "weights": w,
+        "n": n,
+        "out": torch.empty(requests * n, width * page, dtype=torch.float32, device=device),
+    }
+    if n > 1:
+        kw = _expand_kw(ops, n)
+        s["flat"] = ops.expand(seq_lens, bt, n, **kw)  # flattened metadata (set-up)
+        s["flat2"] = ops.expand(seq_lens, bt, n, **kw)  # written by expand+flattened
+    return s
+
+
+class _LogitsChecker(SetRef):
+    """Snapshot and checks of one logits case, over input set 0."""
+
+    def __init__(self, reference: Any, tol: float, ref_requests: int) -> None:
+        super().__init__()
+        self.reference = reference
+        self.tol = tol
+        self.ref_requests = ref_requests
+
+    def vs_reference(self, out: torch.Tensor) -> str:
+        """Rows of the first/last request against the fp64 reference over their own pages."""
+        s = self.get()
+        n, bt = s["n"], s["block_table"]
+        b_count, width = bt.shape
+        reqs = list(dict.fromkeys([0, b_count - 1]))[: self.ref_requests]
+        sub_bt = torch.arange(width, dtype=torch.int32, device=bt.device)[None, :]
+        for b in reqs:
+            sub = s["cache"][bt[b].long()]
+            args = (
+                s["q"][b * n : (b + 1) * n],
+                s["weights"][b * n : (b + 1) * n],
+                sub,
+                s["seq_lens"][b : b + 1],
+                sub_bt,
+            )
+            kw = dict(next_n=n, max_len=out.shape[1])
+            ref = self.reference(*args, **kw)
+            mag = self.reference(*args, **kw, magnitude=True)
+            got = out[b * n : (b + 1) * n].double()
+            if bool(torch.isnan(got).any()) or not torch.equal(
+                torch.isneginf(got), torch.isneginf(ref)
+            ):
+                return f"request {b}: -inf pattern differs from the fp64 reference"
+            fin = torch.isfinite(ref)
+            if not bool(torch.isfinite(got[fin]).all()):
+                return f"request {b}: non-finite logits where the reference is finite"
+            err = (
+                ((got - ref).abs()[fin] / mag[fin].clamp_min(1e-30)).max().item()
+                if fin.any()
+                else 0
+            )
+            if err > self.tol:
+                return f"request {b}: error {err:.2e} x magnitude > tol {self.tol:.1e} vs fp64"
+        return ""
+
+    def snapshot(self, ret: Any) -> dict[str, Any]:
+        out = ret.clone()
+        return {"logits": out, "self": self.vs_reference(out)}
+
+    @staticmethod
+    def self_check(snap: dict[str, Any]) -> str:
+        return snap["self"]
+
+    def compare(self, a: dict[str, Any], ref: dict[str, Any]) -> str:
+        x, y = a["logits"], ref["logits"]
+        if x.shape != y.shape:
+            return f"mismatch: shape {tuple(x.shape)} vs {tuple(y.shape)}"
+        if not torch.equal(torch.isneginf(x), torch.isneginf(y)):
+            return "mismatch in the -inf pattern"
+        fin = torch.isfinite(y)
+        rowmax = torch.where(fin, y.abs(), 0).amax(dim=1, keepdim=True)
+        # Loose (the fp64 check is the precise one): |err| <= tol x magnitude, and the
+        # magnitude sum_h |w| |q.k| is at most a few tens of row maxima at these shapes.
+        bound = 64 * self.tol * rowmax + 1e-30
+        bad = fin & ~(torch.isfinite(x) & ((x - y).abs() <= bound))
+        if bool(bad.any()):
+            return f"mismatch in logits ({int(bad.sum())} of {y.numel()} beyond the bound)"
+        return ""
+
+
+def _logits_variants(ops: SimpleNamespace, n: int) -> list[Variant]:
+    fn = ops.logits
+    keep = kwargs_filter(fn)
+    exp_kw = _expand_kw(ops, n)
+
+    def native(s: InputSet):
+        args = (s["q"], s["weights"], s["cache"], s["seq_lens"], s["block_table"])
+        kw = keep(dict(next_n=n, out=s["out"]))
+        return lambda: fn(*args, **kw)
+
+    def flattened(s: InputSet):
+        f = s["flat"]
+        args = (s["q"], s["weights"], s["cache"], f.seq_lens, f.block_table)
+        kw = keep(dict(next_n=1, out=s["out"]))
+        return lambda: fn(*args, **kw)
+
+    def expand_flattened(s: InputSet):
+        f = s["flat2"]
+        ex_args = (s["seq_lens"], s["block_table"], n)
+        ex_kw = kwargs_filter(ops.expand)(dict(exp_kw, out=f))
+        args = (s["q"], s["weights"], s["cache"], f.seq_lens, f.block_table)
+        kw = keep(dict(next_n=1, out=s["out"]))
+
+        def call() -> Any:
+            ops.expand(*ex_args, **ex_kw)
+            return fn(*args, **kw)
+
+        return call
+
+    variants = [Variant("native", native, "ours")]
+    if n > 1:
+        variants += [
+            Variant("flattened", flattened, "baseline"),
+            Variant("expand+flattened", expand_flattened, "extra"),
+        ]
+    return variants
+
+
+def _logits_cases(
+    g: dict[str, Any], ops: SimpleNamespace, device: torch.device, pages: dict[bool, int]
+) -> list[Case]:
+    heads, dim, page = g["heads"], g["dim"], g["page"]
+    b, ctx = g["requests"], g["ctx"]
+    width = -(-ctx // page)
+    cases = []
+    for dtype in g["dtypes"]:
+        fp8 = dtype == "fp8"
+        for n in g["ns"]:
+            rows = b * n
+            chk = _LogitsChecker(ops.reference, _tol(fp8, heads, dim), g["ref_requests"])
+            nbytes = indexer_bytes(
+                b, n, ctx, heads, dim, fp8=fp8, page_size=page, max_len=width * page
+            )
+
+            def make(i, n=n, fp8=fp8, chk=chk):
+                cache = POOL.get(ops, fp8=fp8, pages=pages[fp8], page=page, dim=dim, device=device)
+                s = make_logits_set(
+                    ops,
+                    cache,
+                    requests=b,
+                    n=n,
+                    ctx=ctx,
+                    heads=heads,
+                    dim=dim,
+                    page=page,
+                    fp8=fp8,
+                    device=device,
+                )
+                return chk.keep(i, s)
+
+            def bytes_moved(sets: Sequence[InputSet], v: Variant, nbytes=nbytes, rows=rows):
+                if v.name != "expand+flattened":
+                    return nbytes
+                per_tok = _per_token_outputs(sets[0]["flat2"], rows)
+                return nbytes + expand_bytes(b, width, rows, per_token_outputs=per_tok)
+
+            set_bytes = b * ctx * indexer_key_bytes(dim, fp8=fp8) + rows * width * page * 4
+            set_bytes += rows * heads * (dim + 4) + (rows + b) * width * 4 * (2 if n > 1 else 0)
+            cases.append(
+                Case(
+                    op="indexer",
+                    group=f"indexer {dtype} B={b} ctx={kfmt(ctx)}",
+                    plot="indexer",
+                    label=f"n={n}",
+                    x=rows,
+                    params=dict(
+                        kind="logits",
+                        dtype=dtype,
+                        B=b,
+                        ctx=ctx,
+                        n=n,
+                        rows=rows,
+                        heads=heads,
+                        dim=dim,
+                        page=page,
+                    ),
+                    make_set=make,
+                    set_bytes=set_bytes,
+                    variants=_logits_variants(ops, n),
+                    bytes_moved=bytes_moved,
+                    poison=lambda s: s["out"].fill_(POISON),
+                    snapshot=chk.snapshot,
+                    compare=chk.compare,
+                    reference="native",
+                    self_check=chk.self_check,
+                )
+            )
+    return cases
+
+
+# --------------------------------------------------------------------------------------------
+# 2. The indexer side of one layer
+# --------------------------------------------------------------------------------------------
+
+
+def make_layer_set(
+    ops: SimpleNamespace,
+    cache: torch.Tensor,
+    *,
+    requests: int,
+    n: int,
+    ctx: int,
+    heads: int,
+    dim: int,
+    page: int,
+    k: int,
+    fp8: bool,
+    device: torch.device,
+) -> InputSet:
+    """Inputs of the whole chain plus every intermediate, filled by running the chain once
+    (so each stage timed alone reads what its producer wrote)."""
+    width = -(-ctx // page)
+    rows = requests * n
+    bt = _random_block_table(cache, requests, width, device)
+    seq_lens = torch.full((requests,), ctx, dtype=torch.int32, device=device)
+    q, w = _queries(rows, heads, dim, fp8, device)
+    s: InputSet = {
+        "cache": cache,
+        "block_table": bt,
+        "seq_lens": seq_lens,
+        "q": q,
+        "weights": w,
+        "n": n,
+        "logits": torch.empty(rows, width * page, dtype=torch.float32, device=device),
+        "ws": ops.workspace(rows, device),
+        "pos": torch.empty(rows, k, dtype=torch.int32, device=device),
+    }
+    for name in ("remap", "fused", "chain"):
+        s[f"{name}_out"] = torch.empty(rows, k, dtype=torch.int32, device=device)
+        s[f"{name}_counts"] = torch.empty(rows, dtype=torch.int32, device=device)
+    if n > 1:
+        exp = ops.expand(seq_lens, bt, n, **_expand_kw(ops, n))
+        s["exp"] = exp
+        s["row_lens"], s["req_id"] = exp.seq_lens, exp.req_id
+    else:
+        s["exp"] = None
+        s["row_lens"] = seq_lens
+        s["req_id"] = torch.arange(requests, dtype=torch.int32, device=device)
+    _layer_calls(ops, s, k, page)["chain"]()
+    return s
+
+
+def _layer_calls(ops: SimpleNamespace, s: InputSet, k: int, page: int) -> dict[str, Any]:
+    """Zero-argument launches of every stage over set ``s`` (and the chain of them)."""
+    n = s["n"]
+    lkeep, skeep, rkeep = (
+        kwargs_filter(ops.logits),
+        kwargs_filter(ops.select),
+        kwargs_filter(ops.remap),
+    )
+    ex_args = (s["seq_lens"], s["block_table"], n)
+    ex_kw = kwargs_filter(ops.expand)(dict(_expand_kw(ops, n), out=s["exp"]))
+    lg_args = (s["q"], s["weights"], s["cache"], s["seq_lens"], s["block_table"])
+    lg_kw = lkeep(dict(next_n=n, out=s["logits"]))
+    tk_args = (s["logits"], s["row_lens"])
+    tk_kw = skeep(dict(k=k, out=s["pos"], workspace=s["ws"]))
+    fu_kw = skeep(
+        dict(
+            k=k,
+            out=s["fused_out"],
+            workspace=s["ws"],
+            block_table=s["block_table"],
+            req_id=s["req_id"],
+            block_size=page,
+            return_valid_counts=True,
+            valid_counts_out=s["fused_counts"],
+        )
+    )
+    rm_args = (s["req_id"], s["block_table"], s["pos"])
+
+    def rm_kw(name: str) -> dict[str, Any]:
+        return rkeep(
+            dict(
+                block_size=page,
+                out=s[f"{name}_out"],
+                return_valid_counts=True,
+                valid_counts_out=s[f"{name}_counts"],
+            )
+        )
+
+    rm_own, rm_chain = rm_kw("remap"), rm_kw("chain")
+
+    def chain() -> Any:
+        if n > 1:
+            ops.expand(*ex_args, **ex_kw)
+        ops.logits(*lg_args, **lg_kw)
+        ops.select(*tk_args, **tk_kw)
+        return ops.remap(*rm_args, **rm_chain)
+
+    calls = {
+        "chain": chain,
+        "logits": lambda: ops.logits(*lg_args, **lg_kw),
+        "top-k": lambda: ops.select(*tk_args, **tk_kw),
+        "remap": lambda: ops.remap(*rm_args, **rm_own),
+        "top-k+slots": lambda: ops.select(*tk_args, **fu_kw),
+    }
+    if n > 1:
+        calls["expand"] = lambda: ops.expand(*ex_args, **ex_kw)
+    return calls
+
+
+LAYER_STAGES = ("expand", "logits", "top-k", "remap")
+
+
+def _layer_variants(ops: SimpleNamespace, n: int, k: int, page: int) -> list[Variant]:
+    # expand last: the stages present at every n keep their plot colours across panels
+    names = ["chain", "logits", "top-k", "remap", "top-k+slots"] + (["expand"] if n > 1 else [])
+
+    def bind_for(name: str):
+        return lambda s: _layer_calls(ops, s, k, page)[name]
+
+    return [Variant(v, bind_for(v), "ours" if v == "chain" else "extra") for v in names]
+
+
+def _layer_poison(s: InputSet) -> None:
+    for name in ("remap", "fused", "chain"):
+        s[f"{name}_out"].fill_(POISON)
+        s[f"{name}_counts"].fill_(POISON)
+
+
+def _layer_snapshot(ret: Any) -> dict[str, Any]:
+    if (
+        isinstance(ret, tuple)
+        and len(ret) == 2
+        and all(isinstance(t, torch.Tensor) for t in ret)
+        and ret[0].dim() == 2
+    ):
+        return {"slots": ret[0].clone(), "counts": ret[1].clone()}
+    return {}
+
+
+def _layer_self_check(snap: dict[str, Any]) -> str:
+    if "slots" not in snap:
+        return ""
+    if bool((snap["slots"] < -1).any()):
+        return "unwritten (poisoned) slots"
+    if not torch.equal(snap["counts"], (snap["slots"] >= 0).sum(dim=1, dtype=torch.int32)):
+        return "valid counts differ from the slots written"
+    return ""
+
+
+def _layer_compare(a: dict[str, Any], ref: dict[str, Any]) -> str:
+    if "slots" not in a or "slots" not in ref:
+        return "skipped"
+    if not torch.equal(a["slots"], ref["slots"]):
+        diff = int((a["slots"] != ref["slots"]).sum())
+        return f"mismatch in slots ({diff} of {ref['slots'].numel()} differ)"
+    if not torch.equal(a["counts"], ref["counts"]):
+        return "mismatch in valid counts"
+    return ""
+
+
+def _layer_bytes_fn(b: int, n: int, ctx: int, g: dict[str, Any], fp8: bool):
+    heads, dim, page, k = g["heads"], g["dim"], g["page"], g["k"]
+    width = -(-ctx // page)
+    rows = b * n
+    memo: dict[str, int] = {}
+
+    def stage_bytes(sets: Sequence[InputSet]) -> dict[str, int]:
+        if not memo:
+            s = sets[0]
+            touched = count_touched_pages(s["req_id"], s["pos"], block_size=page, max_blocks=width)
+            per_tok = _per_token_outputs(s["exp"], rows) if s["exp"] is not None else 0
+            memo["expand"] = expand_bytes(b, width, rows, per_token_outputs=per_tok) if n > 1 else 0
+            memo["logits"] = indexer_bytes(
+                b, n, ctx, heads, dim, fp8=fp8, page_size=page, max_len=width * page
+            )
+            memo["top-k"] = topk_bytes(rows, width * page, k)
+            memo["remap"] = remap_bytes(rows, k, touched, counts=True)
+            memo["top-k+slots"] = topk_bytes(
+                rows, width * page, k, counts=True, fused=True, touched_pages=touched
+            )
+            memo["chain"] = sum(memo[v] for v in LAYER_STAGES)
+        return memo
+
+    def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
+        return stage_bytes(sets)[v.name]
+
+    return bytes_moved
+
+
+def _layer_cases(
+    g: dict[str, Any], ops: SimpleNamespace, device: torch.device, pages: dict[bool, int]
+) -> list[Case]:
+    heads, dim, page, k = g["heads"], g["dim"], g["page"], g["k"]
+    fp8 = g["layer_dtype"] == "fp8"
+    cases = []
+    for ctx in g["layer_ctxs"]:
+        width = -(-ctx // page)
+        for n in g["layer_ns"]:
+            for b in g["layer_batches"]:
+                rows = b * n
+
+                def make(i, b=b, n=n, ctx=ctx):
+                    cache = POOL.get(
+                        ops, fp8=fp8, pages=pages[fp8], page=page, dim=dim, device=device
+                    )
+                    return make_layer_set(
+                        ops,
+                        cache,
+                        requests=b,
+                        n=n,
+                        ctx=ctx,
+                        heads=heads,
+                        dim=dim,
+                        page=page,
+                        k=k,
+                        fp8=fp8,
+                        device=device,
+                    )
+
+                set_bytes = b * ctx * indexer_key_bytes(dim, fp8=fp8) + rows * width * page * 4
+                set_bytes += rows * heads * (dim + 4) + 4 * rows * (7 * k + 8)
+                set_bytes += 4 * (b + (rows if n > 1 else 0)) * width
+                set_bytes += ops.workspace(1, torch.device("cpu")).numel() * 4 * rows
+                cases.append(
+                    Case(
+                        op="indexer",
+                        group=f"indexer layer ctx={kfmt(ctx)} n={n}",
+                        plot=f"indexer_layer_ctx{kfmt(ctx)}",
+                        label=f"B={b}",
+                        x=rows,
+                        params=dict(
+                            kind="layer",
+                            dtype=g["layer_dtype"],
+                            B=b,
+                            ctx=ctx,
+                            n=n,
+                            rows=rows,
+                            k=k,
+                            heads=heads,
+                            dim=dim,
+                            page=page,
+                        ),
+                        make_set=make,
+                        set_bytes=set_bytes,
+                        variants=_layer_variants(ops, n, k, page),
+                        bytes_moved=_layer_bytes_fn(b, n, ctx, g, fp8),
+                        poison=_layer_poison,
+                        snapshot=_layer_snapshot,
+                        compare=_layer_compare,
+                        reference="remap",
+                        self_check=_layer_self_check,
+                        budget_ms=g["layer_budget_ms"],
+                    )
+                )
+    return cases
+
+
+def pages_needed(g: dict[str, Any]) -> dict[bool, int]:
+    """Pages of the shared cache per format (fp8?) that the grid's largest case draws."""
+    page = g["page"]
+    need: dict[bool, int] = {}
+    for dtype in g["dtypes"]:
+        fp8 = dtype == "fp8"
+        need[fp8] = max(need.get(fp8, 0), g["requests"] * -(-g["ctx"] // page))
+    if g["layer_batches"] and g["layer_ctxs"] and g["layer_ns"]:
+        fp8 = g["layer_dtype"] == "fp8"
+        big = max(g["layer_batches"]) * -(-max(g["layer_ctxs"]) // page)
+        need[fp8] = max(need.get(fp8, 0), big)
+    return need
+
+
+def build(grid: str, device: torch.device) -> list[Case]:
+    g = GRIDS[grid]
+    ops = _ops()
+    pages = pages_needed(g)
+    return _logits_cases(g, ops, device, pages) + _layer_cases(g, ops, device, pages)
+
+
+# --------------------------------------------------------------------------------------------
+# Summaries
+# --------------------------------------------------------------------------------------------
+
+
+def _us(r: Result | None) -> float | None:
+    return r.best_us if r is not None else None
+
+
+def logits_summary(results: Sequence[Result]) -> list[Table]:
+    rs = [r for r in results if r.op == "indexer" and r.params.get("kind") == "logits"]
+    if not rs:
+        return []
+    native = {(r.params["dtype"], r.params["n"]): r for r in rs if r.variant == "native"}
+    rows = []
+    for r in rs:
+        t = r.best_us
+        frac = copy_fraction(r.bytes_moved, t, r.copy_gbs * 1e9) if t else None
+        pair = paired_us(native.get((r.params["dtype"], r.params["n"])), r)
+        rows.append(
+            [
+                r.params["dtype"],
+                str(r.params["B"]),
+                kfmt(r.params["ctx"]),
+                str(r.params["n"]),
+                r.variant,
+                fmt_us(t),
+                fmt_bytes(r.bytes_moved),
+                fmt_us(r.floor_us),
+                fmt_gbs(r.bytes_moved / (t * 1e-6) / 1e9) if t else "n/a",
+                f"{100 * frac:.0f}%" if frac is not None else "n/a",
+                fmt_ratio(r.over_floor),
+                fmt_ratio(pair[1] / pair[0]) if pair and r.variant != "native" else "",
+            ]
+        )
+    headers = ["cache", "B", "ctx", "n", "variant", "us", "bytes", "floor us", "GB/s"]
+    headers += ["% copy", "/floor", "native speedup"]
+    return [
+        Table(
+            "indexer logits: achieved bandwidth, % of copy bandwidth (in graph)",
+            headers,
+            rows,
+            [
+                "bytes: the problem's fewest bytes (keys read once per request), the same for "
+                "native and flattened; % copy = achieved GB/s / copy GB/s of this run",
+                "native speedup = this variant's time / native's at the same n",
+            ],
+        )
+    ]
+
+
+def layer_summary(results: Sequence[Result]) -> list[Table]:
+    rs = [r for r in results if r.op == "indexer" and r.params.get("kind") == "layer"]
+    if not rs:
+        return []
+    by = {(r.params["B"], r.params["ctx"], r.params["n"], r.variant): r for r in rs}
+    keys = sorted({(r.params["ctx"], r.params["B"], r.params["n"]) for r in rs})
+    rows = []
+    for ctx, b, n in keys:
+        stage = {v: _us(by.get((b, ctx, n, v))) for v in (*LAYER_STAGES, "chain", "top-k+slots")}
+        parts = [stage[v] for v in LAYER_STAGES if n > 1 or v != "expand"]
+        total = sum(parts) if all(p is not None for p in parts) else None
+        fused_parts = [stage["expand"] if n > 1 else 0.0, stage["logits"], stage["top-k+slots"]]
+        fused = sum(fused_parts) if all(p is not None for p in fused_parts) else None
+        chain = by.get((b, ctx, n, "chain"))
+        rows.append(
+            [
+                str(b),
+                kfmt(ctx),
+                str(n),
+                str(b * n),
+                fmt_us(stage["expand"]) if n > 1 else "-",
+                fmt_us(stage["logits"]),
+                fmt_us(stage["top-k"]),
+                fmt_us(stage["remap"]),
+                fmt_us(total),
+                fmt_us(stage["chain"]),
+                fmt_us(chain.floor_us) if chain else "n/a",
+                fmt_ratio(chain.over_floor) if chain else "n/a",
+                fmt_us(stage["top-k+slots"]),
+                fmt_us(fused),
+                f"{total * LAYERS / 1e3:.2f}" if total is not None else "n/a",
+            ]
+        )
+    dtype = rs[0].params.get("dtype", "")
+    headers = ["B", "ctx", "n", "rows", "expand us", "logits us", "top-k us", "remap us"]
+    headers += ["sum us", "chain us", "chain floor us", "chain/floor", "top-k+slots us"]
+    headers += ["fused sum us", f"sum x{LAYERS} ms"]
+    return [
+        Table(
+            f"indexer side per layer ({dtype} cache, k={rs[0].params.get('k')}; "
+            "each stage in its own graph, summed; chain = all stages in one graph)",
+            headers,
+            rows,
+            [
+                "stages: expand (n > 1) + native logits (next_n = n) + top-k over B*n rows + "
+                "remap to slots with valid counts; fused sum = expand + logits + top-k+slots "
+                "(the fused epilogue replaces top-k + remap)",
+                "engines build the expansion once per decode step (metadata), not per layer; "
+                f"sum x{LAYERS} counts it per layer (an upper bound)",
+            ],
+        )
+    ]
+
+
+def summaries(results: list[Result]) -> list[Table]:
+    return logits_summary(results) + layer_summary(results)
+
+
+register_op(
+    OpSpec(
+        name="indexer",
+        build=build,
+        notes=[
+            INDEXER_BYTES_RULE,
+            LAYER_BYTES_RULE,
+            "logits variants: native (next_n = n, keys read once per request), flattened "
+            "(rows pre-expanded with expand_decode_tokens, next_n = 1), expand+flattened "
+            "(the expansion inside the timed call). V3.2 shapes: q [rows, 64, 128] (bf16 / "
+            "e4m3), fp32 weights [rows, 64], page 64; every request at full context.",
+            "layer variants: chain (expand + logits + top-k + remap in one graph), each stage "
+            "alone, top-k+slots (the fused epilogue). fp8 cache, k = 2048 (GPU grids).",
+            "K caches: filled once per run with random keys (write_indexer_k) and shared; each "
+            "input set uses distinct random pages of it.",
+            "checks: logits of the first and last request vs the fp64 reference (error <= tol x "
+            "magnitude, exact -inf pattern), flattened vs native; chain and top-k+slots slots "
+            "and counts == remap's bit for bit.",
+        ],
+        summaries=summaries,
+        cleanup=POOL.clear,
+    )
+)
