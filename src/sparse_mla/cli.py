@@ -10,7 +10,8 @@ commands:
   info     execution mode (cuda or interpreter) and versions
   verify   randomized bit-exact sweep of the kernels (--quick for the CPU interpreter)
   bench    timing harness: CUDA graph and eager, with floors (GPU only)
-  demo     the main job: quick verification, then a worked example of each kernel
+  demo     the main job: worked examples, the indexer side of one DSA decode step
+           (every stage checked against its reference), then the quick verification sweep
 """
 
 

@@ -1,9 +1,29 @@
-"""``sparse-mla verify``: a randomized, bit-exact sweep of the integer kernels.
+"""``sparse-mla verify``: a randomized sweep of every kernel against its reference.
 
-Every configuration draws fresh inputs from its own seed, runs our kernel, the plain PyTorch
-reference and the tiled-atomic layout (the upstream A/B baseline), and demands bit-identical
-results (compacted DCP rows of the atomic layout are compared as sets, since its prefix order
-is arbitrary). A failure prints the seed; ``sparse-mla verify --case SEED`` reruns just it.
+Every configuration draws fresh inputs from its own seed and compares our kernel with the plain
+PyTorch reference. Kinds:
+
+* ``remap``, ``dcp``: the index remap and the DCP filter, also against the tiled-atomic layout
+  (the upstream A/B baseline); bit-identical (compacted DCP rows of the atomic layout are
+  compared as sets, since its prefix order is arbitrary).
+* ``expand``: speculative-decode expansion (uniform and ragged kernels), bit-identical.
+* ``topk``: exact top-k under adversarial score distributions (normal, all equal, ties at the
+  threshold, two-valued, -inf runs, NaN, huge/tiny magnitudes, signed zeros) and lengths
+  0 / < k / = k / > k, on the row, split and automatic paths; bit-identical to
+  ``select_topk_reference``, and the fused slot epilogue bit-identical to top-k followed by
+  the remap.
+* ``kvcache``: the indexer-K and MLA-latent writers (bf16 and fp8 formats, ``-1`` and
+  out-of-range slots, garbage-filled caches) byte-identical to the PyTorch writers.
+* ``logits``: indexer logits (bf16 and fp8 caches, native multi-token, flattened and 2-D
+  lengths, hostile lengths and page ids) against the fp64 reference within the tolerance of
+  ``tests/ops/test_indexer.py``, with the ``-inf`` pattern exact.
+
+The full sweep (2328 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 48 logits)
+uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
+contexts up to 16K); ``--quick`` (506) runs a subset at interpreter sizes (k 128/256, rows up to
+2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
+A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
+it (with ``--quick`` when it came from the quick sweep).
 """
 
 from __future__ import annotations
@@ -11,6 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import multiprocessing
+import os
 import sys
 import time
 from collections import Counter
@@ -20,22 +41,99 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._runtime import default_device, info
+from ._runtime import cdiv, default_device, info
 from .ops.decode_metadata import expand_decode_tokens
 from .ops.decode_metadata.naive import expand_decode_tokens_reference
+from .ops.indexer import index_logits, index_logits_reference
+from .ops.kv_cache import new_indexer_k_cache, new_mla_cache, write_indexer_k, write_mla_latent
+from .ops.kv_cache.naive import write_indexer_k_reference, write_mla_latent_reference
 from .ops.remap import convert_req_index_to_global_index, filter_and_convert_dcp_index
 from .ops.remap.naive import convert_req_index_to_global_index_reference
+from .ops.topk import (
+    positions_to_slots_reference,
+    select_topk,
+    select_topk_reference,
+    topk_workspace,
+)
+from .ops.topk import topk as topk_mod
 
 TOPK_WIDTHS = (128, 384, 512, 1024, 2048)
 PAGE_SIZES = (16, 64)
 INVALID_FRACTIONS = (0.0, 0.05, 0.5, 0.95, 1.0)
+POISON = -7777
+
+# Score distributions and shapes of the top-k cases.
+TOPK_DISTS = (
+    "normal",
+    "all_equal",
+    "threshold_ties",
+    "two_valued",
+    "neg_inf_runs",
+    "nan",
+    "huge_tiny",
+    "signed_zeros",
+)
+# short: N <= k (every row takes the short path); row / split: N > k on the one-program-per-row
+# kernel / the split kernels (num_splits forced); auto: N > k, launch shape from the heuristic.
+TOPK_MODES = ("short", "row", "split", "auto")
+KV_CACHES = ("indexer_bf16", "indexer_fp8", "mla_bf16", "mla_fp8")
+# Per-case repetitions of the new kinds in the full sweep; the quick sweep keeps fewer.
+TOPK_REPS, KV_REPS, LOGITS_REPS = 3, 6, 6
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Shapes of the topk, kvcache and logits cases (quick: interpreter sizes; full: GPU)."""
+
+    topk_k: tuple[int, int]
+    topk_max_n: int
+    topk_max_rows: int
+    kv_dims: tuple[int, ...]
+    kv_pages: tuple[int, ...]
+    kv_max_tokens: int
+    logits_heads: int
+    logits_dim: int
+    logits_page: int
+    logits_max_width: int
+    logits_max_req: int
+    logits_next_n: tuple[int, ...]
+
+
+QUICK_SIZES = Sizes(
+    topk_k=(128, 256),
+    topk_max_n=2000,
+    topk_max_rows=8,
+    kv_dims=(32, 64, 128),
+    kv_pages=(16, 64),
+    kv_max_tokens=300,
+    logits_heads=8,
+    logits_dim=32,
+    logits_page=16,
+    logits_max_width=32,
+    logits_max_req=5,
+    logits_next_n=(1, 2, 3, 4),
+)
+FULL_SIZES = Sizes(
+    topk_k=(512, 2048),
+    topk_max_n=65536,
+    topk_max_rows=12,
+    kv_dims=(128,),
+    kv_pages=(16, 64),
+    kv_max_tokens=20000,
+    logits_heads=64,
+    logits_dim=128,
+    logits_page=64,
+    logits_max_width=256,  # contexts up to 16K (the fp64 reference runs on the CPU)
+    logits_max_req=8,
+    logits_next_n=(1, 2, 3, 4),
+)
 
 
 @dataclass(frozen=True)
 class Case:
     """One configuration of the sweep; ``seed`` alone reproduces its inputs."""
 
-    kind: str  # "remap", "dcp" or "expand"
+    kind: str  # "remap", "dcp", "expand", "topk", "kvcache" or "logits"
     seed: int
     params: dict = field(hash=False, compare=False)
 
@@ -51,38 +149,76 @@ def _dcp_choices(page: int) -> list[tuple[int, int]]:
     return out
 
 
+def _new_kind_cases(sz: Sizes) -> list[tuple[Case, bool]]:
+    """The topk, kvcache and logits grids, each case with "kept by the quick sweep"."""
+    out: list[tuple[Case, bool]] = []
+    for rep, dist, ki, mode in itertools.product(
+        range(TOPK_REPS), TOPK_DISTS, range(len(sz.topk_k)), TOPK_MODES
+    ):
+        params = dict(
+            dist=dist,
+            k=sz.topk_k[ki],
+            mode=mode,
+            max_n=sz.topk_max_n,
+            max_rows=sz.topk_max_rows,
+        )
+        out.append((Case("topk", 0, params), rep == 0))
+    for rep, cache, page in itertools.product(range(KV_REPS), KV_CACHES, sz.kv_pages):
+        params = dict(cache=cache, page=page, dims=sz.kv_dims, max_tokens=sz.kv_max_tokens)
+        out.append((Case("kvcache", 0, params), rep < 4))
+    for rep, fp8, n in itertools.product(range(LOGITS_REPS), (False, True), sz.logits_next_n):
+        params = dict(
+            fp8=fp8,
+            n=n,
+            heads=sz.logits_heads,
+            dim=sz.logits_dim,
+            page=sz.logits_page,
+            max_width=sz.logits_max_width,
+            max_req=sz.logits_max_req,
+        )
+        out.append((Case("logits", 0, params), rep < 4))
+    return out
+
+
 def build_cases(quick: bool, base_seed: int = 0) -> list[Case]:
     """The sweep: remap/DCP over K x page x DCP layout x page-stride x invalid fraction,
-    then ragged and uniform expansion with padding. ``quick`` keeps a strided subset at
-    small token counts (it is meant for the CPU interpreter)."""
+    ragged and uniform expansion with padding, then top-k, the cache writers and the indexer
+    logits. ``quick`` keeps a strided subset at small sizes (it is meant for the CPU
+    interpreter); each case keeps the seed of its position in the full sweep."""
     cases: list[Case] = []
     max_tokens = 16 if quick else 1024
-    grid = itertools.product(
-        TOPK_WIDTHS, PAGE_SIZES, (False, True), INVALID_FRACTIONS, range(3)
-    )
+    grid = itertools.product(TOPK_WIDTHS, PAGE_SIZES, (False, True), INVALID_FRACTIONS, range(3))
     for k, page, strided, invalid, rep in grid:
         for size, inter in _dcp_choices(page):
             if size == 1:
-                params = dict(k=k, page=page, strided=strided, invalid=invalid,
-                              prefill=rep == 2)
+                params = dict(k=k, page=page, strided=strided, invalid=invalid, prefill=rep == 2)
                 cases.append(Case("remap", 0, params))
             else:
-                params = dict(k=k, page=page, strided=strided, dcp=size, interleave=inter,
-                              invalid=invalid, compact=rep != 1)
+                params = dict(
+                    k=k,
+                    page=page,
+                    strided=strided,
+                    dcp=size,
+                    interleave=inter,
+                    invalid=invalid,
+                    compact=rep != 1,
+                )
                 cases.append(Case("dcp", 0, params))
     for n, ragged, padded, dcp, _rep in itertools.product(
         (1, 2, 3, 4, 8), (False, True), (False, True), (1, 2, 4), range(4)
     ):
         cases.append(Case("expand", 0, dict(n=n, ragged=ragged, padded=padded, dcp=dcp)))
-    out = [
-        Case(c.kind, base_seed + i, dict(c.params, max_tokens=max_tokens))
-        for i, c in enumerate(cases)
-    ]
+    keep = [
+        i % (2 if c.kind == "expand" else 7) == 0 for i, c in enumerate(cases)
+    ]  # the quick subset of the old kinds; expansion cases are cheap, so more of them stay
+    cases = [Case(c.kind, c.seed, dict(c.params, max_tokens=max_tokens)) for c in cases]
+    for c, q in _new_kind_cases(QUICK_SIZES if quick else FULL_SIZES):
+        cases.append(c)
+        keep.append(q)
+    out = [Case(c.kind, base_seed + i, c.params) for i, c in enumerate(cases)]
     if not quick:
         return out
-    # The quick subset keeps the seeds of the full sweep's numbering; expansion cases are
-    # cheap, so more of them stay.
-    return [c for i, c in enumerate(out) if i % (2 if c.kind == "expand" else 7) == 0]
+    return [c for c, q in zip(out, keep, strict=True) if q]
 
 
 def _log_uniform_int(g: torch.Generator, lo: int, hi: int) -> int:
@@ -154,8 +290,15 @@ def _run_dcp(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     for layout in ("auto", "tiled_atomic"):
         out = torch.full_like(idx, -7777)
         got, counts = filter_and_convert_dcp_index(
-            req_id, bt, idx, compact=p["compact"], return_valid_counts=True, out=out,
-            layout=layout, **dcp, **kwargs,
+            req_id,
+            bt,
+            idx,
+            compact=p["compact"],
+            return_valid_counts=True,
+            out=out,
+            layout=layout,
+            **dcp,
+            **kwargs,
         )
         got = got.cpu()
         if layout == "tiled_atomic" and p["compact"]:
@@ -197,15 +340,333 @@ def _run_expand(case: Case, g: torch.Generator, dev: torch.device) -> str | None
     return None
 
 
+# ---- top-k -----------------------------------------------------------------------------------
+
+
+def _rand_int(g: torch.Generator, lo: int, hi: int) -> int:
+    """Uniform int in [lo, hi]."""
+    return int(torch.randint(lo, hi + 1, (), generator=g))
+
+
+def _rand_choice(g: torch.Generator, options: tuple | list):
+    return options[_rand_int(g, 0, len(options) - 1)]
+
+
+def _topk_scores(dist: str, rows: int, n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """fp32 ``[rows, n]`` scores drawn from one of the adversarial distributions."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.randn(rows, n, generator=g)
+
+    def coin(p: float) -> torch.Tensor:
+        return torch.rand(rows, n, generator=g) < p
+
+    if dist == "normal":
+        return x * 10.0 ** _rand_int(g, -3, 3)
+    if dist == "all_equal":
+        return torch.full((rows, n), float(torch.randn((), generator=g)))
+    if dist == "threshold_ties":
+        if _rand_int(g, 0, 1):  # few distinct values: every threshold is a long tie
+            return torch.randint(0, _rand_int(g, 2, 8), (rows, n), generator=g).float()
+        # A large share of each row equals the row's k-th largest score.
+        kth = x.sort(dim=1, descending=True).values[:, min(k, n) - 1 : min(k, n)]
+        return torch.where(coin(0.05 + 0.6 * float(torch.rand((), generator=g))), kth, x)
+    if dist == "two_valued":
+        a, b = torch.randn(2, generator=g).tolist()
+        return torch.where(coin(float(torch.rand((), generator=g))), a, b)
+    if dist == "neg_inf_runs":
+        for r in range(rows):
+            for _ in range(_rand_int(g, 1, 5)):
+                start = _rand_int(g, 0, n - 1)
+                x[r, start : start + _rand_int(g, 1, max(1, n // 2))] = -inf
+        if rows > 1 and _rand_int(g, 0, 1):
+            x[_rand_int(g, 0, rows - 1)] = -inf  # a row of -inf only
+        return x
+    if dist == "nan":
+        x[coin(_rand_choice(g, (0.01, 0.3, 0.95)))] = nan
+        x[coin(0.05)] = -inf
+        x[coin(0.01)] = inf
+        if _rand_int(g, 0, 1):
+            x[_rand_int(g, 0, rows - 1)] = nan  # a row of NaN only
+        return x
+    if dist == "huge_tiny":
+        # Magnitudes from denormal to overflow (-> inf), and a pool of extreme values.
+        exp = torch.randint(-46, 40, (rows, n), generator=g).double()
+        scaled = (x.double() * torch.pow(10.0, exp)).float()
+        pool = torch.tensor(
+            [3.4e38, -3.4e38, 1e30, -1e30, 1e-38, -1e-38, 1e-45, -1e-45, inf, -inf, 0.0, 1.0]
+        )
+        picks = pool[torch.randint(0, len(pool), (rows, n), generator=g)]
+        return torch.where(coin(0.3), picks, scaled)
+    if dist == "signed_zeros":
+        z = torch.where(coin(0.5), 0.0, -0.0)
+        z[coin(0.03)] = 1e-45
+        z[coin(0.03)] = -1e-45
+        z[coin(0.2)] = -1.0
+        return z
+    raise ValueError(f"unknown score distribution {dist!r}")
+
+
+def _topk_lengths(rows: int, n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """int32 [rows]: the full row first, then 0, < k, = k, > k, past N, negative, random."""
+    pool = [0, _rand_int(g, 1, max(1, k - 1)), k, k + 1, n - 1, n + 7, -3]
+    pool = [pool[i] for i in torch.randperm(len(pool), generator=g).tolist()]
+    vals = [n] + pool + [_rand_int(g, 0, n) for _ in range(rows)]
+    return torch.tensor(vals[:rows], dtype=torch.int32)
+
+
+def _run_topk(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
+    p = case.params
+    k, mode = p["k"], p["mode"]
+    rows = _rand_int(g, 4, max(4, p["max_rows"]))
+    num_splits: int | None = None
+    if mode == "short":
+        n = k if _rand_int(g, 0, 2) == 0 else _rand_int(g, 1, k)
+        num_splits = _rand_choice(g, (None, 1))
+    else:
+        lo = k + 1 if mode != "split" else max(k, topk_mod.SPLIT_BLOCK) + 1
+        n = _log_uniform_int(g, lo, max(lo, p["max_n"]))
+        if mode == "row":
+            num_splits = 1
+        elif mode == "split":
+            num_splits = _rand_int(g, 2, min(32, cdiv(n, topk_mod.SPLIT_BLOCK)))
+    x = _topk_scores(p["dist"], rows, n, k, g)
+    lengths = _topk_lengths(rows, n, k, g)
+    want = select_topk_reference(x, lengths, k)
+    want_counts = lengths.clamp(0, n).clamp_max(k)
+
+    xd, ld = x.to(dev), lengths.to(dev)
+    ws = topk_workspace(rows, dev)  # reused by the fused call: the kernels re-zero it
+    out = torch.full((rows, k), POISON, dtype=torch.int32, device=dev)
+    got, counts = select_topk(
+        xd, ld, k=k, out=out, return_valid_counts=True, workspace=ws, num_splits=num_splits
+    )
+    err = _compare("positions", got.cpu(), want) or _compare("counts", counts.cpu(), want_counts)
+    if err:
+        return f"n={n} rows={rows} num_splits={num_splits}: {err}"
+
+    # Fused slot epilogue vs top-k then the remap (and vs the reference of both).
+    bs = _rand_choice(g, (64, 64, 16, 1))
+    stride = _rand_choice(g, (None, bs * _rand_int(g, 2, 4)))
+    num_req = _rand_int(g, 1, 6)
+    pages = cdiv(n, bs)
+    width = _rand_int(g, max(1, pages // 2), pages + 1)  # short tables: tails map to -1
+    bt = torch.randint(0, 100_000, (num_req, width + 3), generator=g, dtype=torch.int32)
+    bt = bt[:, :width]
+    req = torch.randint(0, num_req, (rows,), generator=g, dtype=torch.int32)
+    if _rand_int(g, 0, 1):
+        req[_rand_int(g, 0, rows - 1)] = _rand_choice(g, (-1, num_req))  # row outside [0, R)
+    want_slots, want_slot_counts = positions_to_slots_reference(
+        want, bt, req, block_size=bs, block_stride_rows=stride
+    )
+    btd, reqd = bt.to(dev), req.to(dev)
+    two_step, two_counts = convert_req_index_to_global_index(
+        reqd, btd, got, block_size=bs, block_stride_rows=stride, return_valid_counts=True
+    )
+    out.fill_(POISON)
+    fused, fused_counts = select_topk(
+        xd,
+        ld,
+        k=k,
+        out=out,
+        block_table=btd,
+        req_id=reqd,
+        block_size=bs,
+        block_stride_rows=stride,
+        return_valid_counts=True,
+        workspace=ws,
+        num_splits=num_splits,
+    )
+    err = (
+        _compare("fused slots vs two-step", fused.cpu(), two_step.cpu())
+        or _compare("fused counts vs two-step", fused_counts.cpu(), two_counts.cpu())
+        or _compare("fused slots vs reference", fused.cpu(), want_slots)
+        or _compare("fused counts vs reference", fused_counts.cpu(), want_slot_counts)
+    )
+    if err:
+        return f"n={n} rows={rows} num_splits={num_splits} block_size={bs}: {err}"
+    return None
+
+
+# ---- KV-cache writers ------------------------------------------------------------------------
+
+
+def _garbage_like(cache: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """The cache filled with random bits: untouched slots must keep them."""
+    if cache.dtype == torch.uint8:
+        return torch.randint(0, 256, cache.shape, generator=g, dtype=torch.uint8)
+    return torch.randn(cache.shape, generator=g).to(cache.dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a (contiguous) cache, for a bitwise comparison."""
+    return t.contiguous().view(torch.uint8)
+
+
+def _rand_rows(g: torch.Generator, tokens: int, dim: int) -> torch.Tensor:
+    """bf16 [tokens, dim]: each token at its own magnitude (all-zero and below the 1e-4 amax
+    floor included), sometimes as a strided view of a wider tensor."""
+    scale = torch.tensor([0.0, 1e-7, 1e-3, 1.0, 30.0, 1e4, 1e30])
+    mag = scale[torch.randint(0, len(scale), (tokens, 1), generator=g)]
+    wide = (torch.randn(tokens, dim + 5, generator=g) * mag).bfloat16()
+    start = _rand_int(g, 0, 5)
+    return wide[:, start : start + dim]
+
+
+def _run_kvcache(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
+    p = case.params
+    cache_kind, page = p["cache"], p["page"]
+    fp8 = cache_kind.endswith("fp8")
+    tokens = _log_uniform_int(g, 1, p["max_tokens"])
+    num_pages = cdiv(tokens, page) + _rand_int(g, 0, 4)
+    num_slots = num_pages * page
+    # Distinct slots (two tokens on one slot race), then padding (-1), negative and
+    # out-of-range ids, all of which the writers skip.
+    slots = torch.randperm(num_slots, generator=g)[:tokens]
+    slots = torch.cat([slots, torch.arange(num_slots, num_slots + tokens)])[:tokens]
+    drop = torch.rand(tokens, generator=g) < _rand_choice(g, (0.0, 0.1, 0.5, 1.0))
+    slots[drop] = -1
+    odd = torch.rand(tokens, generator=g) < 0.05
+    slots[odd] = torch.tensor([-5, num_slots, num_slots + 10**6])[
+        torch.randint(0, 3, (int(odd.sum()),), generator=g)
+    ]
+    slots = slots.to(_rand_choice(g, (torch.int32, torch.int64)))
+    if cache_kind.startswith("indexer"):
+        dim = _rand_choice(g, p["dims"])
+        cache = _garbage_like(new_indexer_k_cache(num_pages, page, dim, fp8=fp8), g)
+        k = _rand_rows(g, tokens, dim)
+        want = write_indexer_k_reference(k, cache.clone(), slots)
+        got = write_indexer_k(k.to(dev), cache.to(dev), slots.to(dev))
+    else:
+        dim = 576
+        cache = _garbage_like(new_mla_cache(num_pages, page, fp8=fp8), g)
+        kv = _rand_rows(g, tokens, dim)
+        want = write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache.clone(), slots)
+        got = write_mla_latent(
+            kv[:, :512].to(dev), kv[:, 512:].to(dev), cache.to(dev), slots.to(dev)
+        )
+    a, b = _bits(got.cpu()), _bits(want)
+    if not torch.equal(a, b):
+        diff = (a != b).reshape(num_pages * page, -1).any(dim=1).nonzero().flatten().tolist()
+        return (
+            f"tokens={tokens} dim={dim} slots {slots.dtype}: {len(diff)} cache rows differ, "
+            f"first (page, offset) {divmod(diff[0], page)}"
+        )
+    return None
+
+
+# ---- indexer logits --------------------------------------------------------------------------
+
+
+def _logits_error(
+    got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, tol_scale, exact: bool
+) -> str | None:
+    """Check fp32 logits against the fp64 reference: -inf pattern exact, no NaN, the rest
+    within ``tol_scale * mag`` (bit-exact when ``exact``)."""
+    got = got.double()
+    if got.shape != ref.shape:
+        return f"shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    if torch.isnan(got).any():
+        return f"{int(torch.isnan(got).sum())} NaN"
+    if (got == POISON).any():
+        return "poison left in the output"
+    if not torch.equal(torch.isneginf(got), torch.isneginf(ref)):
+        at = tuple((torch.isneginf(got) != torch.isneginf(ref)).nonzero()[0].tolist())
+        return f"-inf pattern differs, first at {at}: got {got[at].item()} want {ref[at].item()}"
+    fin = torch.isfinite(ref)
+    if exact:
+        return None if torch.equal(got[fin], ref[fin]) else _first_diff(got, ref)
+    err = (got[fin] - ref[fin]).abs()
+    tol = tol_scale * mag[fin]
+    if not torch.all(err <= tol):
+        worst = (err / tol.clamp_min(1e-300)).max().item()
+        return f"max err/tol {worst:.3g}"
+    return None
+
+
+def _run_logits(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
+    p = case.params
+    n, fp8, heads, dim, page = p["n"], p["fp8"], p["heads"], p["dim"], p["page"]
+    num_req = _rand_int(g, 1, p["max_req"])
+    width = _rand_int(g, 1, p["max_width"])
+    pages = num_req * width + 3
+    integer = _rand_int(g, 0, 3) == 0  # every step exact: compared bit for bit
+    if integer:
+        keys = torch.randint(-3, 4, (pages * page, dim), generator=g).bfloat16()
+        q = torch.randint(-3, 4, (num_req * n, heads, dim), generator=g).float()
+        w = torch.randint(-4, 5, (num_req * n, heads), generator=g).float()
+    else:
+        keys = torch.randn(pages * page, dim, generator=g) * 10.0 ** _rand_int(g, -2, 2)
+        keys = keys.bfloat16()
+        q = torch.randn(num_req * n, heads, dim, generator=g)
+        w = torch.randn(num_req * n, heads, generator=g) * (heads * dim) ** -0.5
+    q = q.to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
+    cache = new_indexer_k_cache(pages, page, dim, fp8=fp8)
+    write_indexer_k_reference(keys, cache, torch.arange(pages * page))
+    bt = torch.randperm(pages, generator=g)[: num_req * width].view(num_req, width).int()
+    if _rand_int(g, 0, 2) == 0:  # invalid page ids: their positions score -inf
+        bt.view(-1)[_rand_int(g, 0, bt.numel() - 1)] = _rand_choice(g, (-1, pages + 5))
+    cap = width * page
+    lens = torch.randint(0, cap + 1, (num_req,), generator=g)
+    lens[_rand_int(g, 0, num_req - 1)] = _rand_choice(g, (cap, 0, -5, cap + 100, 2**31 - 1))
+    lens = lens.to(_rand_choice(g, (torch.int32, torch.int64)))
+    max_len = _rand_choice(g, (cap, cap, _rand_int(g, 1, cap), cap + 17))
+
+    ref = index_logits_reference(q, w, cache, lens, bt, next_n=n, max_len=max_len)
+    mag = index_logits_reference(q, w, cache, lens, bt, next_n=n, max_len=max_len, magnitude=True)
+    tol_scale = (dim + heads + 2) * 2.0**-24
+    if dev.type == "cuda" and fp8:
+        tol_scale = 2.0**-9  # Hopper's fp8 tensor-core dot keeps fewer accumulator bits
+    qd, wd, cd, ld, btd = _to(dev, q, w, cache, lens, bt)
+    rows = num_req * n
+    out = torch.full((rows, max_len), float(POISON), device=dev)
+    native = index_logits(qd, wd, cd, ld, btd, next_n=n, max_len=max_len, out=out)
+    err = _logits_error(native.cpu(), ref, mag, tol_scale, integer)
+    if err:
+        return f"native B={num_req} W={width} max_len={max_len}: {err}"
+    # Flattened: one single-token row per query token, the request's block-table row copied.
+    j = torch.arange(n)
+    flat_lens = (lens.long()[:, None] - n + 1 + j).clamp(0, 2**31 - 1).flatten().int()
+    flat_bt = bt.repeat_interleave(n, dim=0)
+    flat = index_logits(qd, wd, cd, flat_lens.to(dev), flat_bt.to(dev), max_len=max_len)
+    err = _logits_error(flat.cpu(), ref, mag, tol_scale, integer)
+    if err:
+        return f"flattened B={num_req} W={width} max_len={max_len}: {err}"
+    # The 2-D [B, n] lengths of the native form.
+    two_d = index_logits(qd, wd, cd, flat_lens.view(num_req, n).to(dev), btd, max_len=max_len)
+    err = _logits_error(two_d.cpu(), ref, mag, tol_scale, integer)
+    if err:
+        return f"2-D lengths B={num_req} W={width} max_len={max_len}: {err}"
+    # Native vs flattened: the same -inf pattern, and within twice the tolerance.
+    err = _logits_error(native.cpu(), flat.cpu().double(), mag, 2 * tol_scale, integer)
+    if err:
+        return f"native vs flattened B={num_req} W={width}: {err}"
+    return None
+
+
+def _compare(what: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
+    return None if torch.equal(got, want) else f"{what}: {_first_diff(got, want)}"
+
+
 def _first_diff(got: torch.Tensor, want: torch.Tensor) -> str:
     if got.shape != want.shape:
         return f"shape {tuple(got.shape)} != {tuple(want.shape)}"
     where = (got != want).nonzero()
+    if len(where) == 0:  # equal values, different bits (NaN, -0.0)
+        return "values differ only in NaN/-0.0 bits"
     at = tuple(where[0].tolist())
     return f"{len(where)} mismatches, first at {at}: got {got[at].item()} want {want[at].item()}"
 
 
-RUNNERS = {"remap": _run_remap, "dcp": _run_dcp, "expand": _run_expand}
+RUNNERS = {
+    "remap": _run_remap,
+    "dcp": _run_dcp,
+    "expand": _run_expand,
+    "topk": _run_topk,
+    "kvcache": _run_kvcache,
+    "logits": _run_logits,
+}
+# Rough relative cost of one case, for scheduling across worker processes.
+_COST = {"remap": 1, "dcp": 1, "expand": 1, "kvcache": 2, "topk": 4, "logits": 8}
 
 
 def run_case(case: Case, dev: torch.device) -> str | None:
@@ -217,9 +678,36 @@ def run_case(case: Case, dev: torch.device) -> str | None:
         return f"raised {type(e).__name__}: {e}"
 
 
+def _init_worker(threads: int) -> None:
+    # Several workers share the cores: the CPU references should not oversubscribe them.
+    torch.set_num_threads(threads)
+
+
 def _run_chunk(cases: list[Case]) -> list[tuple[Case, str | None]]:
     dev = default_device()
     return [(c, run_case(c, dev)) for c in cases]
+
+
+def _chunks(cases: list[Case], budget: int = 8) -> list[list[Case]]:
+    """Consecutive cases grouped up to ``budget`` cost units, the most expensive kinds first
+    (so no long case starts last and leaves the other workers idle)."""
+    order = sorted(cases, key=lambda c: -_COST[c.kind])  # stable: seeds stay in order
+    chunks: list[list[Case]] = []
+    cost = budget
+    for c in order:
+        if cost + _COST[c.kind] > budget:
+            chunks.append([])
+            cost = 0
+        chunks[-1].append(c)
+        cost += _COST[c.kind]
+    return chunks
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _results(cases: list[Case], jobs: int) -> Iterator[tuple[Case, str | None]]:
@@ -230,10 +718,12 @@ def _results(cases: list[Case], jobs: int) -> Iterator[tuple[Case, str | None]]:
         for c in cases:
             yield c, run_case(c, dev)
         return
-    chunks = [cases[i : i + 8] for i in range(0, len(cases), 8)]
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        for done in pool.map(_run_chunk, chunks):
+    threads = max(1, _cpu_count() // jobs)
+    with ProcessPoolExecutor(
+        jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
+    ) as pool:
+        for done in pool.map(_run_chunk, _chunks(cases)):
             yield from done
 
 
@@ -249,14 +739,56 @@ def _progress(done: int, total: int, failed: int, t0: float) -> None:
     sys.stderr.flush()
 
 
+def _group(case: Case) -> tuple[str, tuple, str]:
+    """(kind, sort key, label) of the summary row a case is counted in."""
+    p = case.params
+    if case.kind in ("remap", "dcp", "topk"):
+        return case.kind, (p["k"],), f"k={p['k']}"
+    if case.kind == "expand":
+        return case.kind, (p["n"],), f"n={p['n']}"
+    if case.kind == "kvcache":
+        return case.kind, (KV_CACHES.index(p["cache"]),), p["cache"]
+    if case.kind == "logits":
+        cache = "fp8" if p["fp8"] else "bf16"
+        return case.kind, (p["fp8"], p["n"]), f"{cache} n={p['n']}"
+    return case.kind, (), ""
+
+
+def _summary(passed: Counter, failed: Counter, labels: dict) -> list[str]:
+    """The summary table: one row per group, a total row per kind."""
+    lines = [f"{'kind':8} {'group':14} {'passed':>7} {'failed':>7}"]
+    keys = sorted(set(passed) | set(failed))
+    for kind in sorted({k[0] for k in keys}):
+        mine = [k for k in keys if k[0] == kind]
+        for key in mine:
+            lines.append(f"{kind:8} {labels[key]:14} {passed[key]:>7} {failed[key]:>7}")
+        p = sum(passed[k] for k in mine)
+        f = sum(failed[k] for k in mine)
+        lines.append(f"{kind:8} {'(all)':14} {p:>7} {f:>7}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sparse-mla verify", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="a few hundred small configurations")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few hundred small configurations (for the CPU interpreter)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="base seed of the sweep")
     ap.add_argument("--case", type=int, default=None, help="rerun only the case with this seed")
+    ap.add_argument(
+        "--kind",
+        action="append",
+        choices=sorted(RUNNERS),
+        help="only cases of this kind (repeatable)",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (none when not a terminal)"
+    )
     args = ap.parse_args(argv)
+    progress = not args.no_progress and sys.stderr.isatty()
 
     dev = default_device()
     cases = build_cases(args.quick, args.seed)
@@ -265,33 +797,39 @@ def main(argv: list[str] | None = None) -> int:
         if not cases:
             print(f"no case with seed {args.case}", file=sys.stderr)
             return 2
+    if args.kind:
+        cases = [c for c in cases if c.kind in args.kind]
     print(" ".join(f"{k}={v}" for k, v in info().items()))
-    print(f"{len(cases)} configurations on {dev}")
+    kinds = Counter(c.kind for c in cases)
+    print(
+        f"{len(cases)} configurations on {dev}: "
+        + ", ".join(f"{kinds[k]} {k}" for k in RUNNERS if kinds[k])
+    )
 
     passed: Counter = Counter()
     failed: Counter = Counter()
+    labels: dict = {}
     failures: list[str] = []
     t0 = time.time()
     for i, (case, err) in enumerate(_results(cases, args.jobs)):
-        key = (case.kind, case.params.get("k", case.params.get("n")))
+        kind, sort_key, label = _group(case)
+        key = (kind, sort_key)
+        labels[key] = label
         if err is None:
             passed[key] += 1
         else:
             failed[key] += 1
             failures.append(f"FAIL {case.label()}: {err}")
-        if not args.no_progress and (i % 10 == 0 or i == len(cases) - 1):
+        if progress and (i % 10 == 0 or i == len(cases) - 1):
             _progress(i + 1, len(cases), sum(failed.values()), t0)
-    if not args.no_progress:
+    if progress:
         sys.stderr.write("\n")
 
-    print(f"\n{'kind':8} {'K / n':>6} {'passed':>7} {'failed':>7}")
-    for key in sorted(set(passed) | set(failed), key=lambda k: (k[0], k[1])):
-        print(f"{key[0]:8} {key[1]:>6} {passed[key]:>7} {failed[key]:>7}")
+    print()
+    for line in _summary(passed, failed, labels):
+        print(line)
     total_failed = sum(failed.values())
-    print(
-        f"{sum(passed.values())} passed, {total_failed} failed "
-        f"in {time.time() - t0:.1f}s"
-    )
+    print(f"{sum(passed.values())} passed, {total_failed} failed in {time.time() - t0:.1f}s")
     for line in failures:
         print(line)
     if failures:

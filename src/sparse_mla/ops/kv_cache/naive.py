@@ -138,8 +138,8 @@ def write_mla_latent_reference(
     row = torch.cat(
         [
             q.view(torch.uint8),
-            scale.contiguous().view(torch.uint8).reshape(n, -1),
-            k_pe[tok].contiguous().view(torch.uint8).reshape(n, -1),
+            scale.contiguous().view(torch.uint8).reshape(n, 4 * (nope // MLA_TILE)),
+            k_pe[tok].contiguous().view(torch.uint8).reshape(n, 2 * rope),
         ],
         dim=-1,
     )
