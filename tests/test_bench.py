@@ -611,17 +611,17 @@ def test_indexer_pages_needed_and_cache_pool(rng):
     assert bench_indexer.pages_needed(full) == {False: 64 * 512, True: 128 * 2048}
     ops = bench_indexer._ops()
     pool = bench_indexer.CachePool()
-    cpu = torch.device("cpu")
-    c = pool.get(ops, fp8=True, pages=3, page=64, dim=32, device=cpu)
+    dev = _runtime.default_device()  # the writers really run
+    c = pool.get(ops, fp8=True, pages=3, page=64, dim=32, device=dev)
     assert c.shape[0] == 3 and c.dtype == torch.uint8 and bool((c != 0).any())
-    assert pool.get(ops, fp8=True, pages=2, page=64, dim=32, device=cpu) is c
+    assert pool.get(ops, fp8=True, pages=2, page=64, dim=32, device=dev) is c
     assert pool.builds == 1  # filled once, shared
-    c5 = pool.get(ops, fp8=True, pages=5, page=64, dim=32, device=cpu)
+    c5 = pool.get(ops, fp8=True, pages=5, page=64, dim=32, device=dev)
     assert c5.shape[0] == 5 and pool.builds == 2  # grown when a case needs more pages
-    b = pool.get(ops, fp8=False, pages=2, page=64, dim=32, device=cpu)
+    b = pool.get(ops, fp8=False, pages=2, page=64, dim=32, device=dev)
     assert b.dtype == torch.bfloat16 and pool.builds == 3
     pool.clear()
-    assert pool.get(ops, fp8=False, pages=1, page=64, dim=32, device=cpu) is not b
+    assert pool.get(ops, fp8=False, pages=1, page=64, dim=32, device=dev) is not b
 
 
 def test_topk_and_indexer_gpu_grids_build_lazily():
@@ -731,11 +731,11 @@ def test_layer_check_helpers():
 @pytest.mark.parametrize("fp8", [False, True])
 def test_logits_checker_against_fp64(rng, fp8):
     ops = bench_indexer._ops()
-    cpu = torch.device("cpu")
-    cache = bench_indexer.CachePool().get(ops, fp8=fp8, pages=9, page=64, dim=32, device=cpu)
+    dev = _runtime.default_device()  # the writers really run
+    cache = bench_indexer.CachePool().get(ops, fp8=fp8, pages=9, page=64, dim=32, device=dev)
     # ctx 200 is not a page multiple: columns 200..255 must be -inf
     s = bench_indexer.make_logits_set(
-        ops, cache, requests=2, n=2, ctx=200, heads=8, dim=32, page=64, fp8=fp8, device=cpu
+        ops, cache, requests=2, n=2, ctx=200, heads=8, dim=32, page=64, fp8=fp8, device=dev
     )
     chk = bench_indexer._LogitsChecker(ops.reference, bench_indexer._tol(fp8, 8, 32), 2)
     s = chk.keep(0, s)
