@@ -29,6 +29,8 @@ POISON = -7777
 GRIDS: dict[str, dict[str, Any]] = {
     "full": dict(
         ks=(2048, 512, 384),
+        # Also with each row's positions ascending, as select_topk emits them.
+        ascending_ks=(2048,),
         tokens=(1, 8, 32, 64, 128, 256, 512, 1024, 4096, 16384),
         dcp_sizes=(2, 4),
         dcp_k=2048,
@@ -39,6 +41,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     ),
     "quick": dict(
         ks=(2048, 384),
+        ascending_ks=(2048,),
         tokens=(1, 256, 1024),
         dcp_sizes=(2,),
         dcp_k=2048,
@@ -96,15 +99,25 @@ def _auto_layout(ops: SimpleNamespace, k: int, t: int, compact: bool) -> str:
 
 
 def make_remap_set(
-    tokens: int, k: int, *, width: int, ctx: int, max_requests: int, device: torch.device
+    tokens: int,
+    k: int,
+    *,
+    width: int,
+    ctx: int,
+    max_requests: int,
+    device: torch.device,
+    ascending: bool = False,
 ) -> InputSet:
-    """One fresh random input set with its output buffers (see the module docstring)."""
+    """One fresh random input set with its output buffers (see the module docstring).
+    ``ascending`` sorts each row's positions, the order ``select_topk`` emits them in."""
     r = min(tokens, max_requests)
     req_id = (torch.arange(tokens, device=device) * r // tokens).to(torch.int32)
     lens = torch.randint(1, ctx + 1, (r,), device=device)
     block_table = torch.randint(0, 1 << 24, (r, width), dtype=torch.int32, device=device)
     lt = lens[req_id.long()]
     pos = (torch.rand(tokens, k, device=device) * lt[:, None]).long()
+    if ascending:
+        pos = pos.sort(dim=1).values
     col = torch.arange(k, device=device)[None, :]
     idx = torch.where(col < torch.clamp(lt, max=k)[:, None], pos, -1).to(torch.int32)
     return {
@@ -224,15 +237,17 @@ def build(grid: str, device: torch.device) -> list[Case]:
     ops = _ops()
     cases = []
     base_kw = dict(block_size=BLOCK_SIZE)
-    for k in g["ks"]:
+    orders = [(k, False) for k in g["ks"]] + [(k, True) for k in g.get("ascending_ks", ())]
+    for k, asc in orders:
+        suffix = " ascending" if asc else ""
         for t in g["tokens"]:
             variants = _kernel_variants(ops.convert, base_kw)
             variants.append(_torch_variant(ops.reference, base_kw))
             cases.append(
                 Case(
                     op="remap",
-                    group=f"remap K={k}",
-                    plot=f"remap_K{k}",
+                    group=f"remap K={k}{suffix}",
+                    plot=f"remap_K{k}{suffix.replace(' ', '_')}",
                     label=f"T={t}",
                     x=t,
                     params=dict(
@@ -243,13 +258,14 @@ def build(grid: str, device: torch.device) -> list[Case]:
                         block_size=BLOCK_SIZE,
                         auto_layout=_auto_layout(ops, k, t, False),
                     ),
-                    make_set=lambda i, t=t, k=k: make_remap_set(
+                    make_set=lambda i, t=t, k=k, asc=asc: make_remap_set(
                         t,
                         k,
                         width=g["width"],
                         ctx=g["ctx"],
                         max_requests=g["max_requests"],
                         device=device,
+                        ascending=asc,
                     ),
                     set_bytes=_set_bytes(t, k, g["width"], g["max_requests"]),
                     variants=variants,
