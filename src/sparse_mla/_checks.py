@@ -40,6 +40,9 @@ def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
 
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     """All given tensors on one device; returns it."""
+    for k, v in tensors.items():
+        if v is not None and not isinstance(v, torch.Tensor):
+            raise TypeError(f"{k} must be a torch.Tensor, got {type(v).__name__}")
     items = [(k, v) for k, v in tensors.items() if v is not None]
     dev = items[0][1].device
     for k, v in items[1:]:

@@ -9,6 +9,7 @@ The choice must be made before any ``@triton.jit`` kernel is defined, which is w
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -54,6 +55,15 @@ def info() -> dict[str, str]:
         d["gpu"] = torch.cuda.get_device_name()
         d["cuda"] = str(torch.version.cuda)
     return d
+
+
+@functools.lru_cache(maxsize=16)
+def num_sms(device: torch.device, *, interpreter: int) -> int:
+    """Multiprocessors of a CUDA ``device``; under the interpreter the fixed ``interpreter``
+    value, so launch-shape choices stay deterministic (and exercised) on the CPU."""
+    if device.type != "cuda":
+        return interpreter
+    return torch.cuda.get_device_properties(canonical_device(device)).multi_processor_count
 
 
 def next_pow2(n: int) -> int:

@@ -532,13 +532,13 @@ def _run_kvcache(case: Case, g: torch.Generator, dev: torch.device) -> str | Non
     slots = slots.to(_rand_choice(g, (torch.int32, torch.int64)))
     if cache_kind.startswith("indexer"):
         dim = _rand_choice(g, p["dims"])
-        cache = _garbage_like(new_indexer_k_cache(num_pages, page, dim, fp8=fp8), g)
+        cache = _garbage_like(new_indexer_k_cache(num_pages, page, dim, fp8=fp8, device="cpu"), g)
         k = _rand_rows(g, tokens, dim)
         want = write_indexer_k_reference(k, cache.clone(), slots)
         got = write_indexer_k(k.to(dev), cache.to(dev), slots.to(dev))
     else:
         dim = 576
-        cache = _garbage_like(new_mla_cache(num_pages, page, fp8=fp8), g)
+        cache = _garbage_like(new_mla_cache(num_pages, page, fp8=fp8, device="cpu"), g)
         kv = _rand_rows(g, tokens, dim)
         want = write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache.clone(), slots)
         got = write_mla_latent(
@@ -600,7 +600,7 @@ def _run_logits(case: Case, g: torch.Generator, dev: torch.device) -> str | None
         q = torch.randn(num_req * n, heads, dim, generator=g)
         w = torch.randn(num_req * n, heads, generator=g) * (heads * dim) ** -0.5
     q = q.to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
-    cache = new_indexer_k_cache(pages, page, dim, fp8=fp8)
+    cache = new_indexer_k_cache(pages, page, dim, fp8=fp8, device="cpu")
     write_indexer_k_reference(keys, cache, torch.arange(pages * page))
     bt = torch.randperm(pages, generator=g)[: num_req * width].view(num_req, width).int()
     if _rand_int(g, 0, 2) == 0:  # invalid page ids: their positions score -inf

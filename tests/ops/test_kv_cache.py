@@ -120,7 +120,7 @@ def test_indexer_writer_matches_reference(seed, fp8, slot_dtype):
     k = k_wide[:, ::2]  # non-contiguous input
     slots = rand_slots(g, t, pages * page, slot_dtype)
     got = poisoned(new_indexer_k_cache(pages, page, d, fp8=fp8, device=DEV))
-    want = poisoned(new_indexer_k_cache(pages, page, d, fp8=fp8))
+    want = poisoned(new_indexer_k_cache(pages, page, d, fp8=fp8, device="cpu"))
     write_indexer_k(k.to(DEV), got, slots.to(DEV))
     write_indexer_k_reference(k, want, slots)
     assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
@@ -196,7 +196,7 @@ def test_mla_writer_matches_reference(seed, fp8, slot_dtype, four_d):
     kv[2, :128] = 0.0  # one zero tile (floor scale), next tiles normal
     slots = rand_slots(g, t, pages * page, slot_dtype)
     got = poisoned(new_mla_cache(pages, page, fp8=fp8, device=DEV))
-    want = poisoned(new_mla_cache(pages, page, fp8=fp8))
+    want = poisoned(new_mla_cache(pages, page, fp8=fp8, device="cpu"))
     if not four_d and fp8:
         got, want = got[:, :, 0], want[:, :, 0]
     elif four_d and not fp8:

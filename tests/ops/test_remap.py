@@ -366,3 +366,38 @@ def test_bad_input_messages():
         meta = torch.empty(4, dtype=torch.int32, device="meta")
         with pytest.raises(ValueError, match="req_id is on meta but token_indices is on cpu"):
             conv(meta, bt, idx)
+
+
+def test_strided_one_dimensional_tensors():
+    req, bt, idx = rand_case(41, 6, 128, invalid=0.2)
+    wide = torch.full((6, 3), POISON, dtype=torch.int32, device=DEV)
+    req_view = torch.stack([req, req * 0 - 5], dim=1)[:, 0]  # stride 2
+    pre_ids = torch.tensor([-1, 7, 0, 7, -1, 7, 1, 7, -1, 7, -1, 7], device=DEV,
+                           dtype=torch.int32)[::2]  # stride 2: [-1, 0, -1, 1, -1, -1]
+    starts = torch.tensor([100, -1, 900, -1], dtype=torch.int32, device=DEV)[::2]
+    counts = wide[:, 1]  # stride 3
+    got, cnt = sparse_mla.convert_req_index_to_global_index(
+        req_view, bt, idx, block_size=16, prefill_request_ids=pre_ids,
+        prefill_workspace_starts=starts, return_valid_counts=True, valid_counts_out=counts,
+    )
+    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16,
+                               prefill_request_ids=pre_ids.cpu(),
+                               prefill_workspace_starts=starts.cpu(), return_valid_counts=True)
+    assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
+    assert (wide[:, 0] == POISON).all() and (wide[:, 2] == POISON).all()
+
+
+def test_bad_custom_layouts_and_arguments():
+    req, bt, idx = rand_case(2, 4, 256)
+    conv = sparse_mla.convert_req_index_to_global_index
+    with pytest.raises(ValueError, match="powers of two"):
+        conv(req, bt, idx, layout=RemapLayout(1, 384, 1, 1, False, True, 4))
+    with pytest.raises(ValueError, match="tail must be pre-filled"):
+        sparse_mla.filter_and_convert_dcp_index(
+            req, bt, idx, dcp_size=2, dcp_rank=0, block_size=16,
+            layout=RemapLayout(1, 128, 1, 2, True, True, 4),
+        )
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        conv(req, bt, idx, out=[1])
+    with pytest.raises(ValueError, match="block_stride_rows must be <= 2147483647"):
+        conv(req, bt, idx, block_size=16, block_stride_rows=2**31)

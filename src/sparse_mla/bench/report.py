@@ -443,18 +443,3 @@ def render_markdown_page(
         lines += [f"- {r.group} {r.case} {r.variant}: {r.check} {r.note}".rstrip() for r in bad]
         lines.append("")
     return "\n".join(lines)
-
-
-def render_markdown_from_json(json_path: Path, plot_prefix: str = "plots/") -> str:
-    """Re-render the results page of a finished run (e.g. to commit it under docs/results/
-    with the plots copied beside it): links every plot whose PNG lies in the run's ``plots``
-    folder as ``plot_prefix + name``."""
-    json_path = Path(json_path)
-    meta, results, summaries = load_json(json_path)
-    plot_dir = json_path.parent / "plots"
-    links = {
-        r.plot: f"{plot_prefix}{r.plot}.png"
-        for r in results
-        if (plot_dir / f"{r.plot}.png").exists()
-    }
-    return render_markdown_page(meta, results, summaries, links)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
-from ..._runtime import INTERPRETER, cdiv, next_pow2
+from ..._runtime import INTERPRETER, cdiv, next_pow2, num_sms
 from ..kv_cache.kv_cache import indexer_k_cache_layout
 
 MAX_NEXT_N = 8  # the query block (next_n * H * D) must fit in shared memory
@@ -47,17 +47,6 @@ class IndexLogitsConfig:
     num_stages: int = 3
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter: a few programs per request still exercise the chunking
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
 
 def choose_index_logits_config(
     num_requests: int,
@@ -78,7 +67,8 @@ def choose_index_logits_config(
     num_warps = 4 if width <= 128 else 8
     num_stages = 3 if width <= 256 else 2
     total_tiles = max(num_requests, 1) * max(cdiv(max_len, block_s), 1)
-    sms = _num_sms(device if device is not None else torch.device("cpu"))
+    # Interpreter: 4 "SMs", so a few programs per request still exercise the chunking.
+    sms = num_sms(device if device is not None else torch.device("cpu"), interpreter=4)
     tiles = max(1, min(32, total_tiles // (16 * sms)))
     return IndexLogitsConfig(block_s, tiles, num_warps, num_stages)
 

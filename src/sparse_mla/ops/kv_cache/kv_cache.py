@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_same_device, check_tensor
-from ..._runtime import INTERPRETER, cdiv, next_pow2
+from ..._runtime import INTERPRETER, canonical_device, cdiv, next_pow2
 
 FP8_MAX = 448.0
 AMAX_FLOOR = 1e-4
@@ -496,7 +496,8 @@ def new_indexer_k_cache(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Zeroed indexer K cache: uint8 ``[num_pages, page_size, 1, head_dim + 4]`` (fp8) or bf16
-    ``[num_pages, page_size, head_dim]``."""
+    ``[num_pages, page_size, head_dim]``, on ``device`` (default: where kernels run)."""
+    device = canonical_device(device)
     check_int("num_pages", num_pages, lo=0)
     check_int("page_size", page_size, lo=1)
     check_int("head_dim", head_dim, lo=1)
@@ -517,7 +518,8 @@ def new_mla_cache(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Zeroed MLA latent cache: uint8 ``[num_pages, page_size, 1, 656]`` (fp8) or bf16
-    ``[num_pages, page_size, 576]``."""
+    ``[num_pages, page_size, 576]``, on ``device`` (default: where kernels run)."""
+    device = canonical_device(device)
     check_int("num_pages", num_pages, lo=0)
     check_int("page_size", page_size, lo=1)
     if fp8:

@@ -115,3 +115,30 @@ def choose_remap_layout(
     # Never more warps than one element per thread.
     num_warps = max(1, min(num_warps, block_cols // 32))
     return RemapLayout(1, block_cols, num_chunks, 1, False, True, num_warps)
+
+
+def validate_layout(layout: RemapLayout, num_cols: int, *, count: bool, compact: bool) -> None:
+    """Reject a hand-made layout the kernel cannot run correctly (ValueError naming it)."""
+
+    def pow2(n: int) -> bool:
+        return n >= 1 and n & (n - 1) == 0
+
+    if not all(pow2(v) for v in (layout.rows_per_program, layout.block_cols, layout.num_warps)):
+        raise ValueError(
+            f"layout {layout}: rows_per_program, block_cols and num_warps must be powers of two"
+        )
+    if layout.num_chunks < 1 or layout.col_tiles < 1:
+        raise ValueError(f"layout {layout}: num_chunks and col_tiles must be >= 1")
+    if layout.block_cols * layout.num_chunks * layout.col_tiles < num_cols:
+        raise ValueError(f"layout {layout} does not cover K={num_cols} columns")
+    if layout.col_tiles > 1:
+        if count and not layout.atomic or layout.num_chunks > 1:
+            raise ValueError(
+                f"layout {layout}: several column tiles per row need atomic counts and one "
+                "chunk per tile"
+            )
+        if compact and layout.tail_in_kernel:
+            raise ValueError(
+                f"layout {layout}: with several column tiles the -1 tail must be pre-filled "
+                "(tail_in_kernel=False)"
+            )

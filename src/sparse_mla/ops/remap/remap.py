@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
-from .layout import RemapLayout, choose_remap_layout
+from .layout import RemapLayout, choose_remap_layout, validate_layout
 
 
 @triton.jit
@@ -32,6 +32,10 @@ def _remap_kernel(
     num_prefill,
     block_stride_rows,
     dcp_rank,
+    req_s,
+    pre_s,
+    ws_s,
+    cnt_s,
     bt_s0,
     bt_s1,
     ti_s0,
@@ -56,12 +60,14 @@ def _remap_kernel(
     row_ok = rows < num_tokens
     # Device data is not trusted: an out-of-range request (or prefill) id makes its whole
     # row invalid instead of reading outside the tables.
-    req = tl.load(req_id_ptr + rows, mask=row_ok, other=-1)
+    req = tl.load(req_id_ptr + rows * req_s, mask=row_ok, other=-1)
     row_valid = row_ok & (req >= 0) & (req < num_req_rows)
     if HAS_PREFILL:
-        pre = tl.load(prefill_id_ptr + rows, mask=row_ok, other=-1)
+        pre = tl.load(prefill_id_ptr + rows * pre_s, mask=row_ok, other=-1)
         is_pre = pre >= 0
-        ws_start = tl.load(ws_start_ptr + pre, mask=row_ok & is_pre & (pre < num_prefill), other=0)
+        ws_start = tl.load(
+            ws_start_ptr + pre * ws_s, mask=row_ok & is_pre & (pre < num_prefill), other=0
+        )
         row_valid = tl.where(is_pre, row_ok & (pre < num_prefill), row_valid)
     rows64 = rows.to(tl.int64)
     running = tl.zeros([ROWS], dtype=tl.int32)
@@ -98,7 +104,7 @@ def _remap_kernel(
         if COMPACT:
             if ATOMIC:
                 # Racing column tiles reserve disjoint ranges of the row's prefix.
-                start = tl.atomic_add(count_ptr + rows, tile_count, mask=row_ok)
+                start = tl.atomic_add(count_ptr + rows * cnt_s, tile_count, mask=row_ok)
             else:
                 start = running
             dest = start[:, None] + tl.cumsum(nvalid, axis=1) - nvalid
@@ -106,7 +112,7 @@ def _remap_kernel(
         else:
             tl.store(out_row + cols[None, :] * out_s1, val, mask=inside, eviction_policy=EVICT)
             if COUNT and ATOMIC:
-                tl.atomic_add(count_ptr + rows, tile_count, mask=row_ok)
+                tl.atomic_add(count_ptr + rows * cnt_s, tile_count, mask=row_ok)
         running += tile_count
 
     if COMPACT and TAIL_IN_KERNEL:
@@ -120,7 +126,7 @@ def _remap_kernel(
                 mask=tail,
             )
     if COUNT and not ATOMIC:
-        tl.store(count_ptr + rows, running, mask=row_ok)
+        tl.store(count_ptr + rows * cnt_s, running, mask=row_ok)
 
 
 def _launch(
@@ -153,7 +159,7 @@ def _launch(
     check_int("block_size", block_size, lo=1)
     if block_stride_rows is None:
         block_stride_rows = block_size
-    check_int("block_stride_rows", block_stride_rows, lo=block_size)
+    check_int("block_stride_rows", block_stride_rows, lo=block_size, hi=2**31 - 1)
     check_int("dcp_size", dcp_size, lo=1)
     check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
     check_int("interleave", interleave, lo=1)
@@ -184,11 +190,7 @@ def _launch(
         )
     elif not isinstance(layout, RemapLayout):
         raise TypeError(f"layout must be a policy name or a RemapLayout, got {type(layout)}")
-    if layout.block_cols * layout.num_chunks * layout.col_tiles < num_cols:
-        raise ValueError(f"layout {layout} does not cover K={num_cols} columns")
-    if layout.col_tiles > 1 and (count and not layout.atomic or layout.num_chunks > 1):
-        raise ValueError(f"layout {layout}: several column tiles per row need atomic counts "
-                         "and one chunk per tile")
+    validate_layout(layout, num_cols, count=count, compact=compact)
 
     device = check_same_device(
         token_indices=token_indices,
@@ -233,6 +235,10 @@ def _launch(
             prefill_workspace_starts.shape[0] if has_prefill else 0,
             block_stride_rows,
             dcp_rank,
+            req_id.stride(0),
+            prefill_request_ids.stride(0) if has_prefill else 0,
+            prefill_workspace_starts.stride(0) if has_prefill else 0,
+            counts.stride(0) if count else 0,
             block_table.stride(0),
             block_table.stride(1),
             token_indices.stride(0),

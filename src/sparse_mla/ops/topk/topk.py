@@ -30,15 +30,13 @@ Two launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync)
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ... import _runtime
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
-from ..._runtime import cdiv, next_pow2
+from ..._runtime import cdiv, next_pow2, num_sms
 
 __all__ = [
     "MAX_K",
@@ -100,18 +98,11 @@ def topk_workspace(rows: int, device: torch.device | str | None = None) -> torch
     return torch.zeros(topk_workspace_numel(rows), dtype=torch.int32, device=dev)
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 8  # the interpreter: any fixed number keeps the choice deterministic
-
-
 def choose_num_splits(rows: int, n: int, k: int, device: torch.device) -> int:
     """Programs per row (1 = the row kernel) for ``rows`` rows of ``n`` scores; shapes only."""
     if n <= k or n < SPLIT_MIN_N:
         return 1
-    want = cdiv(CTAS_PER_SM * _num_sms(device), max(rows, 1))
+    want = cdiv(CTAS_PER_SM * num_sms(device, interpreter=8), max(rows, 1))
     return max(1, min(want, cdiv(n, SPLIT_BLOCK), MAX_SPLITS))
 
 
