@@ -651,3 +651,19 @@ def test_builder_bad_input() -> None:
         b.build(seq_lens, bt.to("meta"), [1, 1])
     with pytest.raises(ValueError, match="seq_lens"):
         b.build(seq_lens.to("meta"), bt.to("meta"), [1, 1])
+
+
+def test_host_bounds_of_the_kernels() -> None:
+    from sparse_mla.ops.decode_metadata import native_decode_seq_lens
+    from sparse_mla.ops.decode_metadata.expand import MAX_NEXT_N, MAX_REQUESTS_RAGGED
+
+    dev = default_device()
+    b = MAX_REQUESTS_RAGGED + 1
+    ones = torch.ones(b, dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="the ragged kernel takes at most"):
+        expand_decode_tokens(
+            ones, torch.zeros(b, 1, dtype=torch.int32, device=dev), ones,
+            max_decode_len=1, num_tokens=b,
+        )
+    with pytest.raises(ValueError, match="next_n must be <="):
+        native_decode_seq_lens(ones[:2], next_n=MAX_NEXT_N + 1)

@@ -26,6 +26,9 @@ from ..._checks import check_int, check_same_device, check_shape, check_tensor
 from ..._runtime import cdiv, next_pow2
 
 _INT32_MAX = 2**31 - 1
+# Ragged programs load all B decode lengths at once; draft tiles are next_pow2(n) wide.
+MAX_REQUESTS_RAGGED = 1 << 16
+MAX_NEXT_N = 1024
 # Block-table columns copied per loop iteration (a 64-token page size and 128K context give
 # 2048-2560 columns: two or three iterations).
 _COPY_CHUNK = 1024
@@ -487,6 +490,11 @@ def expand_decode_tokens(
             + (" (got a device tensor)" if host is None else f" (got {sorted(set(host))})")
         )
     use_uniform = is_uniform and uniform is not False
+    if not use_uniform and num_reqs > MAX_REQUESTS_RAGGED:
+        raise ValueError(
+            f"seq_lens has {num_reqs} requests; the ragged kernel takes at most "
+            f"{MAX_REQUESTS_RAGGED}"
+        )
     if not use_uniform and device_dl is None:
         # Ragged (or forced ragged) with host-known lengths: the kernel needs them on device.
         assert host is not None
@@ -535,7 +543,8 @@ def native_decode_seq_lens(
         int32 ``[B, next_n]``: ``out[b, j] = max(L_b - next_n + 1 + j, 0)`` (DCP-localised).
     """
     seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
-    check_int("next_n", next_n, lo=1, hi=_INT32_MAX)
+    # The kernel holds a next_pow2(next_n)-wide tile of draft positions.
+    check_int("next_n", next_n, lo=1, hi=MAX_NEXT_N)
     _check_dcp(dcp_size, dcp_rank, dcp_interleave)
     num_reqs = seq_lens.shape[0]
     if out is None:

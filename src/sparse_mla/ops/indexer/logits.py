@@ -318,6 +318,10 @@ def index_logits(
     if cfg.block_s & (cfg.block_s - 1):
         raise ValueError(f"config.block_s must be a power of two, got {cfg.block_s}")
     check_int("config.tiles_per_program", cfg.tiles_per_program, lo=1)
+    check_int("config.num_warps", cfg.num_warps, lo=1, hi=32)
+    if cfg.num_warps & (cfg.num_warps - 1):
+        raise ValueError(f"config.num_warps must be a power of two, got {cfg.num_warps}")
+    check_int("config.num_stages", cfg.num_stages, lo=1, hi=8)
     chunk = cfg.tiles_per_program * cfg.block_s
     tiles = cfg.tiles_per_program
     if cdiv(max_len, chunk) > 65535:  # grid-y limit: widen the chunks instead of failing
