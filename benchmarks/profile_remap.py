@@ -21,8 +21,7 @@ def main() -> None:
     req = torch.arange(tokens, dtype=torch.int32, device="cuda")
     for layout in ("auto", "tiled_atomic"):
         for _ in range(2):  # the second call is the one to read (warm caches and code)
-            convert_req_index_to_global_index(req, bt, pos, return_valid_counts=True,
-                                              layout=layout)
+            convert_req_index_to_global_index(req, bt, pos, return_valid_counts=True, layout=layout)
     torch.cuda.synchronize()
 
 

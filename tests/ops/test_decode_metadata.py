@@ -662,8 +662,11 @@ def test_host_bounds_of_the_kernels() -> None:
     ones = torch.ones(b, dtype=torch.int32, device=dev)
     with pytest.raises(ValueError, match="the ragged kernel takes at most"):
         expand_decode_tokens(
-            ones, torch.zeros(b, 1, dtype=torch.int32, device=dev), ones,
-            max_decode_len=1, num_tokens=b,
+            ones,
+            torch.zeros(b, 1, dtype=torch.int32, device=dev),
+            ones,
+            max_decode_len=1,
+            num_tokens=b,
         )
     with pytest.raises(ValueError, match="next_n must be <="):
         native_decode_seq_lens(ones[:2], next_n=MAX_NEXT_N + 1)

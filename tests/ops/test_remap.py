@@ -22,8 +22,17 @@ def i32(x) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.int32, device=DEV)
 
 
-def rand_case(seed: int, tokens: int, k: int, *, page: int = 16, num_req: int = 4,
-              width: int = 9, invalid: float = 0.2, dcp: int = 1):
+def rand_case(
+    seed: int,
+    tokens: int,
+    k: int,
+    *,
+    page: int = 16,
+    num_req: int = 4,
+    width: int = 9,
+    invalid: float = 0.2,
+    dcp: int = 1,
+):
     g = torch.Generator().manual_seed(seed)
     bt_wide = torch.randint(0, 3000, (num_req, width + 5), generator=g, dtype=torch.int32)
     bt = bt_wide[:, :width]  # row stride > width
@@ -87,8 +96,12 @@ def test_prefill_rows_use_workspace():
     bt = i32([[1, 2]])
     idx = i32([[0, 3, -1, 9], [0, 3, -1, 9]])
     out = sparse_mla.convert_req_index_to_global_index(
-        i32([0, 0]), bt, idx, block_size=4,
-        prefill_request_ids=i32([-1, 1]), prefill_workspace_starts=i32([100, 500]),
+        i32([0, 0]),
+        bt,
+        idx,
+        block_size=4,
+        prefill_request_ids=i32([-1, 1]),
+        prefill_workspace_starts=i32([100, 500]),
     )
     # Position 9 is on page 2 of a 2-page table: -1 for the prefill row too (upstream rule).
     assert out.cpu().tolist() == [[4, 7, -1, -1], [500, 503, -1, -1]]
@@ -132,14 +145,21 @@ def test_layout_seed_and_tiled_policies():
 def test_random_remap_all_layouts(seed, k):
     tokens = [1, 3, 17, 40, 7, 64][seed]
     req, bt, idx = rand_case(1000 * k + seed, tokens, k, invalid=[0, 0.3, 1.0, 0.5, 0.9, 0.1][seed])
-    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16,
-                               return_valid_counts=True)
+    want, want_cnt = reference(
+        req.cpu(), bt.cpu(), idx.cpu(), block_size=16, return_valid_counts=True
+    )
     for layout in LAYOUTS:
         out = torch.full_like(idx, POISON)
         cnt = torch.full((tokens,), POISON, dtype=torch.int32, device=DEV)
         got, got_cnt = sparse_mla.convert_req_index_to_global_index(
-            req, bt, idx, block_size=16, return_valid_counts=True, out=out,
-            valid_counts_out=cnt, layout=layout,
+            req,
+            bt,
+            idx,
+            block_size=16,
+            return_valid_counts=True,
+            out=out,
+            valid_counts_out=cnt,
+            layout=layout,
         )
         assert got is out and got_cnt is cnt
         assert torch.equal(got.cpu(), want), (layout, seed)
@@ -149,8 +169,9 @@ def test_random_remap_all_layouts(seed, k):
 @pytest.mark.parametrize("k", [1, 7, 300, 5000])
 def test_odd_widths_and_multi_chunk_rows(k):
     req, bt, idx = rand_case(k, 5, k, invalid=0.3)
-    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16,
-                               return_valid_counts=True)
+    want, want_cnt = reference(
+        req.cpu(), bt.cpu(), idx.cpu(), block_size=16, return_valid_counts=True
+    )
     got, cnt = sparse_mla.convert_req_index_to_global_index(
         req, bt, idx, block_size=16, return_valid_counts=True
     )
@@ -168,11 +189,27 @@ def test_odd_widths_and_multi_chunk_rows(k):
 def test_explicit_row_packed_chunked_layouts(layout):
     req, bt, idx = rand_case(5, 11, 384, invalid=0.4, dcp=2)
     for compact in (False, True):
-        want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16, dcp_size=2,
-                                   dcp_rank=0, compact=compact, return_valid_counts=True)
+        want, want_cnt = reference(
+            req.cpu(),
+            bt.cpu(),
+            idx.cpu(),
+            block_size=16,
+            dcp_size=2,
+            dcp_rank=0,
+            compact=compact,
+            return_valid_counts=True,
+        )
         got, cnt = sparse_mla.filter_and_convert_dcp_index(
-            req, bt, idx, dcp_size=2, dcp_rank=0, block_size=16, compact=compact,
-            return_valid_counts=True, out=torch.full_like(idx, POISON), layout=layout,
+            req,
+            bt,
+            idx,
+            dcp_size=2,
+            dcp_rank=0,
+            block_size=16,
+            compact=compact,
+            return_valid_counts=True,
+            out=torch.full_like(idx, POISON),
+            layout=layout,
         )
         assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
 
@@ -183,13 +220,28 @@ def test_random_dcp_all_layouts(dcp, inter, page, compact):
     for rank in range(dcp):
         req, bt, idx = rand_case(dcp * 100 + rank + inter, 9, 512, page=page, dcp=dcp)
         want, want_cnt = reference(
-            req.cpu(), bt.cpu(), idx.cpu(), block_size=page, dcp_size=dcp, dcp_rank=rank,
-            interleave=inter, compact=compact, return_valid_counts=True,
+            req.cpu(),
+            bt.cpu(),
+            idx.cpu(),
+            block_size=page,
+            dcp_size=dcp,
+            dcp_rank=rank,
+            interleave=inter,
+            compact=compact,
+            return_valid_counts=True,
         )
         for layout in LAYOUTS:
             got, cnt = sparse_mla.filter_and_convert_dcp_index(
-                req, bt, idx, dcp_size=dcp, dcp_rank=rank, interleave=inter, block_size=page,
-                compact=compact, return_valid_counts=True, out=torch.full_like(idx, POISON),
+                req,
+                bt,
+                idx,
+                dcp_size=dcp,
+                dcp_rank=rank,
+                interleave=inter,
+                block_size=page,
+                compact=compact,
+                return_valid_counts=True,
+                out=torch.full_like(idx, POISON),
                 layout=layout,
             )
             got = got.cpu()
@@ -213,7 +265,7 @@ def test_dcp_prefix_is_the_set_of_owned_slots():
         kept = flat[t][flat[t] >= 0]
         assert cnt[t].item() == kept.numel()
         assert torch.equal(packed[t, : kept.numel()].cpu(), kept)
-        assert (packed[t, kept.numel():] == -1).all()
+        assert (packed[t, kept.numel() :] == -1).all()
 
 
 def test_dcp_size_one_is_the_plain_remap():
@@ -232,15 +284,18 @@ def test_dcp_size_one_is_the_plain_remap():
 def test_adversarial_rows(layout):
     bt = i32([[3, 4], [5, 6]])
     big = 2**31 - 1
-    idx = i32([
-        [-1] * 128,                       # all invalid
-        [big] * 64 + [-(2**31)] * 64,     # extremes
-        list(range(0, 128)),              # past the table from column 32 on
-        [0] * 128,                        # ties: the same position everywhere
-    ])
+    idx = i32(
+        [
+            [-1] * 128,  # all invalid
+            [big] * 64 + [-(2**31)] * 64,  # extremes
+            list(range(0, 128)),  # past the table from column 32 on
+            [0] * 128,  # ties: the same position everywhere
+        ]
+    )
     req = i32([0, 1, 1, 0])
-    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16,
-                               return_valid_counts=True)
+    want, want_cnt = reference(
+        req.cpu(), bt.cpu(), idx.cpu(), block_size=16, return_valid_counts=True
+    )
     got, cnt = sparse_mla.convert_req_index_to_global_index(
         req, bt, idx, block_size=16, return_valid_counts=True, layout=layout
     )
@@ -262,8 +317,10 @@ def test_out_of_range_req_id_gives_minus_one_rows():
 def test_empty_inputs():
     bt = i32([[1]])
     out, cnt = sparse_mla.convert_req_index_to_global_index(
-        torch.empty(0, dtype=torch.int32, device=DEV), bt,
-        torch.empty(0, 128, dtype=torch.int32, device=DEV), return_valid_counts=True,
+        torch.empty(0, dtype=torch.int32, device=DEV),
+        bt,
+        torch.empty(0, 128, dtype=torch.int32, device=DEV),
+        return_valid_counts=True,
     )
     assert out.shape == (0, 128) and cnt.shape == (0,)
     # A table with no pages: everything is out of range.
@@ -296,20 +353,39 @@ def test_vllm_compat_matches():
     ws_ids = i32([-1, 0, -1, 1, -1, -1, 0, -1, -1, -1])
     ws_starts = i32([1000, 9000])
     got, cnt = compat.triton_convert_req_index_to_global_index(
-        req, bt, idx, BLOCK_SIZE=64, NUM_TOPK_TOKENS=512, HAS_PREFILL_WORKSPACE=True,
-        prefill_workspace_request_ids=ws_ids, prefill_workspace_starts=ws_starts,
+        req,
+        bt,
+        idx,
+        BLOCK_SIZE=64,
+        NUM_TOPK_TOKENS=512,
+        HAS_PREFILL_WORKSPACE=True,
+        prefill_workspace_request_ids=ws_ids,
+        prefill_workspace_starts=ws_starts,
         return_valid_counts=True,
     )
-    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=64,
-                               prefill_request_ids=ws_ids.cpu(),
-                               prefill_workspace_starts=ws_starts.cpu(),
-                               return_valid_counts=True)
+    want, want_cnt = reference(
+        req.cpu(),
+        bt.cpu(),
+        idx.cpu(),
+        block_size=64,
+        prefill_request_ids=ws_ids.cpu(),
+        prefill_workspace_starts=ws_starts.cpu(),
+        return_valid_counts=True,
+    )
     assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
     got = compat.triton_filter_and_convert_dcp_index(
         req, bt, idx, 2, 1, cp_kv_cache_interleave_size=16, BLOCK_SIZE=64, NUM_TOPK_TOKENS=512
     )
-    want = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=64, dcp_size=2, dcp_rank=1,
-                     interleave=16, compact=True)
+    want = reference(
+        req.cpu(),
+        bt.cpu(),
+        idx.cpu(),
+        block_size=64,
+        dcp_size=2,
+        dcp_rank=1,
+        interleave=16,
+        compact=True,
+    )
     assert torch.equal(got.cpu(), want)
     with pytest.raises(ValueError, match="NUM_TOPK_TOKENS"):
         compat.triton_convert_req_index_to_global_index(req, bt, idx, NUM_TOPK_TOKENS=2048)
@@ -349,11 +425,21 @@ def test_bad_input_messages():
     with pytest.raises(TypeError, match="out must have dtype"):
         conv(req, bt, idx, out=torch.empty(4, 128, dtype=torch.int64, device=DEV))
     with pytest.raises(ValueError, match="valid_counts_out must have shape"):
-        conv(req, bt, idx, return_valid_counts=True,
-             valid_counts_out=torch.empty(5, dtype=torch.int32, device=DEV))
+        conv(
+            req,
+            bt,
+            idx,
+            return_valid_counts=True,
+            valid_counts_out=torch.empty(5, dtype=torch.int32, device=DEV),
+        )
     with pytest.raises(TypeError, match="valid_counts_out must have dtype"):
-        conv(req, bt, idx, return_valid_counts=True,
-             valid_counts_out=torch.empty(4, dtype=torch.int64, device=DEV))
+        conv(
+            req,
+            bt,
+            idx,
+            return_valid_counts=True,
+            valid_counts_out=torch.empty(4, dtype=torch.int64, device=DEV),
+        )
     with pytest.raises(ValueError, match="block_stride_rows must be >= 64"):
         conv(req, bt, idx, block_size=64, block_stride_rows=32)
     with pytest.raises(ValueError, match="given together"):
@@ -372,17 +458,30 @@ def test_strided_one_dimensional_tensors():
     req, bt, idx = rand_case(41, 6, 128, invalid=0.2)
     wide = torch.full((6, 3), POISON, dtype=torch.int32, device=DEV)
     req_view = torch.stack([req, req * 0 - 5], dim=1)[:, 0]  # stride 2
-    pre_ids = torch.tensor([-1, 7, 0, 7, -1, 7, 1, 7, -1, 7, -1, 7], device=DEV,
-                           dtype=torch.int32)[::2]  # stride 2: [-1, 0, -1, 1, -1, -1]
+    pre_ids = torch.tensor([-1, 7, 0, 7, -1, 7, 1, 7, -1, 7, -1, 7], device=DEV, dtype=torch.int32)[
+        ::2
+    ]  # stride 2: [-1, 0, -1, 1, -1, -1]
     starts = torch.tensor([100, -1, 900, -1], dtype=torch.int32, device=DEV)[::2]
     counts = wide[:, 1]  # stride 3
     got, cnt = sparse_mla.convert_req_index_to_global_index(
-        req_view, bt, idx, block_size=16, prefill_request_ids=pre_ids,
-        prefill_workspace_starts=starts, return_valid_counts=True, valid_counts_out=counts,
+        req_view,
+        bt,
+        idx,
+        block_size=16,
+        prefill_request_ids=pre_ids,
+        prefill_workspace_starts=starts,
+        return_valid_counts=True,
+        valid_counts_out=counts,
     )
-    want, want_cnt = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16,
-                               prefill_request_ids=pre_ids.cpu(),
-                               prefill_workspace_starts=starts.cpu(), return_valid_counts=True)
+    want, want_cnt = reference(
+        req.cpu(),
+        bt.cpu(),
+        idx.cpu(),
+        block_size=16,
+        prefill_request_ids=pre_ids.cpu(),
+        prefill_workspace_starts=starts.cpu(),
+        return_valid_counts=True,
+    )
     assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
     assert (wide[:, 0] == POISON).all() and (wide[:, 2] == POISON).all()
 
@@ -394,7 +493,12 @@ def test_bad_custom_layouts_and_arguments():
         conv(req, bt, idx, layout=RemapLayout(1, 384, 1, 1, False, True, 4))
     with pytest.raises(ValueError, match="tail must be pre-filled"):
         sparse_mla.filter_and_convert_dcp_index(
-            req, bt, idx, dcp_size=2, dcp_rank=0, block_size=16,
+            req,
+            bt,
+            idx,
+            dcp_size=2,
+            dcp_rank=0,
+            block_size=16,
             layout=RemapLayout(1, 128, 1, 2, True, True, 4),
         )
     with pytest.raises(TypeError, match="out must be a torch.Tensor"):

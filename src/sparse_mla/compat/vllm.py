@@ -45,8 +45,7 @@ def triton_convert_req_index_to_global_index(
         prefill_workspace_request_ids is None or prefill_workspace_starts is None
     ):
         raise ValueError(
-            "HAS_PREFILL_WORKSPACE needs prefill_workspace_request_ids and "
-            "prefill_workspace_starts"
+            "HAS_PREFILL_WORKSPACE needs prefill_workspace_request_ids and prefill_workspace_starts"
         )
     return convert_req_index_to_global_index(
         req_id,

@@ -47,7 +47,6 @@ class IndexLogitsConfig:
     num_stages: int = 3
 
 
-
 def choose_index_logits_config(
     num_requests: int,
     next_n: int,

@@ -40,7 +40,7 @@ def convert_req_index_to_global_index_reference(
     req = req_id.long()[:, None].expand_as(tok)
 
     valid = tok >= 0
-    valid &= ((req >= 0) & (req < num_req_rows))
+    valid &= (req >= 0) & (req < num_req_rows)
     owner, local = dcp_owner_and_local(tok.clamp_min(0), dcp_size, interleave)
     valid &= owner == dcp_rank
     page = local // block_size
