@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool lease: run the named steps, log each under $OUT, print a short summary.
-#   bash benchmarks/gpu_lease.sh tests verify tune bench ...
+#   bash benchmarks/gpu_lease.sh tests verify tune tune_logits bench ...
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -26,6 +26,9 @@ for step in "$@"; do
     ncu) run ncu ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy -k regex:_remap_kernel python3 benchmarks/profile_remap.py ;;
     demo) run demo python3 -m sparse_mla.cli demo --skip-verify ;;
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
+    exp_remap) run exp_remap python3 benchmarks/exp_remap.py --out "$W" ${EXP_REMAP_ARGS:-} ;;
+    tune_topk) run tune_topk python3 benchmarks/tune_topk.py --out "$W" ${TUNE_TOPK_ARGS:-} ;;
+    tune_logits) run tune_logits python3 benchmarks/tune_logits.py --out "$W" ${TUNE_LOGITS_ARGS:-} ;;
     bench) run bench python3 -m sparse_mla.cli bench --out "$W/bench" ${BENCH_ARGS:-} ;;
     *) echo "unknown step $step" ;;
   esac

@@ -18,6 +18,12 @@ POISON = -7777
 LAYOUTS = ("auto", "seed", "tiled_atomic")
 
 
+def staged(k: int, **kw) -> RemapLayout:
+    """A whole-row layout that gathers page ids from an on-chip copy of the block-table row."""
+    cols = 1 << max(k - 1, 0).bit_length()
+    return RemapLayout(1, cols, 1, 1, False, True, 4, stage_pages=True, **kw)
+
+
 def i32(x) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.int32, device=DEV)
 
@@ -92,7 +98,8 @@ def test_dcp_worked_example_compacts_in_column_order():
     assert out.cpu().tolist() == [[-1, 22, -1, 20, -1, 21, -1, -1]]
 
 
-def test_prefill_rows_use_workspace():
+@pytest.mark.parametrize("layout", ["auto", staged(4)])
+def test_prefill_rows_use_workspace(layout):
     bt = i32([[1, 2]])
     idx = i32([[0, 3, -1, 9], [0, 3, -1, 9]])
     out = sparse_mla.convert_req_index_to_global_index(
@@ -102,6 +109,7 @@ def test_prefill_rows_use_workspace():
         block_size=4,
         prefill_request_ids=i32([-1, 1]),
         prefill_workspace_starts=i32([100, 500]),
+        layout=layout,
     )
     # Position 9 is on page 2 of a 2-page table: -1 for the prefill row too (upstream rule).
     assert out.cpu().tolist() == [[4, 7, -1, -1], [500, 503, -1, -1]]
@@ -121,6 +129,15 @@ def test_layout_auto_owns_rows_for_every_width():
     assert choose_remap_layout(2048, count_valid=True, num_rows=1).num_warps == 8
     assert choose_remap_layout(2048, count_valid=True, num_rows=4096).num_warps == 4
     assert choose_remap_layout(64, count_valid=True).num_warps == 2
+    # Wide rows stage the block table when its width is known and small enough.
+    assert choose_remap_layout(2048, count_valid=True, num_blocks=2560).stage_pages
+    assert not choose_remap_layout(2048, count_valid=True, num_blocks=8192).stage_pages
+    assert not choose_remap_layout(2048, count_valid=True).stage_pages
+    assert not choose_remap_layout(512, count_valid=True, num_blocks=64).stage_pages
+    assert not choose_remap_layout(640, count_valid=True, num_blocks=64).stage_pages  # K < 1024
+    # Narrow rows in large batches stream with evict-first.
+    assert choose_remap_layout(384, count_valid=True, num_rows=4096).evict_first
+    assert not choose_remap_layout(384, count_valid=True, num_rows=64).evict_first
 
 
 def test_layout_seed_and_tiled_policies():
@@ -148,7 +165,7 @@ def test_random_remap_all_layouts(seed, k):
     want, want_cnt = reference(
         req.cpu(), bt.cpu(), idx.cpu(), block_size=16, return_valid_counts=True
     )
-    for layout in LAYOUTS:
+    for layout in (*LAYOUTS, staged(k)):
         out = torch.full_like(idx, POISON)
         cnt = torch.full((tokens,), POISON, dtype=torch.int32, device=DEV)
         got, got_cnt = sparse_mla.convert_req_index_to_global_index(
@@ -184,6 +201,8 @@ def test_odd_widths_and_multi_chunk_rows(k):
         RemapLayout(4, 128, 3, 1, False, True, 4),
         RemapLayout(2, 64, 6, 1, False, True, 2),
         RemapLayout(1, 512, 1, 1, False, True, 4, evict_first=True),
+        RemapLayout(1, 128, 3, 1, False, True, 4, stage_pages=True),
+        staged(384, evict_first=True),
     ],
 )
 def test_explicit_row_packed_chunked_layouts(layout):
@@ -280,7 +299,7 @@ def test_dcp_size_one_is_the_plain_remap():
 # ---- adversarial inputs ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", [*LAYOUTS, staged(128)])
 def test_adversarial_rows(layout):
     bt = i32([[3, 4], [5, 6]])
     big = 2**31 - 1
@@ -336,7 +355,7 @@ def test_strided_views():
     out_wide = torch.full((12, 300), POISON, dtype=torch.int32, device=DEV)
     out = out_wide[:, 10:266]
     want = reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16)
-    for layout in LAYOUTS:
+    for layout in (*LAYOUTS, staged(256)):
         out_wide.fill_(POISON)
         sparse_mla.convert_req_index_to_global_index(
             req, bt, idx_t, block_size=16, out=out, layout=layout
@@ -501,6 +520,10 @@ def test_bad_custom_layouts_and_arguments():
             block_size=16,
             layout=RemapLayout(1, 128, 1, 2, True, True, 4),
         )
+    with pytest.raises(ValueError, match="stage_pages needs rows_per_program == 1"):
+        conv(req, bt, idx, layout=RemapLayout(2, 256, 1, 1, False, True, 4, stage_pages=True))
+    with pytest.raises(ValueError, match="stage_pages needs a block table of 1..4096"):
+        conv(req, torch.zeros(4, 4097, dtype=torch.int32, device=DEV), idx, layout=staged(256))
     with pytest.raises(TypeError, match="out must be a torch.Tensor"):
         conv(req, bt, idx, out=[1])
     with pytest.raises(ValueError, match="block_stride_rows must be <= 2147483647"):

@@ -83,13 +83,13 @@ def _ops() -> SimpleNamespace:
     )
 
 
-def _auto_layout(ops: SimpleNamespace, k: int, t: int, compact: bool) -> str:
+def _auto_layout(ops: SimpleNamespace, k: int, t: int, compact: bool, width: int) -> str:
     """What layout='auto' picks for this shape (for the record); "" when unknown."""
     fn = getattr(ops, "choose_layout", None)
     if fn is None:
         return ""
     try:
-        lay = fn(k, count_valid=True, compact=compact, policy="auto", num_rows=t)
+        lay = fn(k, count_valid=True, compact=compact, policy="auto", num_rows=t, num_blocks=width)
     except Exception:  # informational only: never let it stop a run
         return ""
     fields = getattr(lay, "__dataclass_fields__", None)
@@ -256,7 +256,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
                         requests=min(t, g["max_requests"]),
                         width=g["width"],
                         block_size=BLOCK_SIZE,
-                        auto_layout=_auto_layout(ops, k, t, False),
+                        auto_layout=_auto_layout(ops, k, t, False, g["width"]),
                     ),
                     make_set=lambda i, t=t, k=k, asc=asc: make_remap_set(
                         t,
@@ -302,7 +302,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
                         compact=True,
                         width=local_width,
                         block_size=BLOCK_SIZE,
-                        auto_layout=_auto_layout(ops, k, t, True),
+                        auto_layout=_auto_layout(ops, k, t, True, local_width),
                     ),
                     make_set=lambda i, t=t, k=k, lw=local_width: make_remap_set(
                         t,

@@ -56,15 +56,17 @@ def choose_index_logits_config(
     *,
     device: torch.device | None = None,
 ) -> IndexLogitsConfig:
-    """Heuristic launch shape: 64-position tiles (one wgmma M block), warps by the width of the
-    query block (keeps the fp32 accumulator <= 128 registers a thread at 64 x 128, n <= 8), and
-    ~16 programs per SM (short chunks balance ragged lengths; longer ones amortise the
-    per-program query load)."""
+    """Heuristic launch shape: 64-position tiles (one wgmma M block), 4 warps up to a 256-wide
+    query block (n <= 4 at 64 heads) and 8 beyond, two pipeline stages, and ~16 programs per
+    SM (short chunks balance ragged lengths; longer ones amortise the per-program query load).
+    Measured on an H200 (benchmarks/tune_logits.py, 64 requests x 32K): at n = 4, 8 warps were
+    1.4-1.5x slower than 4; two stages beat three by 1-5%; 128-position tiles gained nothing
+    at n = 1."""
     del head_dim  # the tile does not depend on it at the supported sizes
     width = next_pow2(next_n) * max(next_pow2(num_heads), 16)
     block_s = 64
-    num_warps = 4 if width <= 128 else 8
-    num_stages = 3 if width <= 256 else 2
+    num_warps = 4 if width <= 256 else 8
+    num_stages = 2
     total_tiles = max(num_requests, 1) * max(cdiv(max_len, block_s), 1)
     # Interpreter: 4 "SMs", so a few programs per request still exercise the chunking.
     sms = num_sms(device if device is not None else torch.device("cpu"), interpreter=4)

@@ -7,9 +7,13 @@ Three policies share one kernel:
     store (no atomics, no zero-filled counter) and compaction is deterministic in column
     order, for *every* K: widths that are not a power of two use masked lanes (384 -> 512)
     and very wide rows loop over column chunks with a running count. Measured on an H200
-    (benchmarks/tune_remap.py, docs/results/): packing several rows into one program never
-    won for K in {384, 512, 2048}; many warps win while the grid is small (latency), 4 warps
-    once there are enough rows to fill the chip.
+    (benchmarks/tune_remap.py, benchmarks/exp_remap.py, docs/results/): packing several rows
+    into one program never won for K in {384, 512, 2048}; many warps win while the grid is
+    small (latency), 4 warps once there are enough rows to fill the chip. Rows of 1024+
+    positions stage the block-table prefix they use on chip and gather from there (random
+    global gathers cost one L1 wavefront per distinct line: 17% slower at K=2048); narrow rows
+    in large batches stream indices and slots with an evict-first hint (10-15% faster at
+    K=384/512 from 1024 rows, neutral elsewhere).
 ``seed``
     The upstream fix as published: a single 8-warp tile per row only when counting and K is
     a power of two; otherwise the tiled layout below (atomics when counting).
@@ -22,6 +26,9 @@ Three policies share one kernel:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+import triton.language as tl
 
 from ..._runtime import next_pow2
 
@@ -32,6 +39,13 @@ LEGACY_TILE = 128
 MAX_CHUNK = 4096
 # From this many rows on the grid fills the chip and 4 warps per program are best.
 MANY_ROWS = 1024
+# Widest block-table row (in pages, rounded up to a power of two) that a program stages on
+# chip: 16 KB, 32 registers a thread at 4 warps. V3.2's 163840 tokens at page 64 need 4096.
+MAX_STAGED_PAGES = 4096
+# Narrowest rows that stage their block-table prefix (narrower rows touch too few entries).
+STAGE_MIN_COLS = 1024
+# tl.gather arrived in Triton 3.2; older releases keep the global gathers.
+HAS_GATHER = hasattr(tl, "gather")
 
 
 @dataclass(frozen=True)
@@ -48,7 +62,10 @@ class RemapLayout:
             the wrapper pre-fills the output with -1 (upstream's way).
         num_warps: warps per program.
         evict_first: stream the indices and the output through L2 with an evict-first
-            hint, keeping block-table entries cached (experimental; off by default).
+            hint, keeping block-table entries cached.
+        stage_pages: load the block-table prefix a row references (pages 0..max, coalesced)
+            and gather page ids on chip instead of from global memory; needs a block table
+            of at most ``MAX_STAGED_PAGES`` columns and one row per program.
     """
 
     rows_per_program: int
@@ -59,8 +76,12 @@ class RemapLayout:
     tail_in_kernel: bool
     num_warps: int
     evict_first: bool = False
+    stage_pages: bool = False
 
 
+# Pure and called on every launch: cached to keep host overhead down (so the module's
+# constants are read once per shape).
+@lru_cache(maxsize=512)
 def choose_remap_layout(
     num_cols: int,
     *,
@@ -68,6 +89,7 @@ def choose_remap_layout(
     compact: bool = False,
     policy: str = "auto",
     num_rows: int | None = None,
+    num_blocks: int | None = None,
 ) -> RemapLayout:
     """Pick the tiling for a ``[num_rows, num_cols]`` remap.
 
@@ -76,7 +98,9 @@ def choose_remap_layout(
         count_valid: valid counts are requested (or needed by compaction).
         compact: valid entries are compacted to a prefix.
         policy: ``"auto"``, ``"seed"`` or ``"tiled_atomic"`` (see the module docstring).
-        num_rows: T; lets ``auto`` avoid packing rows when there are few of them.
+        num_rows: T; ``auto`` picks warps and the evict-first hint from it.
+        num_blocks: W, the block table's width; ``auto`` stages block-table rows only when
+            it is known and at most ``MAX_STAGED_PAGES``.
 
     Raises:
         ValueError: unknown policy, or K that the tiled layouts cannot cover
@@ -114,10 +138,30 @@ def choose_remap_layout(
         num_warps = 16 if block_cols <= 1024 else 8
     # Never more warps than one element per thread.
     num_warps = max(1, min(num_warps, block_cols // 32))
-    return RemapLayout(1, block_cols, num_chunks, 1, False, True, num_warps)
+    many = num_rows is not None and num_rows >= MANY_ROWS
+    stage = (
+        HAS_GATHER
+        and num_cols >= STAGE_MIN_COLS
+        and num_chunks == 1
+        and num_blocks is not None
+        and 1 <= num_blocks <= MAX_STAGED_PAGES
+    )
+    return RemapLayout(
+        1,
+        block_cols,
+        num_chunks,
+        1,
+        atomic=False,
+        tail_in_kernel=True,
+        num_warps=num_warps,
+        evict_first=many and block_cols <= 512,
+        stage_pages=stage,
+    )
 
 
-def validate_layout(layout: RemapLayout, num_cols: int, *, count: bool, compact: bool) -> None:
+def validate_layout(
+    layout: RemapLayout, num_cols: int, *, count: bool, compact: bool, num_blocks: int
+) -> None:
     """Reject a hand-made layout the kernel cannot run correctly (ValueError naming it)."""
 
     def pow2(n: int) -> bool:
@@ -142,3 +186,12 @@ def validate_layout(layout: RemapLayout, num_cols: int, *, count: bool, compact:
                 f"layout {layout}: with several column tiles the -1 tail must be pre-filled "
                 "(tail_in_kernel=False)"
             )
+    if layout.stage_pages and not 1 <= num_blocks <= MAX_STAGED_PAGES:
+        raise ValueError(
+            f"layout {layout}: stage_pages needs a block table of 1..{MAX_STAGED_PAGES} "
+            f"columns, got {num_blocks}"
+        )
+    if layout.stage_pages and not HAS_GATHER:
+        raise ValueError(f"layout {layout}: stage_pages needs tl.gather (Triton >= 3.2)")
+    if layout.stage_pages and layout.rows_per_program != 1:
+        raise ValueError(f"layout {layout}: stage_pages needs rows_per_program == 1")

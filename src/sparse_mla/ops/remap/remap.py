@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
+from ..._runtime import next_pow2
 from .layout import RemapLayout, choose_remap_layout, validate_layout
 
 
@@ -55,6 +56,7 @@ def _remap_kernel(
     ATOMIC: tl.constexpr,
     TAIL_IN_KERNEL: tl.constexpr,
     EVICT: tl.constexpr,
+    STAGE_PAGES: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < num_tokens
@@ -92,7 +94,21 @@ def _remap_kernel(
         bt_mask = valid
         if HAS_PREFILL:
             bt_mask = bt_mask & ~is_pre[:, None]
-        base = tl.load(bt_ptr + req[:, None] * bt_s0 + page * bt_s1, mask=bt_mask, other=0)
+        if STAGE_PAGES > 0:
+            # Random 4-byte gathers from global memory cost one L1 wavefront per distinct
+            # line; instead read the block-table prefix the row references (pages 0..max)
+            # with coalesced loads and gather from on-chip memory. 1-D (ROWS == 1): Triton
+            # 3.6 miscompiles a 2-D tl.gather.
+            pg = tl.reshape(tl.where(bt_mask, page, -1), [BLOCK_COLS])
+            p = tl.arange(0, STAGE_PAGES)
+            staged = tl.load(
+                bt_ptr + tl.max(req, axis=0) * bt_s0 + p * bt_s1,
+                mask=p <= tl.max(pg, axis=0),
+                other=0,
+            )
+            base = tl.reshape(tl.gather(staged, tl.maximum(pg, 0), 0), [1, BLOCK_COLS])
+        else:
+            base = tl.load(bt_ptr + req[:, None] * bt_s0 + page * bt_s1, mask=bt_mask, other=0)
         val = base * block_stride_rows + local % BLOCK_SIZE
         if HAS_PREFILL:
             val = tl.where(is_pre[:, None], ws_start[:, None] + tok, val)
@@ -186,11 +202,16 @@ def _launch(
     count = return_valid_counts or compact
     if isinstance(layout, str):
         layout = choose_remap_layout(
-            num_cols, count_valid=count, compact=compact, policy=layout, num_rows=num_tokens
+            num_cols,
+            count_valid=count,
+            compact=compact,
+            policy=layout,
+            num_rows=num_tokens,
+            num_blocks=block_table.shape[1],
         )
     elif not isinstance(layout, RemapLayout):
         raise TypeError(f"layout must be a policy name or a RemapLayout, got {type(layout)}")
-    validate_layout(layout, num_cols, count=count, compact=compact)
+    validate_layout(layout, num_cols, count=count, compact=compact, num_blocks=block_table.shape[1])
 
     device = check_same_device(
         token_indices=token_indices,
@@ -258,6 +279,7 @@ def _launch(
             ATOMIC=layout.atomic,
             TAIL_IN_KERNEL=layout.tail_in_kernel,
             EVICT="evict_first" if layout.evict_first else "",
+            STAGE_PAGES=next_pow2(block_table.shape[1]) if layout.stage_pages else 0,
             num_warps=layout.num_warps,
         )
     if return_valid_counts:

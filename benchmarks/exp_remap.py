@@ -1,0 +1,298 @@
+"""Experiment: remap kernel structures (plain remap with valid counts), timed in a CUDA graph.
+
+    PYTHONPATH=src python benchmarks/exp_remap.py [--out DIR] [--quick]
+
+Candidates: the library kernel (auto layout, the previous auto layout without staging or
+evict-first, whole-row layouts with 4-16 warps with and without both, tiled-atomic), a
+standalone 1-D kernel that stages the block-table row on chip and gathers with ``tl.gather``
+(the experiment behind ``RemapLayout.stage_pages``), a persistent grid that prefetches its
+next row, and a plain copy of the indices with the same grid (the practical floor of the
+access pattern). Positions random or ascending (select_topk's order). Logs of the runs that
+set the ``auto`` policy: docs/results/2026-11-29-h200/exp_remap-*.log (earlier versions of
+this script also timed 1-2 warps, splitting rows over two column tiles and counting off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+import torch
+
+from sparse_mla import RemapLayout, choose_remap_layout, convert_req_index_to_global_index
+from sparse_mla._runtime import next_pow2, num_sms
+from sparse_mla.bench.timing import measure_copy_bandwidth, measure_graph, select_backend
+from sparse_mla.ops.remap.naive import convert_req_index_to_global_index_reference
+
+# isort: split
+# After sparse_mla: it picks the interpreter before Triton is first imported.
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _staged_kernel(
+    req_ptr,
+    bt_ptr,
+    ti_ptr,
+    out_ptr,
+    cnt_ptr,
+    num_tokens,
+    num_req,
+    num_blocks,
+    bt_s0,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    BS: tl.constexpr,
+    NBP: tl.constexpr,
+    EVICT: tl.constexpr,
+):
+    r = tl.program_id(0)
+    cols = tl.arange(0, KP)
+    inside = cols < K
+    r64 = r.to(tl.int64)
+    req = tl.load(req_ptr + r)
+    row_ok = (req >= 0) & (req < num_req)
+    tok = tl.load(ti_ptr + r64 * K + cols, mask=inside, other=-1, eviction_policy=EVICT)
+    page = tok // BS
+    valid = inside & (tok >= 0) & (page < tl.where(row_ok, num_blocks, 0))
+    # Only the pages this row references: [0, max page].
+    top = tl.max(tl.where(valid, page, -1), 0)
+    p = tl.arange(0, NBP)
+    bt = tl.load(
+        bt_ptr + req.to(tl.int64) * bt_s0 + p, mask=p <= tl.where(row_ok, top, -1), other=0
+    )
+    base = tl.gather(bt, tl.where(valid, page, 0), 0)
+    val = tl.where(valid, base * BS + tok % BS, -1)
+    tl.store(out_ptr + r64 * K + cols, val, mask=inside, eviction_policy=EVICT)
+    tl.store(cnt_ptr + r, tl.sum(valid.to(tl.int32), 0))
+
+
+@triton.jit
+def _persistent_kernel(
+    req_ptr,
+    bt_ptr,
+    ti_ptr,
+    out_ptr,
+    cnt_ptr,
+    num_tokens,
+    num_req,
+    num_blocks,
+    bt_s0,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    BS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    cols = tl.arange(0, KP)
+    inside = cols < K
+    nxt = tl.load(
+        ti_ptr + pid.to(tl.int64) * K + cols, mask=cols < tl.where(pid < num_tokens, K, 0), other=-1
+    )
+    for i in range(0, tl.cdiv(num_tokens - pid, step)):
+        r = pid + i * step
+        tok = nxt
+        rn = r + step
+        nxt = tl.load(
+            ti_ptr + rn.to(tl.int64) * K + cols,
+            mask=cols < tl.where(rn < num_tokens, K, 0),
+            other=-1,
+        )
+        req = tl.load(req_ptr + r)
+        row_ok = (req >= 0) & (req < num_req)
+        page = tok // BS
+        valid = inside & (tok >= 0) & (page < tl.where(row_ok, num_blocks, 0))
+        base = tl.load(bt_ptr + req.to(tl.int64) * bt_s0 + page, mask=valid, other=0)
+        val = tl.where(valid, base * BS + tok % BS, -1)
+        tl.store(out_ptr + r.to(tl.int64) * K + cols, val, mask=inside)
+        tl.store(cnt_ptr + r, tl.sum(valid.to(tl.int32), 0))
+
+
+@triton.jit
+def _copy_kernel(ti_ptr, out_ptr, K: tl.constexpr, KP: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, KP)
+    x = tl.load(ti_ptr + r * K + cols, mask=cols < K)
+    tl.store(out_ptr + r * K + cols, x, mask=cols < K)
+
+
+def staged(s, warps, evict=""):
+    req, bt, idx, out, cnt = s
+    t, k = idx.shape
+    _staged_kernel[(t,)](
+        req,
+        bt,
+        idx,
+        out,
+        cnt,
+        t,
+        bt.shape[0],
+        bt.shape[1],
+        bt.stride(0),
+        K=k,
+        KP=next_pow2(k),
+        BS=64,
+        NBP=next_pow2(bt.shape[1]),
+        EVICT=evict,
+        num_warps=warps,
+    )
+
+
+def persistent(s, warps, per_sm):
+    req, bt, idx, out, cnt = s
+    t, k = idx.shape
+    grid = min(t, per_sm * num_sms(idx.device, interpreter=4))
+    _persistent_kernel[(grid,)](
+        req,
+        bt,
+        idx,
+        out,
+        cnt,
+        t,
+        bt.shape[0],
+        bt.shape[1],
+        bt.stride(0),
+        K=k,
+        KP=next_pow2(k),
+        BS=64,
+        num_warps=warps,
+    )
+
+
+def copy(s, warps):
+    idx, out = s[2], s[3]
+    t, k = idx.shape
+    _copy_kernel[(t,)](idx, out, K=k, KP=next_pow2(k), num_warps=warps)
+
+
+def lib(s, layout, counts=True):
+    req, bt, idx, out, cnt = s
+    convert_req_index_to_global_index(
+        req,
+        bt,
+        idx,
+        return_valid_counts=counts,
+        out=out,
+        valid_counts_out=cnt if counts else None,
+        layout=layout,
+    )
+
+
+def make_sets(t, k, n, ascending, dev):
+    sets = []
+    for _ in range(n):
+        bt = torch.randint(0, 100000, (t, 2048), dtype=torch.int32, device=dev)
+        if ascending:
+            idx = torch.rand(t, 2048 * 64, device=dev).topk(k, dim=1).indices.sort(1).values
+            idx = idx.to(torch.int32)
+            idx[:, -k // 8 :] = -1  # a tail of invalid entries, as after a short row
+        else:
+            idx = torch.randint(-1, 2048 * 64, (t, k), dtype=torch.int32, device=dev)
+        req = torch.randperm(t, device=dev).to(torch.int32)
+        sets.append(
+            (req, bt, idx, torch.empty_like(idx), torch.empty(t, dtype=torch.int32, device=dev))
+        )
+    return sets
+
+
+def candidates(t, k):
+    auto = choose_remap_layout(k, count_valid=True, num_rows=t, num_blocks=2048)
+    plain = dataclasses.replace(auto, evict_first=False, stage_pages=False)
+    kp = next_pow2(k)
+    c = {
+        f"lib auto {auto.num_warps}w{' stage' * auto.stage_pages}{' evict' * auto.evict_first}": (
+            lambda s: lib(s, auto)
+        ),
+        "lib plain (previous auto)": lambda s: lib(s, plain),
+        "tiled_atomic": lambda s: lib(s, "tiled_atomic"),
+    }
+    for w in (4, 8, 16):
+        for evict in (False, True):
+            lay = RemapLayout(1, kp, 1, 1, False, True, w, evict, stage_pages=True)
+            c[f"w{w} stage{' evict' * evict}"] = lambda s, lay=lay: lib(s, lay)
+    c["copy w4"] = lambda s: copy(s, 4)
+    c["staged-exp w4"] = lambda s: staged(s, 4)
+    for w, per_sm in ((4, 8), (8, 4)):
+        c[f"persistent w{w} x{per_sm}"] = lambda s, w=w, p=per_sm: persistent(s, w, p)
+    return c
+
+
+def check(fn, s):
+    req, bt, idx, out, cnt = s
+    out.fill_(-7777)
+    cnt.fill_(-7777)
+    fn(s)
+    ref, ref_cnt = convert_req_index_to_global_index_reference(
+        req, bt, idx, block_size=64, return_valid_counts=True
+    )
+    ok = torch.equal(out, ref)
+    return ok, ok and (cnt.eq(-7777).all().item() or torch.equal(cnt, ref_cnt))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ks", default="2048,512,384", help="comma-separated K values")
+    args = ap.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    be = select_backend(allow_cpu=args.quick)
+    dev = be.device
+    grid = (
+        [(2048, 4)]
+        if args.quick
+        else [
+            (k, t) for k in ks for t in ((1, 256, 1024, 16384) if k == 2048 else (256, 1024, 16384))
+        ]
+    )
+    bw = measure_copy_bandwidth(be, 1 << 20 if args.quick else 1 << 30)
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    results = []
+    for k, t in grid:
+        for ascending in (False, True):
+            nsets = 1 if args.quick else (2 if t >= 4096 else 4)
+            sets = make_sets(t, k, nsets, ascending, dev)
+            floor_us = t * k * 8 / bw * 1e6
+            print(
+                f"\nK={k} T={t} {'ascending' if ascending else 'random'}"
+                f"  bytes floor {floor_us:.2f} us"
+            )
+            for name, fn in candidates(t, k).items():
+                try:
+                    ok_out, ok_cnt = (
+                        check(fn, sets[0]) if not name.startswith("copy") else (True, True)
+                    )
+                    calls = [lambda s=s, fn=fn: fn(s) for s in sets]
+                    tm = measure_graph(
+                        calls,
+                        graph_calls=2 if args.quick else 40,
+                        reps=3 if args.quick else 15,
+                        warmup=1 if args.quick else 3,
+                        backend=be,
+                    )
+                    us = tm.median_us
+                except Exception as e:  # noqa: BLE001  (report and go on)
+                    print(f"  {name:28} FAILED {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                flag = "" if ok_out and ok_cnt else f"  WRONG out={ok_out} cnt={ok_cnt}"
+                print(f"  {name:28} {us:9.2f} us  {us / floor_us:5.2f}x floor{flag}")
+                results.append(
+                    {
+                        "k": k,
+                        "t": t,
+                        "ascending": ascending,
+                        "name": name,
+                        "us": us,
+                        "ok": bool(ok_out and ok_cnt),
+                    }
+                )
+            be.release()
+    with open(os.path.join(args.out, "exp_remap.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,400 @@
+"""Tune the exact top-k (``select_topk``) on the GPU: per-kernel breakdown, then a knob sweep.
+
+    PYTHONPATH=src python benchmarks/tune_topk.py [--out DIR] [--quick] [--no-profile]
+
+For k = 2048 and (B, N) in {(1, 64K), (8, 64K), (8, 128K), (64, 4K), (64, 16K), (64, 64K),
+(64, 128K)}, standard-normal fp32 scores, every row full length (lengths = N):
+
+1. Breakdown: the default call (and the ``compact=True`` variant) under ``torch.profiler``
+   (CUDA activity), eager, rotating over the input sets: each launch of one call (kernel
+   name and its position in the call, so the four histogram passes stay apart), mean
+   device time and count.
+2. Sweep, each candidate timed per call inside a CUDA graph of back-to-back calls rotating
+   over enough input sets that the working set exceeds twice the L2 (where memory allows),
+   like ``sparse-mla bench``: the module knobs SPLIT_BLOCK x SPLIT_WARPS x CTAS_PER_SM
+   (set on the module, restored afterwards; candidates whose launches coincide are timed
+   once), forced ``num_splits`` (1 = the one-program-per-row kernel), and the
+   ``compact=True`` path (COMPACT_AFTER in {(0, 1), (0,), (1,)}). torch.topk (sorted, into
+   pre-sized out= buffers) is timed in the same run.
+   Every candidate's output on set 0 is checked before timing: its selected scores, sorted,
+   equal torch.topk's values bit for bit, and its positions equal the default config's
+   position for position (a failure is reported and the candidate is not timed).
+
+Prints a table (B, N, config, us, vs torch.topk = torch time / ours, vs default = default
+time / ours) with the best per shape, and writes ``tune_topk.json`` to --out.
+``--quick``: a tiny smoke run through the Triton CPU interpreter (B=2, N=8192, k=512, a few
+candidates, host clock: the numbers mean nothing). Exit status 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+import sparse_mla  # noqa: F401  (first: it picks the interpreter mode before triton loads)
+
+# isort: split
+import triton
+
+from sparse_mla._runtime import cdiv
+from sparse_mla.bench.timing import (
+    Backend,
+    measure_eager,
+    measure_graph,
+    rotation_sets,
+    select_backend,
+)
+from sparse_mla.ops.topk import topk as topk_mod
+
+KNOBS = (
+    "ROW_BLOCK",
+    "ROW_WARPS",
+    "SPLIT_BLOCK",
+    "SPLIT_WARPS",
+    "SPLIT_MIN_N",
+    "CTAS_PER_SM",
+    "COMPACT_CAP",
+    "COMPACT_MAX_SPLITS",
+    "COMPACT_AFTER",
+)
+
+FULL = dict(
+    k=2048,
+    # batch 64 first: it gets the whole sweep even if the time budget runs out later
+    shapes=(
+        (64, 131072),
+        (64, 65536),
+        (64, 16384),
+        (64, 4096),
+        (8, 131072),
+        (8, 65536),
+        (1, 65536),
+    ),
+    blocks=(1024, 2048, 4096),
+    warps=(4, 8),
+    ctas=(4, 8, 16, 32),
+    forced=(4, 8, 32),  # extra num_splits for B = 64 (1, the row kernel, always)
+    compact_ctas=(4, 8, 16),
+    graph_calls=30,
+    reps=10,
+    warmup=2,
+    prof_calls=10,
+)
+QUICK = dict(
+    k=512,
+    shapes=((2, 8192),),
+    blocks=(1024, 2048),
+    warps=(4,),
+    ctas=(8,),
+    forced=(3,),
+    compact_ctas=(8,),
+    graph_calls=2,
+    reps=2,
+    warmup=1,
+    prof_calls=2,
+)
+
+
+@contextlib.contextmanager
+def knobs(**kw) -> Iterator[None]:
+    """Set module knobs of the top-k for the duration of the block (restored afterwards)."""
+    old = {k: getattr(topk_mod, k) for k in kw}
+    try:
+        for k, v in kw.items():
+            setattr(topk_mod, k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(topk_mod, k, v)
+
+
+class Cand:
+    """One configuration: module knob overrides plus select_topk keywords."""
+
+    def __init__(self, name: str, knob: dict | None = None, **kw) -> None:
+        self.name = name
+        self.knob = knob or {}
+        self.kw = kw
+
+    def launch(self, rows: int, n: int, k: int, device: torch.device) -> tuple:
+        """What the kernels see (the key under which identical launches are timed once)."""
+        with knobs(**self.knob):
+            s = self.kw.get("num_splits")
+            if s is None:
+                s = topk_mod.choose_num_splits(rows, n, k, device)
+            compact = bool(self.kw.get("compact"))
+            if compact:
+                s = min(s, topk_mod.COMPACT_MAX_SPLITS)
+            blk = topk_mod.SPLIT_BLOCK
+            slice_len = cdiv(cdiv(max(n, 1), blk), s) * blk
+            s = cdiv(max(n, 1), slice_len)
+            if s <= 1 or n <= k:
+                return ("row", topk_mod.ROW_BLOCK, topk_mod.ROW_WARPS)
+            after = tuple(topk_mod.COMPACT_AFTER) if compact else ()
+            return ("split", blk, topk_mod.SPLIT_WARPS, s, after)
+
+    def call(self, s: dict, k: int) -> Callable[[], object]:
+        kw = dict(self.kw, k=k, out=s["out"], workspace=s["ws"])
+        if kw.get("compact"):
+            kw["compact_workspace"] = s["cws"]
+        x, lengths, knob = s["x"], s["lengths"], self.knob
+
+        def fn() -> None:
+            with knobs(**knob):
+                topk_mod.select_topk(x, lengths, **kw)
+
+        return fn
+
+
+def candidates(cfg: dict, rows: int) -> tuple[list[Cand], int]:
+    """The candidates of one shape, and how many lead the list (timed even past the time
+    budget): the default, the compact variants, the row kernel; then the knob grid."""
+    out = [Cand("default")]
+    for after in ((0, 1), (0,), (1,)):
+        for c in cfg["compact_ctas"]:
+            knob = dict(CTAS_PER_SM=c, COMPACT_AFTER=after)
+            out.append(Cand(f"compact after={after} ctas={c}", knob, compact=True))
+    big = dict(SPLIT_BLOCK=2048, SPLIT_WARPS=8, COMPACT_AFTER=(0, 1))
+    out.append(Cand("compact after=(0, 1) blk=2048 w=8", big, compact=True))
+    out.append(Cand("row kernel (num_splits=1)", num_splits=1))
+    core = len(out)
+    if rows >= 64 or len(cfg["shapes"]) == 1:
+        for s in cfg["forced"]:
+            out.append(Cand(f"num_splits={s}", num_splits=s))
+    for blk in cfg["blocks"]:
+        for w in cfg["warps"]:
+            for c in cfg["ctas"]:
+                knob = dict(SPLIT_BLOCK=blk, SPLIT_WARPS=w, CTAS_PER_SM=c)
+                out.append(Cand(f"blk={blk} w={w} ctas={c}", knob))
+    return out, core
+
+
+def make_sets(rows: int, n: int, k: int, be: Backend, max_sets: int) -> list[dict]:
+    dev = be.device
+    set_bytes = 4 * rows * (n + 1 + 2 * k + 2 * k)  # scores, lengths, outputs (ours, torch)
+    count = rotation_sets(set_bytes, be.l2_bytes, max_sets=max_sets, mem_cap_bytes=3 << 30)
+    sets = []
+    for _ in range(count):
+        sets.append(
+            {
+                "x": torch.randn(rows, n, device=dev),
+                "lengths": torch.full((rows,), n, dtype=torch.int32, device=dev),
+                "out": torch.empty(rows, k, dtype=torch.int32, device=dev),
+                "ws": topk_mod.topk_workspace(rows, dev),
+                "cws": topk_mod.topk_compact_workspace(rows, dev),
+                "values": torch.empty(rows, k, dtype=torch.float32, device=dev),
+                "indices": torch.empty(rows, k, dtype=torch.int64, device=dev),
+            }
+        )
+    return sets
+
+
+def torch_call(s: dict, k: int) -> Callable[[], object]:
+    x, out = s["x"], (s["values"], s["indices"])
+    return lambda: torch.topk(x, k, dim=1, out=out)
+
+
+def check(cand: Cand, s: dict, k: int, want_vals: torch.Tensor, default_pos) -> str:
+    """'' when the candidate's output on set ``s`` is right, else what is wrong."""
+    s["out"].fill_(-7777)
+    cand.call(s, k)()
+    pos = s["out"].clone()
+    if bool((pos < 0).any()) or bool((pos >= s["x"].shape[1]).any()):
+        return "positions out of range or unwritten"
+    vals = s["x"].gather(1, pos.long()).sort(dim=1, descending=True).values
+    if not torch.equal(vals, want_vals):
+        bad = int((vals != want_vals).any(1).sum())
+        return f"selected scores differ from torch.topk in {bad} rows"
+    if default_pos is not None and not torch.equal(pos, default_pos):
+        return "positions differ from the default config"
+    return ""
+
+
+def timed(calls: list, cfg: dict, be: Backend) -> tuple[float, str]:
+    """Median per-call us in a CUDA graph (eager when capture fails), and which."""
+    kw = dict(reps=cfg["reps"], warmup=cfg["warmup"], backend=be)
+    try:
+        return measure_graph(calls, graph_calls=cfg["graph_calls"], **kw).median_us, "graph"
+    except Exception as e:  # noqa: BLE001  (report, then time eagerly)
+        print(f"    graph failed ({type(e).__name__}: {str(e)[:120]}); eager", flush=True)
+        be.synchronize()
+        return measure_eager(calls, n_calls=cfg["graph_calls"], **kw).median_us, "eager"
+
+
+def breakdown(cand: Cand, sets: list[dict], k: int, calls_n: int, be: Backend) -> list[dict]:
+    """Launches of one call under torch.profiler: position, kernel, mean us, count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    calls = [cand.call(s, k) for s in sets]
+    for c in calls:
+        c()
+    be.synchronize()
+    acts = [ProfilerActivity.CUDA] if be.device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        for i in range(calls_n):
+            calls[i % len(calls)]()
+        be.synchronize()
+    evs = []
+    for e in prof.events():
+        if "CUDA" not in str(getattr(e, "device_type", "")):
+            continue
+        evs.append((e.time_range.start, e.time_range.elapsed_us(), e.name))
+    evs.sort()
+    if not evs:
+        return []
+    per = len(evs) // calls_n
+    rows: dict[str, dict] = {}
+    for i, (_, us, name) in enumerate(evs):
+        label = f"{i % per}:{name}" if per * calls_n == len(evs) else name
+        r = rows.setdefault(label, {"launch": label, "us_sum": 0.0, "count": 0})
+        r["us_sum"] += us
+        r["count"] += 1
+    out = []
+    for r in rows.values():
+        out.append(
+            {"launch": r["launch"], "mean_us": r["us_sum"] / r["count"], "count": r["count"]}
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true", help="tiny CPU-interpreter smoke run")
+    ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel breakdown")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=165.0,
+        help="past this, only the leading candidates (default, compact, row kernel) are timed",
+    )
+    args = ap.parse_args()
+    cfg = QUICK if args.quick else FULL
+    be = select_backend(allow_cpu=args.quick)
+    if be is None:
+        print("needs a CUDA device (or --quick)", file=sys.stderr)
+        return 2
+    k = cfg["k"]
+    info = {
+        "device": be.device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "l2_bytes": be.l2_bytes,
+        "k": k,
+        "knobs": {name: getattr(topk_mod, name) for name in KNOBS},
+    }
+    print(info, flush=True)
+    t0 = time.time()
+    failed = 0
+    results = []
+    for rows, n in cfg["shapes"]:
+        sets = make_sets(rows, n, k, be, cfg["graph_calls"])
+        s0 = sets[0]
+        want_vals = torch.topk(s0["x"], k, dim=1).values
+        entry: dict = {"B": rows, "N": n, "sets": len(sets), "configs": [], "breakdown": {}}
+        t_torch, how = timed([torch_call(s, k) for s in sets], cfg, be)
+        entry["torch_us"] = t_torch
+        print(f"B={rows} N={n} sets={len(sets)}: torch.topk {t_torch:.2f} us ({how})", flush=True)
+        default_pos = None
+        seen: dict[tuple, dict] = {}
+        cands, core = candidates(cfg, rows)
+        for i, cand in enumerate(cands):
+            key = cand.launch(rows, n, k, be.device)
+            if key in seen:
+                rec = dict(seen[key], config=cand.name, same_as=seen[key]["config"])
+                entry["configs"].append(rec)
+                continue
+            if i >= core and time.time() - t0 > args.max_seconds:
+                entry["skipped"] = [c.name for c in cands[i:]]
+                print(f"  time budget spent: {len(cands) - i} candidates skipped", flush=True)
+                break
+            rec = {"config": cand.name, "launch": list(key), "us": None, "error": ""}
+            try:
+                rec["error"] = check(cand, s0, k, want_vals, default_pos)
+                if cand.name == "default" and not rec["error"]:
+                    default_pos = s0["out"].clone()
+                if not rec["error"]:
+                    rec["us"], rec["timing"] = timed([cand.call(s, k) for s in sets], cfg, be)
+            except Exception as e:  # noqa: BLE001  (one failing candidate ends nothing)
+                rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                be.synchronize()
+            if rec["error"]:
+                failed += 1
+                print(f"  FAILED {cand.name}: {rec['error']}", flush=True)
+            seen[key] = rec
+            entry["configs"].append(rec)
+        d_us = entry["configs"][0]["us"]
+        for rec in entry["configs"]:
+            us = rec["us"]
+            rec["vs_torch"] = t_torch / us if us else None
+            rec["vs_default"] = d_us / us if us and d_us else None
+        if not args.no_profile:
+            for cand in (Cand("default"), Cand("compact", compact=True)):
+                try:
+                    bd = breakdown(cand, sets, k, cfg["prof_calls"], be)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  profile {cand.name} failed: {type(e).__name__}: {e}", flush=True)
+                    bd = []
+                entry["breakdown"][cand.name] = bd
+                total = sum(r["mean_us"] for r in bd)
+                print(f"  breakdown ({cand.name}; eager, sum {total:.2f} us):", flush=True)
+                for r in bd:
+                    print(f"    {r['launch']:<40} {r['mean_us']:8.2f} us  x{r['count']}")
+        results.append(entry)
+        print_shape(entry)
+        be.release()
+        print(f"  [{time.time() - t0:.0f}s]", flush=True)
+    print_best(results)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "tune_topk.json")
+    with open(path, "w") as f:
+        json.dump({"info": info, "results": results, "failed": failed}, f, indent=1)
+    print(f"wrote {path}; {failed} failed checks; total {time.time() - t0:.0f}s")
+    return 1 if failed else 0
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return format(v, spec) if v is not None else "-"
+
+
+def print_shape(entry: dict) -> None:
+    print(f"  {'B':>3} {'N':>7} {'config':<38} {'us':>8} {'vs torch':>8} {'vs dflt':>8}")
+    for rec in entry["configs"]:
+        note = f"  (= {rec['same_as']})" if rec.get("same_as") else ""
+        note += f"  {rec['error']}" if rec["error"] else ""
+        print(
+            f"  {entry['B']:>3} {entry['N']:>7} {rec['config']:<38} {_fmt(rec['us'], '8.2f')} "
+            f"{_fmt(rec['vs_torch'], '8.2f')} {_fmt(rec['vs_default'], '8.2f')}{note}",
+            flush=True,
+        )
+
+
+def print_best(results: list[dict]) -> None:
+    print("best per shape:")
+    for e in results:
+        ok = [r for r in e["configs"] if r["us"] and not r.get("same_as")]
+        if not ok:
+            print(f"  B={e['B']} N={e['N']}: nothing timed")
+            continue
+        b = min(ok, key=lambda r: r["us"])
+        comp = [r for r in ok if r["config"].startswith("compact")]
+        c = min(comp, key=lambda r: r["us"]) if comp else None
+        line = (
+            f"  B={e['B']:>3} N={e['N']:>7}: torch {e['torch_us']:8.2f}  default "
+            f"{_fmt(e['configs'][0]['us'], '8.2f')}  best {b['us']:8.2f} "
+            f"({b['vs_torch']:.2f}x torch) {b['config']}"
+        )
+        if c is not None:
+            line += f" | best compact {c['us']:.2f} ({c['vs_torch']:.2f}x) {c['config']}"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
