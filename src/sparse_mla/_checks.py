@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from . import _runtime
+
 
 def check_tensor(
     name: str,
@@ -39,7 +41,8 @@ def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
-    """All given tensors on one device; returns it."""
+    """All given tensors on one device, the one kernels run on (CUDA, or the CPU under the
+    interpreter); returns it."""
     for k, v in tensors.items():
         if v is not None and not isinstance(v, torch.Tensor):
             raise TypeError(f"{k} must be a torch.Tensor, got {type(v).__name__}")
@@ -49,6 +52,10 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
         if v.device != dev:
             first = items[0][0]
             raise ValueError(f"{k} is on {v.device} but {first} is on {dev}: all on one device")
+    if dev.type != "cuda" and not _runtime.INTERPRETER:
+        raise ValueError(
+            f"{items[0][0]} is on {dev}, but the kernels run on the GPU: pass CUDA tensors"
+        )
     return dev
 
 

@@ -1094,11 +1094,6 @@ def _split_write_kernel(
 # ---------------------------------------------------------------------------------------
 
 
-def _check_kernel_device(name: str, t: torch.Tensor) -> None:
-    if not _runtime.INTERPRETER and t.device.type != "cuda":
-        raise ValueError(f"{name} must be a CUDA tensor (kernels run on the GPU), got {t.device}")
-
-
 def select_topk(
     logits: torch.Tensor,
     lengths: torch.Tensor,
@@ -1173,7 +1168,6 @@ def select_topk(
         ``return_valid_counts``, valid_counts int32 ``[rows]``.
     """
     check_tensor("logits", logits, dtype=torch.float32, ndim=2)
-    _check_kernel_device("logits", logits)
     rows, n = logits.shape
     check_tensor("lengths", lengths, dtype=torch.int32, ndim=1)
     check_shape("lengths", lengths, (rows,))
