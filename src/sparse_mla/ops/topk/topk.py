@@ -1155,10 +1155,10 @@ def select_topk(
             full-row passes. The split count is capped at ``COMPACT_MAX_SPLITS``; no
             effect on the row kernel. Measured on an H200 (k=2048): standard-normal scores,
             64 x 128K 1.67x faster (164 -> 98 us), 64 x 64K 1.08x, 1M scores or fewer
-            0.8-1.0x; on the V3.2-shaped indexer scores of ``sparse-mla demo --size v32``
-            (80 x 128K) about 2x slower in that demo's eager timings (351-388 vs 178 us),
-            consistent with rows overflowing the buffer and falling back. Hence off by
-            default.
+            0.8-1.0x, all in CUDA graphs. Eagerly it was much slower (64 x 64K: 433 vs
+            148 us; the V3.2-shaped scores of ``sparse-mla demo --size v32``, 80 x 128K:
+            351-388 vs 178 us): two more launches with long argument lists, and a cause not
+            yet separated. Hence off by default.
         compact_workspace: optional int32, at least ``topk_compact_workspace_numel(rows)``
             elements (:func:`topk_compact_workspace`, any content), for ``compact=True``;
             allocated per call when omitted.
