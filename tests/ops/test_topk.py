@@ -54,10 +54,15 @@ def i32(x) -> torch.Tensor:
 
 
 def run_checked(logits: torch.Tensor, lengths: torch.Tensor, k: int, **kw) -> torch.Tensor:
-    """select_topk into a poisoned out buffer, compared bit for bit with the reference."""
-    out = torch.full((logits.shape[0], k), POISON, dtype=torch.int32, device=DEV)
-    got, counts = select_topk(logits, lengths, k=k, out=out, return_valid_counts=True, **kw)
-    assert got.data_ptr() == out.data_ptr()
+    """select_topk into poisoned out and count buffers, compared bit for bit with the
+    reference."""
+    rows = logits.shape[0]
+    out = torch.full((rows, k), POISON, dtype=torch.int32, device=DEV)
+    cnt = torch.full((rows,), POISON, dtype=torch.int32, device=DEV)
+    got, counts = select_topk(
+        logits, lengths, k=k, out=out, valid_counts_out=cnt, return_valid_counts=True, **kw
+    )
+    assert got.data_ptr() == out.data_ptr() and counts.data_ptr() == cnt.data_ptr()
     want = select_topk_reference(logits, lengths, k)
     if not torch.equal(got, want):
         bad = (got != want).any(dim=1).nonzero().flatten().tolist()
@@ -392,7 +397,9 @@ def test_compact_buffer_and_fallback_rows(
         x = torch.randn(rows, n, generator=g)
         x[1] = 0.25  # all equal: every key is a candidate (overflow)
         x[2] = torch.randint(0, 3, (n,), generator=g).float()  # ~570 ties at the top: overflow
-        x[3, : n - 300] = float("-inf")  # 300 numbers: fits after pass 0 already
+        # 300 numbers in one top-digit bin (pass 0 cannot finish the row): fits after pass 0
+        x[3, : n - 300] = float("-inf")
+        x[3, n - 300 :] = 1.0 + 0.5 * torch.rand(300, generator=g)
         x[4, torch.randperm(n, generator=g)[:k]] = 1e6  # pass 0 takes its whole bin
         x = x.to(DEV)
         lengths = i32([n, n, n - trial, n, n, 129 + trial])

@@ -139,62 +139,38 @@ def build(grid: str, device: torch.device) -> list[Case]:
     ops = _ops()
     rng = random.Random(torch.initial_seed())
     w, ctx = g["width"], g["ctx"]
+
+    def case(n: int, b: int, lens: list[int], ragged: bool) -> Case:
+        """One expansion case: uniform data runs both kernels, ragged data the ragged one."""
+        t, br = sum(lens), len(lens)
+        kernels = [_triton_variant(ops.expand, "triton-ragged", False, n)]
+        if not ragged:
+            kernels.insert(0, _triton_variant(ops.expand, "triton-uniform", True, n))
+        return Case(
+            op="expand",
+            group=f"expand n={n}",
+            plot="expand",
+            label=f"B={b} ragged ({br} req)" if ragged else f"B={b} uniform",
+            x=t,
+            params=dict(
+                B=b, n=n, data="ragged" if ragged else "uniform", requests=br, tokens=t, width=w
+            ),
+            make_set=lambda i: make_expand_set(lens, width=w, ctx=ctx, device=device),
+            set_bytes=4 * (br * w + t * w + 2 * br + 4 * t),
+            variants=[*kernels, _torch_variant(ops.torch_ops, n)],
+            bytes_moved=_bytes_fn(w),
+            poison=_poison,
+            snapshot=clone_fields,
+            compare=compare_fields,
+            reference="torch-ops",
+            series_tag=" [ragged data]" if ragged else "",
+        )
+
     cases = []
     for n in g["ns"]:
         for b in g["batches"]:
-            t = b * n
-            set_bytes = 4 * (b * w + t * w + 2 * b + 4 * t)
-            uniform_lens = [n] * b
-            cases.append(
-                Case(
-                    op="expand",
-                    group=f"expand n={n}",
-                    plot="expand",
-                    label=f"B={b} uniform",
-                    x=t,
-                    params=dict(B=b, n=n, data="uniform", requests=b, tokens=t, width=w),
-                    make_set=lambda i, lens=uniform_lens: make_expand_set(
-                        lens, width=w, ctx=ctx, device=device
-                    ),
-                    set_bytes=set_bytes,
-                    variants=[
-                        _triton_variant(ops.expand, "triton-uniform", True, n),
-                        _triton_variant(ops.expand, "triton-ragged", False, n),
-                        _torch_variant(ops.torch_ops, n),
-                    ],
-                    bytes_moved=_bytes_fn(w),
-                    poison=_poison,
-                    snapshot=clone_fields,
-                    compare=compare_fields,
-                    reference="torch-ops",
-                )
-            )
-            lens = ragged_lens(t, n, rng)
-            br = len(lens)
-            cases.append(
-                Case(
-                    op="expand",
-                    group=f"expand n={n}",
-                    plot="expand",
-                    label=f"B={b} ragged ({br} req)",
-                    x=t,
-                    params=dict(B=b, n=n, data="ragged", requests=br, tokens=t, width=w),
-                    make_set=lambda i, lens=lens: make_expand_set(
-                        lens, width=w, ctx=ctx, device=device
-                    ),
-                    set_bytes=4 * (br * w + t * w + 2 * br + 4 * t),
-                    variants=[
-                        _triton_variant(ops.expand, "triton-ragged", False, n),
-                        _torch_variant(ops.torch_ops, n),
-                    ],
-                    bytes_moved=_bytes_fn(w),
-                    poison=_poison,
-                    snapshot=clone_fields,
-                    compare=compare_fields,
-                    reference="torch-ops",
-                    series_tag=" [ragged data]",
-                )
-            )
+            cases.append(case(n, b, [n] * b, ragged=False))
+            cases.append(case(n, b, ragged_lens(b * n, n, rng), ragged=True))
     return cases
 
 
