@@ -5,17 +5,20 @@
 For k = 2048 and (B, N) in {(1, 64K), (8, 64K), (8, 128K), (64, 4K), (64, 16K), (64, 64K),
 (64, 128K)}, standard-normal fp32 scores, every row full length (lengths = N):
 
-1. Breakdown: the default call (and the ``compact=True`` variant) under ``torch.profiler``
+1. Breakdown: the call with the prefilter (``prefilter=True``) and the radix launches
+   alone (``prefilter=False``) under ``torch.profiler``
    (CUDA activity), eager, rotating over the input sets: each launch of one call (kernel
    name and its position in the call, so the four histogram passes stay apart), mean
    device time and count.
 2. Sweep, each candidate timed per call inside a CUDA graph of back-to-back calls rotating
    over enough input sets that the working set exceeds twice the L2 (where memory allows),
-   like ``sparse-mla bench``: the module knobs SPLIT_BLOCK x SPLIT_WARPS x CTAS_PER_SM
-   (set on the module, restored afterwards; candidates whose launches coincide are timed
-   once), forced ``num_splits`` (1 = the one-program-per-row kernel), and the
-   ``compact=True`` path (COMPACT_AFTER in {(0, 1), (0,), (1,)}). torch.topk (sorted, into
-   pre-sized out= buffers) is timed in the same run.
+   like ``sparse-mla bench``: the prefilter forced on and off, its knobs (PREFILTER_SAMPLE,
+   PREFILTER_WARPS, CTAS_PER_SM), the digit width of the radix passes in
+   registers (TILE_RADIX_BITS), forced ``num_splits`` (1 = the one-program-per-row kernel), then the
+   module knobs SPLIT_BLOCK x SPLIT_WARPS x CTAS_PER_SM (set on the module, restored
+   afterwards; candidates whose launches coincide are timed once). torch.topk (sorted,
+   into pre-sized out= buffers) is timed in the same run, in a graph and eagerly, and so
+   are the default and ``prefilter=False`` calls.
    Every candidate's output on set 0 is checked before timing: its selected scores, sorted,
    equal torch.topk's values bit for bit, and its positions equal the default config's
    position for position (a failure is reported and the candidate is not timed).
@@ -60,9 +63,10 @@ KNOBS = (
     "SPLIT_WARPS",
     "SPLIT_MIN_N",
     "CTAS_PER_SM",
-    "COMPACT_CAP",
-    "COMPACT_MAX_SPLITS",
-    "COMPACT_AFTER",
+    "PREFILTER_MIN_SCORES",
+    "PREFILTER_SAMPLE",
+    "PREFILTER_WARPS",
+    "TILE_RADIX_BITS",
 )
 
 FULL = dict(
@@ -73,6 +77,7 @@ FULL = dict(
         (64, 65536),
         (64, 16384),
         (64, 4096),
+        (8, 4096),
         (8, 131072),
         (8, 65536),
         (1, 65536),
@@ -81,7 +86,10 @@ FULL = dict(
     warps=(4, 8),
     ctas=(4, 8, 16, 32),
     forced=(4, 8, 32),  # extra num_splits for B = 64 (1, the row kernel, always)
-    compact_ctas=(4, 8, 16),
+    pf_ctas=(4, 16),
+    pf_sample=(2048, 8192),
+    pf_warps=(4, 16),
+    tile_bits=(6, 8),
     graph_calls=30,
     reps=10,
     warmup=2,
@@ -94,7 +102,10 @@ QUICK = dict(
     warps=(4,),
     ctas=(8,),
     forced=(3,),
-    compact_ctas=(8,),
+    pf_ctas=(8,),
+    pf_sample=(2048,),
+    pf_warps=(4,),
+    tile_bits=(8,),
     graph_calls=2,
     reps=2,
     warmup=1,
@@ -129,21 +140,25 @@ class Cand:
             s = self.kw.get("num_splits")
             if s is None:
                 s = topk_mod.choose_num_splits(rows, n, k, device)
-            compact = bool(self.kw.get("compact"))
-            if compact:
-                s = min(s, topk_mod.COMPACT_MAX_SPLITS)
             blk = topk_mod.SPLIT_BLOCK
             slice_len = cdiv(cdiv(max(n, 1), blk), s) * blk
             s = cdiv(max(n, 1), slice_len)
             if s <= 1 or n <= k:
-                return ("row", topk_mod.ROW_BLOCK, topk_mod.ROW_WARPS)
-            after = tuple(topk_mod.COMPACT_AFTER) if compact else ()
-            return ("split", blk, topk_mod.SPLIT_WARPS, s, after)
+                return ("row", topk_mod.ROW_BLOCK, topk_mod.ROW_WARPS, topk_mod.TILE_RADIX_BITS)
+            pf = self.kw.get("prefilter")
+            if pf is None:
+                pf = rows * n >= topk_mod.PREFILTER_MIN_SCORES
+            pf = pf and topk_mod.prefilter_applies(n, k)
+            if pf:
+                pf = (
+                    topk_mod.PREFILTER_SAMPLE,
+                    topk_mod.PREFILTER_WARPS,
+                    topk_mod.TILE_RADIX_BITS,
+                )
+            return ("split", blk, topk_mod.SPLIT_WARPS, s, pf)
 
     def call(self, s: dict, k: int) -> Callable[[], object]:
         kw = dict(self.kw, k=k, out=s["out"], workspace=s["ws"])
-        if kw.get("compact"):
-            kw["compact_workspace"] = s["cws"]
         x, lengths, knob = s["x"], s["lengths"], self.knob
 
         def fn() -> None:
@@ -155,14 +170,20 @@ class Cand:
 
 def candidates(cfg: dict, rows: int) -> tuple[list[Cand], int]:
     """The candidates of one shape, and how many lead the list (timed even past the time
-    budget): the default, the compact variants, the row kernel; then the knob grid."""
-    out = [Cand("default")]
-    for after in ((0, 1), (0,), (1,)):
-        for c in cfg["compact_ctas"]:
-            knob = dict(CTAS_PER_SM=c, COMPACT_AFTER=after)
-            out.append(Cand(f"compact after={after} ctas={c}", knob, compact=True))
-    big = dict(SPLIT_BLOCK=2048, SPLIT_WARPS=8, COMPACT_AFTER=(0, 1))
-    out.append(Cand("compact after=(0, 1) blk=2048 w=8", big, compact=True))
+    budget): the default, the prefilter on and off and its knobs, the digit width in
+    registers, the row kernel; then the knob grid."""
+    out = [Cand("default"), Cand("prefilter", prefilter=True)]
+    for sample in cfg["pf_sample"]:
+        knob = dict(PREFILTER_SAMPLE=sample)
+        out.append(Cand(f"prefilter sample={sample}", knob, prefilter=True))
+    for w in cfg["pf_warps"]:
+        out.append(Cand(f"prefilter warps={w}", dict(PREFILTER_WARPS=w), prefilter=True))
+    for c in cfg["pf_ctas"]:
+        out.append(Cand(f"prefilter ctas={c}", dict(CTAS_PER_SM=c), prefilter=True))
+    for b in cfg["tile_bits"]:
+        out.append(Cand(f"prefilter tile bits={b}", dict(TILE_RADIX_BITS=b), prefilter=True))
+        out.append(Cand(f"tile bits={b}", dict(TILE_RADIX_BITS=b)))
+    out.append(Cand("radix only (prefilter=False)", prefilter=False))
     out.append(Cand("row kernel (num_splits=1)", num_splits=1))
     core = len(out)
     if rows >= 64 or len(cfg["shapes"]) == 1:
@@ -188,7 +209,6 @@ def make_sets(rows: int, n: int, k: int, be: Backend, max_sets: int) -> list[dic
                 "lengths": torch.full((rows,), n, dtype=torch.int32, device=dev),
                 "out": torch.empty(rows, k, dtype=torch.int32, device=dev),
                 "ws": topk_mod.topk_workspace(rows, dev),
-                "cws": topk_mod.topk_compact_workspace(rows, dev),
                 "values": torch.empty(rows, k, dtype=torch.float32, device=dev),
                 "indices": torch.empty(rows, k, dtype=torch.int64, device=dev),
             }
@@ -273,7 +293,7 @@ def main() -> int:
         "--max-seconds",
         type=float,
         default=165.0,
-        help="past this, only the leading candidates (default, compact, row kernel) are timed",
+        help="past this, only the leading candidates (default, prefilter, row kernel) are timed",
     )
     args = ap.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -330,13 +350,22 @@ def main() -> int:
                 print(f"  FAILED {cand.name}: {rec['error']}", flush=True)
             seen[key] = rec
             entry["configs"].append(rec)
+        ekw = dict(reps=cfg["reps"], warmup=cfg["warmup"], backend=be, n_calls=cfg["graph_calls"])
+        eager = {"torch.topk": [torch_call(s, k) for s in sets]}
+        for cand in (Cand("prefilter", prefilter=True), Cand("radix only", prefilter=False)):
+            eager[cand.name] = [cand.call(s, k) for s in sets]
+        entry["eager_us"] = {name: measure_eager(c, **ekw).median_us for name, c in eager.items()}
+        print(
+            "  eager: " + ", ".join(f"{n} {us:.1f} us" for n, us in entry["eager_us"].items()),
+            flush=True,
+        )
         d_us = entry["configs"][0]["us"]
         for rec in entry["configs"]:
             us = rec["us"]
             rec["vs_torch"] = t_torch / us if us else None
             rec["vs_default"] = d_us / us if us and d_us else None
         if not args.no_profile:
-            for cand in (Cand("default"), Cand("compact", compact=True)):
+            for cand in (Cand("prefilter", prefilter=True), Cand("radix only", prefilter=False)):
                 try:
                     bd = breakdown(cand, sets, k, cfg["prof_calls"], be)
                 except Exception as e:  # noqa: BLE001
@@ -384,7 +413,7 @@ def print_best(results: list[dict]) -> None:
             print(f"  B={e['B']} N={e['N']}: nothing timed")
             continue
         b = min(ok, key=lambda r: r["us"])
-        comp = [r for r in ok if r["config"].startswith("compact")]
+        comp = [r for r in ok if r["config"].startswith("prefilter")]
         c = min(comp, key=lambda r: r["us"]) if comp else None
         line = (
             f"  B={e['B']:>3} N={e['N']:>7}: torch {e['torch_us']:8.2f}  default "
@@ -392,7 +421,7 @@ def print_best(results: list[dict]) -> None:
             f"({b['vs_torch']:.2f}x torch) {b['config']}"
         )
         if c is not None:
-            line += f" | best compact {c['us']:.2f} ({c['vs_torch']:.2f}x) {c['config']}"
+            line += f" | best prefilter {c['us']:.2f} ({c['vs_torch']:.2f}x) {c['config']}"
         print(line, flush=True)
 
 

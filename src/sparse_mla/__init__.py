@@ -27,7 +27,7 @@ from .ops.remap import (  # noqa: E402
     convert_req_index_to_global_index,
     filter_and_convert_dcp_index,
 )
-from .ops.topk import select_topk, topk_compact_workspace, topk_workspace  # noqa: E402
+from .ops.topk import select_topk, topk_workspace  # noqa: E402
 
 __all__ = [
     "DecodeMetadata",
@@ -46,7 +46,6 @@ __all__ = [
     "new_indexer_k_cache",
     "new_mla_cache",
     "select_topk",
-    "topk_compact_workspace",
     "topk_workspace",
     "write_indexer_k",
     "write_mla_latent",

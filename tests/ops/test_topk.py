@@ -1,11 +1,11 @@
 """Exact top-k: random and adversarial scores, lengths, strides, fused remap, bad input.
 
 Every kernel result is compared bit for bit with ``select_topk_reference`` (itself checked
-against a brute-force sort here). Each case runs through the three code paths: the
-one-program-per-row kernel with the row in registers, the same kernel looping over chunks
-(small ROW_BLOCK), the split kernels (small SPLIT_BLOCK, several programs per row), and the
-split kernels with the compact option (a small candidate buffer, so some rows use the buffer
-and others overflow it and keep the full-row passes).
+against a brute-force sort here). Each case runs through the code paths: the
+one-program-per-row kernel with the row in registers (5-bit and 8-bit digits), the same
+kernel looping over chunks (small ROW_BLOCK), the split kernels (small SPLIT_BLOCK, several
+programs per row), and the split kernels behind the prefilter (a small sample spread over
+the row, so some rows finish in the prefilter and others fall back to the radix passes).
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ from sparse_mla.ops.topk import (
     topk_workspace_numel,
 )
 from sparse_mla.ops.topk import topk as topk_mod
-from sparse_mla.ops.topk.topk import topk_compact_workspace, topk_compact_workspace_numel
 
 DEV = sparse_mla._runtime.default_device()
 POISON = -7777
-PATHS = ("row_registers", "row_chunks", "split", "split_compact")
-COMPACT_CAP = 512  # the tests' candidate buffer: random rows fit, tie-heavy rows overflow
+PATHS = ("row_registers", "row_registers_8bit", "row_chunks", "split", "split_prefilter")
 
 
 @pytest.fixture(params=PATHS)
@@ -38,15 +36,18 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
     """Select a code path; returns the extra select_topk keywords for it."""
     if request.param == "row_registers":
         return {"num_splits": 1}
+    if request.param == "row_registers_8bit":
+        monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", 8)
+        return {"num_splits": 1}
     if request.param == "row_chunks":
         monkeypatch.setattr(topk_mod, "ROW_BLOCK", 256)  # several chunks and a tail
         return {"num_splits": 1}
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
-    if request.param == "split_compact":
-        monkeypatch.setattr(topk_mod, "COMPACT_CAP", COMPACT_CAP)
-        monkeypatch.setattr(topk_mod, "COMPACT_MAX_SPLITS", 4)  # caps the 5 splits at 4
-        return {"num_splits": 5, "compact": True}
-    return {"num_splits": 5}
+    if request.param == "split_prefilter":
+        # A small sample: spread over the row, so some estimates miss and rows fall back.
+        monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
+        return {"num_splits": 5, "prefilter": True}
+    return {"num_splits": 5, "prefilter": False}
 
 
 def i32(x) -> torch.Tensor:
@@ -134,7 +135,8 @@ def test_k2048_large_row(seed: int, rng: random.Random):
     lengths = i32([n, n - rng.randint(1, 900)])
     run_checked(x, lengths, 2048, num_splits=1)
     run_checked(x, lengths, 2048)  # default choice (split under the interpreter)
-    run_checked(x, lengths, 2048, compact=True)
+    run_checked(x, lengths, 2048, prefilter=True)
+    run_checked(x, lengths, 2048, prefilter=False)
 
 
 # ---- adversarial scores -------------------------------------------------------------------
@@ -378,39 +380,30 @@ def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: 
         assert (hist == 0).all()
 
 
-@pytest.mark.parametrize("after", [(0,), (1,), (0, 1)])
-def test_compact_buffer_and_fallback_rows(
-    monkeypatch: pytest.MonkeyPatch, seed: int, after: tuple[int, ...]
-):
-    """The compact option (compaction after pass 0, pass 1 or both) on rows that fit the
-    candidate buffer and rows that overflow it (decided per row on the device), with a
-    reused workspace pair."""
+def test_prefilter_finished_and_fallback_rows(monkeypatch: pytest.MonkeyPatch, seed: int):
+    """The prefilter finishes the rows whose candidates fit its buffer and leaves the others
+    to the radix launches (decided per row on the device), with a reused workspace."""
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
-    monkeypatch.setattr(topk_mod, "COMPACT_CAP", COMPACT_CAP)
-    monkeypatch.setattr(topk_mod, "COMPACT_AFTER", after)
+    monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
     g = torch.Generator().manual_seed(seed)
     rows, n, k = 6, 1700, 128
-    ws = topk_workspace(rows, DEV)
-    cws = torch.full((topk_compact_workspace_numel(rows),), POISON, dtype=torch.int32, device=DEV)
-    assert topk_compact_workspace(rows, DEV).numel() == cws.numel()
+    ws = torch.full((topk_workspace_numel(rows),), POISON, dtype=torch.int32, device=DEV)
+    ws[: rows * topk_mod.WS_ROW_STRIDE].view(rows, -1)[:, : topk_mod._STATE_OFF] = 0
+    stride = n // (256 // 8)  # the sample's group stride: positions stride * g + 0..7
+    sampled = (torch.arange(n) % stride < 8) & (torch.arange(n) < stride * 32)
     for trial in range(2):
         x = torch.randn(rows, n, generator=g)
-        x[1] = 0.25  # all equal: every key is a candidate (overflow)
-        x[2] = torch.randint(0, 3, (n,), generator=g).float()  # ~570 ties at the top: overflow
-        # 300 numbers in one top-digit bin (pass 0 cannot finish the row): fits after pass 0
-        x[3, : n - 300] = float("-inf")
-        x[3, n - 300 :] = 1.0 + 0.5 * torch.rand(300, generator=g)
-        x[4, torch.randperm(n, generator=g)[:k]] = 1e6  # pass 0 takes its whole bin
+        x[1] = 0.25  # all equal: every key is a candidate (too many)
+        x[2] = torch.where(sampled, 5.0 + torch.rand(n, generator=g), -1.0)  # too few
+        x[3, ~sampled] += 3.0  # the sample sees the low part only: too many, or fits
         x = x.to(DEV)
-        lengths = i32([n, n, n - trial, n, n, 129 + trial])
-        run_checked(x, lengths, k, num_splits=7, compact=True, workspace=ws, compact_workspace=cws)
-        total = ws.view(rows, -1)[:, topk_mod._STATE_OFF].tolist()
-        fits = [t <= COMPACT_CAP for t in total]
-        if 1 in after:  # pass 1 leaves about k candidates of random normals
-            assert fits[0], total
-        assert fits[1:4] == [False, False, True], total
-        # The whole bin: the buffer is exactly the selection (no table for pass 1 alone).
-        assert total[4] == (k if 0 in after else COMPACT_CAP + 1), total
+        lengths = i32([n, n, n - trial, n, 129 + trial, -1])
+        run_checked(x, lengths, k, num_splits=7, prefilter=True, workspace=ws)
+        pf = ws.view(rows, -1)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
+        total, done = pf[:, 1].tolist(), pf[:, 2].tolist()
+        assert done[:3] == [1, 0, 0] and done[4:] == [1, 1], (total, done)
+        assert total[1] == n and 0 < total[2] < k, total
+        assert done[3] == int(k <= total[3] <= topk_mod.prefilter_tile(k)), (total, done)
         assert (ws.view(rows, -1)[:, : topk_mod._STATE_OFF] == 0).all()
 
 
@@ -476,17 +469,7 @@ def test_bad_inputs():
         ),
         (dict(num_splits=0), ValueError, "num_splits must be >= 1"),
         (dict(num_splits=10_000), ValueError, "num_splits must be <= 256"),
-        (dict(compact=1), TypeError, "compact must be a bool"),
-        (
-            dict(compact_workspace=torch.zeros(10**6, dtype=torch.int32)),
-            ValueError,
-            "compact_workspace needs compact=True",
-        ),
-        (
-            dict(compact=True, compact_workspace=torch.zeros(10, dtype=torch.int32)),
-            ValueError,
-            "compact_workspace must be a contiguous int32 tensor of at least",
-        ),
+        (dict(prefilter=1), TypeError, "prefilter must be a bool or None"),
     ]
     for kw, exc, msg in cases:
         args = dict(logits=x, lengths=L, k=128)

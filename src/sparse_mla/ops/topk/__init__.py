@@ -6,8 +6,6 @@ from .topk import (
     MAX_SPLITS,
     select_topk,
     supported_k,
-    topk_compact_workspace,
-    topk_compact_workspace_numel,
     topk_workspace,
     topk_workspace_numel,
 )
@@ -19,8 +17,6 @@ __all__ = [
     "select_topk",
     "select_topk_reference",
     "supported_k",
-    "topk_compact_workspace",
-    "topk_compact_workspace_numel",
     "topk_workspace",
     "topk_workspace_numel",
 ]

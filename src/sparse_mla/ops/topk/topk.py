@@ -26,19 +26,23 @@ Two launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync)
   write pass (an exclusive prefix over the slice counts places each slice's output). The
   histogram part of the int32 workspace must be zero on entry; the last launch zeroes it
   again, so a workspace from :func:`topk_workspace` stays reusable (one call at a time).
-* ``split`` with ``compact=True`` (opt-in, same results; whether it pays depends on the score
-  distribution, see ``select_topk``): after pass 0 (and/or pass 1,
-  ``COMPACT_AFTER``) a compaction launch copies, per row, every key >= the digits chosen so
-  far (the keys above the chosen bin, all selected, and those in it) with its position
-  into a candidate buffer, in position order: pass 0 (pass 1) also stores each slice's
-  suffix counts per digit, so each slice knows where its candidates start. The remaining
-  passes, the count and the write pass then split the buffer instead of the row. A row
-  with more than ``COMPACT_CAP`` candidates (decided on the device from the histograms)
-  keeps the full-row passes. The buffers live in a second workspace
-  (:func:`topk_compact_workspace`) that needs no particular content.
+* ``split`` with the prefilter (3 launches before the six; on by default from
+  ``PREFILTER_MIN_SCORES`` scores per call, where it measured faster): a sample of each row
+  (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)`` keys reach;
+  one pass copies the keys at or above it, with their positions, into the row's candidate
+  buffer (``tile`` = ``prefilter_tile(k)`` entries); when k <= candidates <= tile, one
+  program per row puts the buffer in position order and selects in registers (the top k of
+  the row are the top k of the buffer). Any other row (flat or tie-heavy scores, or a
+  sample that missed) is left to the six radix launches, which skip the rows the
+  prefilter finished. Exact either way; only the speed depends on the scores.
+
+Radix passes over keys held in registers (the row kernel's single chunk, the prefilter)
+use narrower digits (``TILE_RADIX_BITS``): ``tl.histogram`` costs more per bit with more bins.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -53,8 +57,6 @@ __all__ = [
     "MAX_SPLITS",
     "select_topk",
     "supported_k",
-    "topk_compact_workspace",
-    "topk_compact_workspace_numel",
     "topk_workspace",
     "topk_workspace_numel",
 ]
@@ -67,7 +69,15 @@ _NPASS = 4
 # (prefix, need, done at _STATE_OFF + 4 * p); the per-slice (count > thr, count == thr).
 _STATE_OFF = _NPASS * _NBINS
 _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
-WS_ROW_STRIDE = _CNT_OFF + 2 * MAX_SPLITS
+# Prefilter (see _prefilter_* kernels): threshold, candidate count, "row done" flag; the
+# chunk table (reserved buffer index, then candidate count, per chunk); the candidate
+# buffer (keys, positions) as gathered and again in position order. Any content on entry.
+_PF_MAX_CHUNKS = 256  # rows of at most 256 * SPLIT_BLOCK scores take the prefilter
+PREFILTER_CAP = 4096  # candidates per row (the finishing tile); more: the radix passes
+_PF_OFF = _CNT_OFF + 2 * MAX_SPLITS
+_PF_TAB = _PF_OFF + 4
+_PF_BUF = _PF_TAB + 2 * _PF_MAX_CHUNKS
+WS_ROW_STRIDE = _PF_BUF + 4 * PREFILTER_CAP
 
 # The same numbers as kernel constants.
 NBINS = tl.constexpr(_NBINS)
@@ -75,9 +85,11 @@ NPASS = tl.constexpr(_NPASS)
 _WS_HIST = tl.constexpr(0)
 _WS_STATE = tl.constexpr(_STATE_OFF)
 _WS_CNT = tl.constexpr(_CNT_OFF)
-# Compaction: candidates of a row after its last compaction (pass 0 or 1), or COMPACT_CAP + 1
-# when they did not fit (state 0's slots are otherwise unused).
-_WS_TOTAL = tl.constexpr(_STATE_OFF)
+_WS_PF = tl.constexpr(_PF_OFF)  # + 0 threshold key, + 1 candidate count, + 2 done flag
+_WS_PF_TAB = tl.constexpr(_PF_TAB)
+_WS_PF_BUF = tl.constexpr(_PF_BUF)
+PF_MAX_CHUNKS = tl.constexpr(_PF_MAX_CHUNKS)
+PF_CAP = tl.constexpr(PREFILTER_CAP)
 
 # Tuning knobs (module-level so a benchmark or a test can change them).
 ROW_BLOCK = 4096  # chunk of the one-program-per-row kernel
@@ -87,10 +99,13 @@ SPLIT_WARPS = 4
 SPLIT_MIN_N = ROW_BLOCK + 1  # rows this short always use the row kernel
 CTAS_PER_SM = 8  # split heuristic: programs per SM to aim at (hides load latency)
 _MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
-# Candidate compaction (``select_topk(..., compact=...)``), see :func:`topk_compact_workspace`.
-COMPACT_CAP = 16384  # candidates kept per row; rows with more fall back to full-row passes
-COMPACT_MAX_SPLITS = 64  # programs per row on the compact path (sizes its workspace)
-COMPACT_AFTER = (0, 1)  # passes after which a row not buffered yet tries its buffer
+# Prefilter: default on from this many scores per call (rows x N).
+PREFILTER_MIN_SCORES = 4 << 20
+PREFILTER_SAMPLE = 4096  # scores sampled per row (groups of 8 adjacent positions)
+PREFILTER_WARPS = 16  # of its one-program-per-row launches
+# Digit width of the radix passes over a tile in registers (row kernel with the row in
+# registers, prefilter); 5, 6 or 8. The split passes keep 8 (one launch per pass).
+TILE_RADIX_BITS = 5
 
 
 def supported_k(k: int) -> bool:
@@ -101,32 +116,6 @@ def supported_k(k: int) -> bool:
 def topk_workspace_numel(rows: int) -> int:
     """int32 elements of the workspace the split path needs for ``rows`` rows."""
     return max(rows, 1) * WS_ROW_STRIDE
-
-
-def topk_compact_workspace_numel(rows: int) -> int:
-    """int32 elements of the candidate workspace of the compact option for ``rows`` rows.
-
-    Per row: a per-slice table of suffix counts per digit (``COMPACT_MAX_SPLITS x 256``,
-    written by pass 0 and rewritten by pass 1 when a row compacts after it), then
-    ``COMPACT_CAP`` candidate scores and ``COMPACT_CAP`` candidate positions. Read the knobs
-    at allocation time: allocate after changing them."""
-    return max(rows, 1) * _compact_row_stride()
-
-
-def _compact_row_stride() -> int:
-    return COMPACT_MAX_SPLITS * _NBINS + 2 * COMPACT_CAP
-
-
-def topk_compact_workspace(rows: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """An int32 candidate workspace for :func:`select_topk`'s compaction (``rows`` rows).
-
-    Pass it as ``compact_workspace=`` (with ``workspace=``) to get compaction with no
-    allocation in the call, e.g. under CUDA-graph capture.
-
-    Needs no particular content (every entry read is written earlier in the same call), so
-    it is returned uninitialised; one call at a time."""
-    dev = _runtime.default_device() if device is None else torch.device(device)
-    return torch.empty(topk_compact_workspace_numel(rows), dtype=torch.int32, device=dev)
 
 
 def topk_workspace(rows: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -141,6 +130,23 @@ def topk_workspace(rows: int, device: torch.device | str | None = None) -> torch
     """
     dev = _runtime.default_device() if device is None else torch.device(device)
     return torch.zeros(topk_workspace_numel(rows), dtype=torch.int32, device=dev)
+
+
+def _tile_passes_for(bits: int) -> int:
+    """Passes of ``_tile_pass`` (TILE_RADIX_BITS wide) that fix at least ``bits`` top bits."""
+    b = TILE_RADIX_BITS
+    w0 = 32 - b * (32 // b - 1)
+    return 1 + cdiv(max(bits - w0, 0), b)
+
+
+def prefilter_applies(n: int, k: int) -> bool:
+    """Whether the split path runs the prefilter for rows of ``n`` scores and this k."""
+    return 2 * k <= PREFILTER_CAP and cdiv(n, SPLIT_BLOCK) <= _PF_MAX_CHUNKS
+
+
+def prefilter_tile(k: int) -> int:
+    """Most candidates a row may keep and still finish on chip (a power of two >= 2k)."""
+    return min(PREFILTER_CAP, next_pow2(4 * k))
 
 
 def choose_num_splits(rows: int, n: int, k: int, device: torch.device) -> int:
@@ -183,38 +189,38 @@ def _chunk(x_row, s_xn, start, end, BLOCK: tl.constexpr, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _match(key, valid, prefix, P: tl.constexpr):
-    """Candidates of pass P: visible keys whose top 8*P bits equal the prefix chosen so far."""
-    if P == 0:
+def _match(key, valid, prefix, HI: tl.constexpr):
+    """Candidates of a pass: visible keys whose bits >= HI equal the prefix chosen so far
+    (HI = 32: every visible key)."""
+    if HI >= 32:
         m = valid
     else:
-        HI: tl.constexpr = 32 - 8 * P
         m = valid & ((key >> HI) == (prefix >> HI))
     return m
 
 
 @triton.jit
-def _digit_hist(key, match, n_match, P: tl.constexpr, BLOCK: tl.constexpr):
-    """256-bin histogram of pass P's digit over the matching keys.
+def _digit_hist(key, match, n_match, LO: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Histogram (2**BITS bins) of the digit at bits [LO, LO + BITS) over the matching keys.
 
     Non-matching keys are routed to bin 0 and subtracted again, which needs no histogram
     mask (not every Triton release has one)."""
-    LO: tl.constexpr = 24 - 8 * P
-    digit = ((key >> LO) & 0xFF).to(tl.int32)
+    NB: tl.constexpr = 1 << BITS
+    digit = ((key >> LO) & (NB - 1)).to(tl.int32)
     digit = tl.where(match, digit, 0)
-    h = tl.histogram(digit, NBINS)
-    bins = tl.arange(0, NBINS)
+    h = tl.histogram(digit, NB)
+    bins = tl.arange(0, NB)
     return h - tl.where(bins == 0, BLOCK - n_match, 0)
 
 
 @triton.jit
-def _pick_bin(hist, need):
+def _pick_bin(hist, need, NB: tl.constexpr):
     """The digit d holding the need-th largest candidate.
 
-    ``hist``: int32 [256] candidates per digit, ``need`` in [1, sum(hist)]. Returns d with
+    ``hist``: int32 [NB] candidates per digit, ``need`` in [1, sum(hist)]. Returns d with
     ``count(digit > d) < need <= count(digit >= d)``, the new ``need = need - count(digit >
     d)``, and 1 when the whole bin d is taken (``new need == hist[d]``), else 0."""
-    bins = tl.arange(0, NBINS)
+    bins = tl.arange(0, NB)
     above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # candidates with a larger digit
     hit = (above < need) & (above + hist >= need)
     d = tl.max(tl.where(hit, bins, 0), 0)
@@ -224,8 +230,41 @@ def _pick_bin(hist, need):
 
 
 @triton.jit
-def _add_digit(prefix, d, P: tl.constexpr):
-    return prefix | (d.to(tl.uint32) << (24 - 8 * P))
+def _add_digit(prefix, d, LO: tl.constexpr):
+    return prefix | (d.to(tl.uint32) << LO)
+
+
+@triton.jit
+def _tile_pass(key, valid, prefix, need, P: tl.constexpr, B: tl.constexpr, TILE: tl.constexpr):
+    """Pass P of the radix select over keys held in registers: digits of B bits from the
+    top, the first one W0 = 32 - B * (32 // B - 1) bits wide so the widths add up to 32.
+
+    Narrow digits cost less per bit: ``tl.histogram`` spends about B + 2**B / 32 * B
+    operations per key and pass."""
+    W0: tl.constexpr = 32 - B * (32 // B - 1)
+    if P == 0:
+        hist = _digit_hist(key, valid, tl.sum(valid.to(tl.int32), 0), 32 - W0, W0, TILE)
+        d, need, done = _pick_bin(hist, need, 1 << W0)
+        prefix = _add_digit(prefix, d, 32 - W0)
+    else:
+        match = _match(key, valid, prefix, 32 - W0 - B * (P - 1))
+        lo: tl.constexpr = 32 - W0 - B * P
+        hist = _digit_hist(key, match, tl.sum(match.to(tl.int32), 0), lo, B, TILE)
+        d, need, done = _pick_bin(hist, need, 1 << B)
+        prefix = _add_digit(prefix, d, lo)
+    return prefix, need, done
+
+
+@triton.jit
+def _tile_select(key, valid, need, B: tl.constexpr, PASSES: tl.constexpr, TILE: tl.constexpr):
+    """The first PASSES passes (``_tile_pass``) of the radix select of the need-th largest
+    valid key of a tile: (prefix, need, done) as the split passes leave them."""
+    prefix = tl.full([], 0, tl.uint32)
+    done = tl.full([], 0, tl.int32)
+    for P in tl.static_range(PASSES):
+        if done == 0:
+            prefix, need, done = _tile_pass(key, valid, prefix, need, P, B, TILE)
+    return prefix, need, done
 
 
 @triton.jit
@@ -257,8 +296,8 @@ def _state_after(ws_row, P: tl.constexpr, K: tl.constexpr):
     if P >= 1:  # noqa: SIM102  (compile-time test apart from the runtime one)
         if done == 0:
             hist = tl.load(ws_row + _WS_HIST + (P - 1) * NBINS + tl.arange(0, NBINS))
-            d, need, done = _pick_bin(hist, need)
-            prefix = _add_digit(prefix, d, P - 1)
+            d, need, done = _pick_bin(hist, need, NBINS)
+            prefix = _add_digit(prefix, d, 32 - 8 * P)
     return prefix, need, done
 
 
@@ -282,14 +321,14 @@ def _hist_chunk(
     MASKED: tl.constexpr,
 ):
     offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
-    match = _match(key, valid, prefix, P)
+    match = _match(key, valid, prefix, 32 - 8 * P)
     if P == 0 and not MASKED:
-        hist += _digit_hist(key, match, BLOCK, P, BLOCK)
+        hist += _digit_hist(key, match, BLOCK, 24 - 8 * P, 8, BLOCK)
     else:
         n_match = tl.sum(match.to(tl.int32), 0)
         # Later passes match few keys: skip the histogram of chunks without any.
         if n_match > 0:
-            hist += _digit_hist(key, match, n_match, P, BLOCK)
+            hist += _digit_hist(key, match, n_match, 24 - 8 * P, 8, BLOCK)
     return hist
 
 
@@ -438,25 +477,19 @@ def _write_chunk(
     s_btc,
     block_size,
     stride_rows,
-    p_row,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     MASKED: tl.constexpr,
     FUSED: tl.constexpr,
-    BUF: tl.constexpr,
 ):
     offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
     sel, rank, n_sel, n_eq = _select(key, valid, thr, need, eq_seen)
     col = base + rank
-    if BUF:  # x_row is a candidate buffer: the row positions are stored next to it
-        pos = tl.load(p_row + offs, mask=sel, other=-1)
-    else:
-        pos = offs
     nvalid += _emit(
         o_row,
         s_oc,
         col,
-        pos,
+        offs,
         sel & (col < K),
         page_limit,
         bt_row,
@@ -485,68 +518,25 @@ def _write_range(
     s_btc,
     block_size,
     stride_rows,
-    p_row,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     FUSED: tl.constexpr,
-    BUF: tl.constexpr,
 ):
     """Write the selected positions among [lo, hi) in order, the first at column base.
 
-    ``eq_seen``: keys == thr before lo. Returns the number of valid entries written.
-    BUF: [lo, hi) index a candidate buffer (scores at x_row, positions at p_row)."""
+    ``eq_seen``: keys == thr before lo. Returns the number of valid entries written."""
     nvalid = base * 0
     full_end = lo + tl.maximum(hi - lo, 0) // BLOCK * BLOCK
     for start in range(lo, full_end, BLOCK):
         base, eq_seen, nvalid = _write_chunk(
-            base,
-            eq_seen,
-            nvalid,
-            x_row,
-            s_xn,
-            start,
-            hi,
-            thr,
-            need,
-            o_row,
-            s_oc,
-            page_limit,
-            bt_row,
-            s_btc,
-            block_size,
-            stride_rows,
-            p_row,
-            K,
-            BLOCK,
-            False,
-            FUSED,
-            BUF,
-        )
+            base, eq_seen, nvalid, x_row, s_xn, start, hi, thr, need, o_row, s_oc,
+            page_limit, bt_row, s_btc, block_size, stride_rows, K, BLOCK, False, FUSED,
+        )  # fmt: skip
     if full_end < hi:
         base, eq_seen, nvalid = _write_chunk(
-            base,
-            eq_seen,
-            nvalid,
-            x_row,
-            s_xn,
-            full_end,
-            hi,
-            thr,
-            need,
-            o_row,
-            s_oc,
-            page_limit,
-            bt_row,
-            s_btc,
-            block_size,
-            stride_rows,
-            p_row,
-            K,
-            BLOCK,
-            True,
-            FUSED,
-            BUF,
-        )
+            base, eq_seen, nvalid, x_row, s_xn, full_end, hi, thr, need, o_row, s_oc,
+            page_limit, bt_row, s_btc, block_size, stride_rows, K, BLOCK, True, FUSED,
+        )  # fmt: skip
     return nvalid
 
 
@@ -583,6 +573,7 @@ def _topk_row_kernel(
     ONE_CHUNK: tl.constexpr,
     FUSED: tl.constexpr,
     COUNTS: tl.constexpr,
+    RB: tl.constexpr,
 ):
     row = tl.program_id(0)
     # Device lengths are untrusted: clamp to [0, N].
@@ -612,12 +603,7 @@ def _topk_row_kernel(
         if ONE_CHUNK:
             # The whole row fits one block: load once, keep the keys in registers.
             offs, valid, key = _chunk(x_row, s_xn, 0, length, BLOCK, True)
-            for P in tl.static_range(NPASS):
-                if done == 0:
-                    match = _match(key, valid, prefix, P)
-                    hist = _digit_hist(key, match, tl.sum(match.to(tl.int32), 0), P, BLOCK)
-                    d, need, done = _pick_bin(hist, need)
-                    prefix = _add_digit(prefix, d, P)
+            prefix, need, done = _tile_select(key, valid, need, RB, 32 // RB, BLOCK)
             thr, need = _finish(prefix, need, done)
             sel, rank, n_sel, n_eq = _select(key, valid, thr, need, 0)
             nvalid = _emit(
@@ -637,8 +623,8 @@ def _topk_row_kernel(
             for P in tl.static_range(NPASS):
                 if done == 0:
                     hist = _hist_range(x_row, s_xn, 0, length, prefix, P, BLOCK)
-                    d, need, done = _pick_bin(hist, need)
-                    prefix = _add_digit(prefix, d, P)
+                    d, need, done = _pick_bin(hist, need, NBINS)
+                    prefix = _add_digit(prefix, d, 24 - 8 * P)
             thr, need = _finish(prefix, need, done)
             nvalid = _write_range(
                 length * 0,
@@ -656,11 +642,9 @@ def _topk_row_kernel(
                 s_btc,
                 block_size,
                 stride_rows,
-                x_row,
                 K,
                 BLOCK,
                 FUSED,
-                False,
             )
     if COUNTS:
         tl.store(cnt_ptr + row * s_cnt, nvalid)
@@ -669,53 +653,16 @@ def _topk_row_kernel(
 # ---------------------------------------------------------------------------------------
 # Several programs per row (grid = rows x S), one launch per phase
 # ---------------------------------------------------------------------------------------
-#
-# Compact option (BUF / SUFFIX / the compact kernel): pass 0 also stores each slice's
-# suffix counts (keys whose top digit is >= d, for every d); a compaction launch after it
-# copies every key >= d0 << 24 (d0 the chosen top digit: the keys above d0's bin, all
-# selected, and the bin itself) with its position into the row's candidate buffer, in
-# position order (each slice starts at the suffix counts of the slices before it). Rows
-# whose candidates do not fit (top digits are coarse: a bin spans two binades) get a second
-# chance after pass 1 (16-bit prefix; pass 1 stores the slices' counts of keys >= each
-# (d0, d) prefix). The later passes, the count and the write pass then split the buffer
-# instead of the row; a row that never fits keeps the full-row passes (decided on the
-# device from the histograms, per row; its count is kept at _WS_TOTAL).
 
 
 @triton.jit
-def _slice_bounds(
-    ws_row, sl, length, slice_len, n_splits, cap, BLOCK: tl.constexpr, BUF: tl.constexpr
-):
-    """[lo, hi) of slice ``sl``, and whether it indexes the row's candidate buffer.
-
-    Without BUF (or for a row whose candidates overflowed the buffer): positions of the
-    row. With BUF, for a row whose candidates fit: indices of the buffer, in whole chunks
-    spread over the slices (the slices past the last chunk are empty)."""
-    lo = sl * slice_len
-    hi = tl.minimum(lo + slice_len, length)
-    from_buf = lo < 0  # false
-    if BUF:
-        total = tl.load(ws_row + _WS_TOTAL)
-        if total <= cap:
-            cs = ((total + BLOCK - 1) // BLOCK + n_splits - 1) // n_splits * BLOCK
-            lo = sl * cs
-            hi = tl.minimum(lo + cs, total)
-            from_buf = total >= 0
-    return lo, hi, from_buf
-
-
-@triton.jit
-def _store_suffix(s_row, hist, prefix, P: tl.constexpr):
-    """This slice's count of keys >= prefix | (d << (24 - 8P)), for every digit d.
-
-    Pass 0: keys whose top digit is >= d. Pass 1 (hist counts the keys whose top digit is
-    d0): those, plus the slice's keys with a top digit > d0 (pass 0's table at d0 + 1)."""
-    bins = tl.arange(0, NBINS)
-    suf = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-    if P == 1:
-        d0 = (prefix >> 24).to(tl.int32)
-        suf += tl.load(s_row + d0 + 1, mask=d0 < NBINS - 1, other=0)
-    tl.store(s_row + bins, suf)
+def _radix_row(ws_row, length, K: tl.constexpr, PF: tl.constexpr):
+    """Whether the radix launches work on this row: longer than K and not finished by the
+    prefilter (PF: the prefilter ran first)."""
+    live = length > K
+    if PF:
+        live = live & (tl.load(ws_row + _WS_PF + 2) == 0)
+    return live
 
 
 @triton.jit
@@ -729,149 +676,28 @@ def _split_hist_kernel(
     ws_ptr,
     ws_stride,
     slice_len,
-    n_splits,
-    cws_ptr,
-    cwsf_ptr,
-    cws_stride,
-    sc_off,
-    cap,
     K: tl.constexpr,
     P: tl.constexpr,
     BLOCK: tl.constexpr,
-    SUFFIX: tl.constexpr,
-    BUF: tl.constexpr,
+    PF: tl.constexpr,
 ):
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
-    if length > K:
-        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
-        lo, hi, from_buf = _slice_bounds(ws_row, sl, length, slice_len, n_splits, cap, BLOCK, BUF)
-        if lo < hi:
-            prefix, need, done = _state_after(ws_row, P, K)
-            if P >= 1:  # noqa: SIM102  (compile-time test apart from the runtime one)
-                if sl == 0:
-                    _store_state(ws_row, P, prefix, need, done)  # for the next launch
-            if done == 0:
-                x_row = x_ptr + row.to(tl.int64) * s_xr
-                s_row = cws_ptr + row.to(tl.int64) * cws_stride + sl * NBINS
-                if BUF:
-                    if from_buf:
-                        c_row = cwsf_ptr + row.to(tl.int64) * cws_stride + sc_off
-                        hist = _hist_range(c_row, 1, lo, hi, prefix, P, BLOCK)
-                    else:
-                        hist = _hist_range(x_row, s_xn, lo, hi, prefix, P, BLOCK)
-                        if SUFFIX:
-                            _store_suffix(s_row, hist, prefix, P)
-                else:
-                    hist = _hist_range(x_row, s_xn, lo, hi, prefix, P, BLOCK)
-                    if SUFFIX:
-                        _store_suffix(s_row, hist, prefix, P)
-                bins = tl.arange(0, NBINS)
-                # Only non-empty bins: most bins of a slice are empty.
-                tl.atomic_add(
-                    ws_row + _WS_HIST + P * NBINS + bins, hist, mask=hist > 0, sem="relaxed"
-                )
-
-
-@triton.jit
-def _compact_chunk(
-    base, x_row, s_xn, start, end, low, sc_row, ps_row, BLOCK: tl.constexpr, MASKED: tl.constexpr
-):
-    """Append the chunk's keys >= low (scores and positions, in order) at buffer index base."""
-    offs = start + tl.arange(0, BLOCK)
-    if MASKED:
-        valid = offs < end
-        x = tl.load(x_row + offs * s_xn, mask=valid, other=0.0)
-    else:
-        valid = tl.full([BLOCK], 1, tl.int1)
-        x = tl.load(x_row + offs * s_xn)
-    m = valid & (_keys(x) >= low)
-    s = m.to(tl.int32)
-    n = tl.sum(s, 0)
-    if n > 0:
-        dst = base + tl.cumsum(s, 0) - s
-        tl.store(sc_row + dst, x, mask=m)
-        tl.store(ps_row + dst, offs, mask=m)
-    return base + n
-
-
-@triton.jit
-def _split_compact_kernel(
-    x_ptr,
-    s_xr,
-    s_xn,
-    len_ptr,
-    s_len,
-    n_cols,
-    ws_ptr,
-    ws_stride,
-    slice_len,
-    n_splits,
-    cws_ptr,
-    cwsf_ptr,
-    cws_stride,
-    sc_off,
-    cap,
-    K: tl.constexpr,
-    P: tl.constexpr,
-    PRIOR: tl.constexpr,
-    BLOCK: tl.constexpr,
-    S_POW2: tl.constexpr,
-):
-    """Compaction after pass P (0 or 1) of every row whose candidates fit the buffer.
-
-    Candidates: keys >= prefix (the digits chosen by passes 0..P, lower bits zero), i.e.
-    the keys above the chosen bin (all selected) and those in it. Stores the row's count
-    at _WS_TOTAL (more than cap: full-row passes from here on). P = 1 with PRIOR (a
-    compaction after pass 0 ran) leaves the rows that one buffered alone."""
-    row = tl.program_id(0)
-    sl = tl.program_id(1)
-    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    ws_row = ws_ptr + row.to(tl.int64) * ws_stride
     lo = sl * slice_len
-    if (length > K) & (lo < length):
-        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
-        bins = tl.arange(0, NBINS)
-        prefix, need, done = _state_after(ws_row, 1, K)  # prefix = d0 << 24
-        d = (prefix >> 24).to(tl.int32)
-        hist = tl.load(ws_row + _WS_HIST + bins)
-        # keys >= prefix (>= K of them): the K - need above the bin, and the bin
-        total = K - need + tl.sum(tl.where(bins == d, hist, 0), 0)
-        go = total >= 0  # pass 0: every row
-        if P == 1:
-            if PRIOR:
-                go = total > cap  # not buffered after pass 0
-            else:
-                go = total >= 0
-            if done != 0:
-                # Done after pass 0 without a buffer (pass 1 stored no table): full row.
-                total = cap + 1
-            else:
-                prefix, need, done = _state_after(ws_row, 2, K)  # prefix = (d0, d1) << 16
-                d = ((prefix >> 16) & 0xFF).to(tl.int32)
-                hist = tl.load(ws_row + _WS_HIST + NBINS + bins)
-                total = K - need + tl.sum(tl.where(bins == d, hist, 0), 0)
-        if go & (sl == 0):
-            tl.store(ws_row + _WS_TOTAL, total)  # read by every later launch
-        if go & (total <= cap):
-            c_row = cws_ptr + row.to(tl.int64) * cws_stride
-            # Where this slice's candidates start: the candidates of the slices before it.
-            sidx = tl.arange(0, S_POW2)
-            before = tl.load(c_row + sidx * NBINS + d, mask=sidx < sl, other=0)
-            base = tl.sum(before, 0)
-            sc_row = cwsf_ptr + row.to(tl.int64) * cws_stride + sc_off
-            ps_row = c_row + sc_off + cap
+    hi = tl.minimum(lo + slice_len, length)
+    if _radix_row(ws_row, length, K, PF) & (lo < hi):
+        prefix, need, done = _state_after(ws_row, P, K)
+        if P >= 1:  # noqa: SIM102  (compile-time test apart from the runtime one)
+            if sl == 0:
+                _store_state(ws_row, P, prefix, need, done)  # for the next launch
+        if done == 0:
             x_row = x_ptr + row.to(tl.int64) * s_xr
-            hi = tl.minimum(lo + slice_len, length)
-            full_end = lo + (hi - lo) // BLOCK * BLOCK
-            for start in range(lo, full_end, BLOCK):
-                base = _compact_chunk(
-                    base, x_row, s_xn, start, hi, prefix, sc_row, ps_row, BLOCK, False
-                )
-            if full_end < hi:
-                base = _compact_chunk(
-                    base, x_row, s_xn, full_end, hi, prefix, sc_row, ps_row, BLOCK, True
-                )
+            hist = _hist_range(x_row, s_xn, lo, hi, prefix, P, BLOCK)
+            bins = tl.arange(0, NBINS)
+            # Only non-empty bins: most bins of a slice are empty.
+            tl.atomic_add(ws_row + _WS_HIST + P * NBINS + bins, hist, mask=hist > 0, sem="relaxed")
 
 
 @triton.jit
@@ -885,36 +711,23 @@ def _split_count_kernel(
     ws_ptr,
     ws_stride,
     slice_len,
-    n_splits,
-    cws_ptr,
-    cwsf_ptr,
-    cws_stride,
-    sc_off,
-    cap,
     cnt_ptr,
     s_cnt,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     ZERO_COUNTS: tl.constexpr,
-    BUF: tl.constexpr,
+    PF: tl.constexpr,
 ):
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
-    if length > K:
-        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+    ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+    if _radix_row(ws_row, length, K, PF):
         prefix, need, done = _state_after(ws_row, NPASS, K)
         thr, need = _finish(prefix, need, done)
         x_row = x_ptr + row.to(tl.int64) * s_xr
-        lo, hi, from_buf = _slice_bounds(ws_row, sl, length, slice_len, n_splits, cap, BLOCK, BUF)
-        if BUF:
-            if from_buf:
-                c_row = cwsf_ptr + row.to(tl.int64) * cws_stride + sc_off
-                n_gt, n_eq = _count_range(c_row, 1, lo, hi, thr, BLOCK)
-            else:
-                n_gt, n_eq = _count_range(x_row, s_xn, lo, hi, thr, BLOCK)
-        else:
-            n_gt, n_eq = _count_range(x_row, s_xn, lo, hi, thr, BLOCK)
+        lo = sl * slice_len
+        n_gt, n_eq = _count_range(x_row, s_xn, lo, tl.minimum(lo + slice_len, length), thr, BLOCK)
         # Every slice stores its counts (zeros past the length): the write pass reads them.
         tl.store(ws_row + _WS_CNT + 2 * sl, n_gt)
         tl.store(ws_row + _WS_CNT + 2 * sl + 1, n_eq)
@@ -937,11 +750,6 @@ def _split_write_kernel(
     ws_stride,
     slice_len,
     n_splits,
-    cws_ptr,
-    cwsf_ptr,
-    cws_stride,
-    sc_off,
-    cap,
     out_ptr,
     s_or,
     s_oc,
@@ -962,15 +770,18 @@ def _split_write_kernel(
     S_POW2: tl.constexpr,
     FUSED: tl.constexpr,
     COUNTS: tl.constexpr,
-    BUF: tl.constexpr,
+    PF: tl.constexpr,
 ):
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     o_row = out_ptr + row.to(tl.int64) * s_or
     page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
+    ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+    if PF:  # the prefilter wrote every short row and every row it finished: -1, no work
+        length = tl.where(tl.load(ws_row + _WS_PF + 2) != 0, -1, length)
     if length <= K:
-        if sl == 0:
+        if (sl == 0) & (length >= 0):
             nvalid = _emit_short_row(
                 o_row,
                 s_oc,
@@ -987,8 +798,8 @@ def _split_write_kernel(
             if COUNTS:
                 tl.store(cnt_ptr + row * s_cnt, nvalid)
     else:
-        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
-        lo, hi, from_buf = _slice_bounds(ws_row, sl, length, slice_len, n_splits, cap, BLOCK, BUF)
+        lo = sl * slice_len
+        hi = tl.minimum(lo + slice_len, length)
         if lo < hi:
             prefix = tl.load(ws_row + _WS_STATE + 4 * NPASS).to(tl.uint32, bitcast=True)
             need = tl.load(ws_row + _WS_STATE + 4 * NPASS + 1)
@@ -1004,79 +815,26 @@ def _split_write_kernel(
             before = sidx < sl
             base = tl.sum(tl.where(before, gts + take, 0), 0)
             eq_seen = tl.sum(tl.where(before, eqs, 0), 0)
-            x_row = x_ptr + row.to(tl.int64) * s_xr
-            if BUF:
-                if from_buf:
-                    c_row = cwsf_ptr + row.to(tl.int64) * cws_stride + sc_off
-                    p_row = cws_ptr + row.to(tl.int64) * cws_stride + sc_off + cap
-                    nvalid = _write_range(
-                        base,
-                        eq_seen,
-                        c_row,
-                        1,
-                        lo,
-                        hi,
-                        thr,
-                        need,
-                        o_row,
-                        s_oc,
-                        page_limit,
-                        bt_row,
-                        s_btc,
-                        block_size,
-                        stride_rows,
-                        p_row,
-                        K,
-                        BLOCK,
-                        FUSED,
-                        True,
-                    )
-                else:
-                    nvalid = _write_range(
-                        base,
-                        eq_seen,
-                        x_row,
-                        s_xn,
-                        lo,
-                        hi,
-                        thr,
-                        need,
-                        o_row,
-                        s_oc,
-                        page_limit,
-                        bt_row,
-                        s_btc,
-                        block_size,
-                        stride_rows,
-                        x_row,
-                        K,
-                        BLOCK,
-                        FUSED,
-                        False,
-                    )
-            else:
-                nvalid = _write_range(
-                    base,
-                    eq_seen,
-                    x_row,
-                    s_xn,
-                    lo,
-                    hi,
-                    thr,
-                    need,
-                    o_row,
-                    s_oc,
-                    page_limit,
-                    bt_row,
-                    s_btc,
-                    block_size,
-                    stride_rows,
-                    x_row,
-                    K,
-                    BLOCK,
-                    FUSED,
-                    False,
-                )
+            nvalid = _write_range(
+                base,
+                eq_seen,
+                x_ptr + row.to(tl.int64) * s_xr,
+                s_xn,
+                lo,
+                hi,
+                thr,
+                need,
+                o_row,
+                s_oc,
+                page_limit,
+                bt_row,
+                s_btc,
+                block_size,
+                stride_rows,
+                K,
+                BLOCK,
+                FUSED,
+            )
             if COUNTS:
                 if FUSED:
                     tl.atomic_add(cnt_ptr + row * s_cnt, nvalid, sem="relaxed")
@@ -1087,6 +845,250 @@ def _split_write_kernel(
             tl.store(
                 ws_row + _WS_HIST + tl.arange(0, NPASS * NBINS), tl.zeros([NPASS * NBINS], tl.int32)
             )
+
+
+# ---------------------------------------------------------------------------------------
+# Prefilter: sampled threshold, one gathering pass, finish on chip (3 launches)
+# ---------------------------------------------------------------------------------------
+#
+# A sample of the row places a threshold key ``t`` that about TARGET keys reach
+# (K <= TARGET <= TILE). One pass over the row copies every key >= t with its position into
+# the row's candidate buffer (each chunk reserves its run with one atomic, so runs land in any
+# order; the chunk table records where each run went). If K <= candidates <= TILE, the top k
+# of the row are the top k of the buffer: one program per row puts the buffer in position
+# order (from the chunk table), runs the radix select on chip and writes the row. Otherwise
+# (a flat or tie-heavy row, or an unlucky sample) the row's done flag stays 0 and the radix
+# launches that follow handle it; they skip every row the prefilter finished.
+
+
+@triton.jit
+def _prefilter_sample_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
+    len_ptr,
+    s_len,
+    n_cols,
+    ws_ptr,
+    ws_stride,
+    TARGET: tl.constexpr,
+    SAMPLE: tl.constexpr,
+    RB: tl.constexpr,
+    PASSES: tl.constexpr,
+):
+    """Threshold key of each row from SAMPLE scores (SAMPLE // 8 groups of 8 adjacent
+    positions spread over the row; the whole row when it is that short).
+
+    The r-th largest sampled key, r = TARGET * sampled / length, cut to its top bits
+    (PASSES radix passes: 16 bits or more), so at least r sampled keys reach it. Zeroes
+    the candidate count."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+    i = tl.arange(0, SAMPLE)
+    stride = tl.maximum(length // (SAMPLE // 8), 8)  # 8: positions 0..SAMPLE-1
+    pos = i // 8 * stride + i % 8
+    valid = pos < length
+    x = tl.load(x_ptr + row.to(tl.int64) * s_xr + pos * s_xn, mask=valid, other=0.0)
+    key = _keys(x)
+    n_s = tl.minimum(length, SAMPLE)
+    need = tl.minimum(tl.maximum((TARGET * n_s + length - 1) // tl.maximum(length, 1), 1), n_s)
+    prefix, need, done = _tile_select(key, valid, need, RB, PASSES, SAMPLE)
+    tl.store(ws_row + _WS_PF, prefix.to(tl.int32, bitcast=True))
+    tl.store(ws_row + _WS_PF + 1, 0)
+
+
+@triton.jit
+def _prefilter_gather_chunk(
+    ws_row,
+    x_row,
+    s_xn,
+    start,
+    end,
+    thr,
+    TILE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Copy the chunk's keys >= thr, in order, to a run of the buffer reserved now, and
+    record the run in the chunk table."""
+    offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
+    m = valid & (key >= thr)
+    s = m.to(tl.int32)
+    n = tl.sum(s, 0)
+    run = n * 0
+    if n > 0:
+        run = tl.atomic_add(ws_row + _WS_PF + 1, n, sem="relaxed")
+        dst = run + tl.cumsum(s, 0) - s
+        ok = m & (dst < TILE)  # past TILE the row falls back: nothing more to keep
+        tl.store(ws_row + _WS_PF_BUF + dst, key.to(tl.int32, bitcast=True), mask=ok)
+        tl.store(ws_row + _WS_PF_BUF + PF_CAP + dst, offs, mask=ok)
+    c = start // BLOCK
+    tl.store(ws_row + _WS_PF_TAB + c, run)
+    tl.store(ws_row + _WS_PF_TAB + PF_MAX_CHUNKS + c, n)
+
+
+@triton.jit
+def _prefilter_gather_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
+    len_ptr,
+    s_len,
+    n_cols,
+    ws_ptr,
+    ws_stride,
+    slice_len,
+    K: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Every key >= the row's threshold, with its position, into the candidate buffer."""
+    row = tl.program_id(0)
+    lo = tl.program_id(1) * slice_len
+    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    if (length > K) & (lo < length):
+        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+        thr = tl.load(ws_row + _WS_PF).to(tl.uint32, bitcast=True)
+        x_row = x_ptr + row.to(tl.int64) * s_xr
+        hi = tl.minimum(lo + slice_len, length)
+        full_end = lo + (hi - lo) // BLOCK * BLOCK
+        for start in range(lo, full_end, BLOCK):
+            _prefilter_gather_chunk(ws_row, x_row, s_xn, start, hi, thr, TILE, BLOCK, False)
+        if full_end < hi:
+            _prefilter_gather_chunk(ws_row, x_row, s_xn, full_end, hi, thr, TILE, BLOCK, True)
+
+
+@triton.jit
+def _prefilter_select(
+    ws_row,
+    length,
+    total,
+    o_row,
+    s_oc,
+    page_limit,
+    bt_row,
+    s_btc,
+    block_size,
+    stride_rows,
+    K: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FUSED: tl.constexpr,
+    RB: tl.constexpr,
+):
+    """Top K of a row whose K..TILE candidates are buffered: order, select, write."""
+    tab = ws_row + _WS_PF_TAB
+    buf = ws_row + _WS_PF_BUF
+    c = tl.arange(0, PF_MAX_CHUNKS)
+    cm = c < (length + BLOCK - 1) // BLOCK
+    run = tl.load(tab + c, mask=cm, other=0)
+    cnt = tl.load(tab + PF_MAX_CHUNKS + c, mask=cm, other=0)
+    tl.store(tab + c, tl.cumsum(cnt, 0) - cnt - run, mask=cm)  # in-order start - run start
+    i = tl.arange(0, TILE)
+    valid = i < total
+    key = tl.load(buf + i, mask=valid, other=0)
+    pos = tl.load(buf + PF_CAP + i, mask=valid, other=0)
+    tl.debug_barrier()
+    dst = i + tl.load(tab + pos // BLOCK, mask=valid, other=0)
+    tl.store(buf + 2 * PF_CAP + dst, key, mask=valid)
+    tl.store(buf + 3 * PF_CAP + dst, pos, mask=valid)
+    tl.debug_barrier()
+    key = tl.load(buf + 2 * PF_CAP + i, mask=valid, other=0).to(tl.uint32, bitcast=True)
+    pos = tl.load(buf + 3 * PF_CAP + i, mask=valid, other=-1)
+    need = tl.full([], K, tl.int32)
+    prefix, need, done = _tile_select(key, valid, need, RB, 32 // RB, TILE)
+    thr, need = _finish(prefix, need, done)
+    sel, rank, n_sel, n_eq = _select(key, valid, thr, need, 0)
+    return _emit(
+        o_row,
+        s_oc,
+        rank,
+        pos,
+        sel & (rank < K),
+        page_limit,
+        bt_row,
+        s_btc,
+        block_size,
+        stride_rows,
+        FUSED,
+    )
+
+
+@triton.jit
+def _prefilter_finish_kernel(
+    len_ptr,
+    s_len,
+    n_cols,
+    ws_ptr,
+    ws_stride,
+    out_ptr,
+    s_or,
+    s_oc,
+    cnt_ptr,
+    s_cnt,
+    bt_ptr,
+    s_btr,
+    s_btc,
+    req_ptr,
+    s_req,
+    n_req,
+    n_pages,
+    block_size,
+    stride_rows,
+    K: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FUSED: tl.constexpr,
+    COUNTS: tl.constexpr,
+    RB: tl.constexpr,
+):
+    """Writes every row that is short or has K..TILE candidates, and its done flag."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+    o_row = out_ptr + row.to(tl.int64) * s_or
+    page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
+    total = tl.load(ws_row + _WS_PF + 1)
+    short = length <= K
+    fits = short | ((total >= K) & (total <= TILE))
+    if fits:
+        if short:
+            nvalid = _emit_short_row(
+                o_row,
+                s_oc,
+                length,
+                page_limit,
+                bt_row,
+                s_btc,
+                block_size,
+                stride_rows,
+                K,
+                BLOCK_K,
+                FUSED,
+            )
+        else:
+            nvalid = _prefilter_select(
+                ws_row,
+                length,
+                total,
+                o_row,
+                s_oc,
+                page_limit,
+                bt_row,
+                s_btc,
+                block_size,
+                stride_rows,
+                K,
+                TILE,
+                BLOCK,
+                FUSED,
+                RB,
+            )
+        if COUNTS:
+            tl.store(cnt_ptr + row * s_cnt, nvalid)
+    tl.store(ws_row + _WS_PF + 2, fits.to(tl.int32))
 
 
 # ---------------------------------------------------------------------------------------
@@ -1108,8 +1110,7 @@ def select_topk(
     return_valid_counts: bool = False,
     workspace: torch.Tensor | None = None,
     num_splits: int | None = None,
-    compact: bool = False,
-    compact_workspace: torch.Tensor | None = None,
+    prefilter: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k positions of each row of indexer scores (DSA), optionally remapped.
 
@@ -1145,23 +1146,10 @@ def select_topk(
             call when omitted. The kernels restore the part that must be zero.
         num_splits: programs per row; None picks from the shapes and the GPU, 1 forces the
             one-program-per-row kernel (at most ``MAX_SPLITS``).
-        compact: opt-in candidate compaction on the split path (same results). After
-            histogram pass 0, and
-            again after pass 1 for rows that did not fit (``COMPACT_AFTER``), the keys
-            that can still be selected are copied with their positions into a per-row
-            buffer; the remaining passes, the count and the write pass read only that
-            buffer (two more launches, far fewer bytes read). A row with more than
-            ``COMPACT_CAP`` candidates after both tries (decided on the device) keeps the
-            full-row passes. The split count is capped at ``COMPACT_MAX_SPLITS``; no
-            effect on the row kernel. Measured on an H200 (k=2048): standard-normal scores,
-            64 x 128K 1.67x faster (164 -> 98 us), 64 x 64K 1.08x, 1M scores or fewer
-            0.8-1.0x, all in CUDA graphs. Eagerly it was much slower (64 x 64K: 433 vs
-            148 us; the V3.2-shaped scores of ``sparse-mla demo --size v32``, 80 x 128K:
-            351-388 vs 178 us): two more launches with long argument lists, and a cause not
-            yet separated. Hence off by default.
-        compact_workspace: optional int32, at least ``topk_compact_workspace_numel(rows)``
-            elements (:func:`topk_compact_workspace`, any content), for ``compact=True``;
-            allocated per call when omitted.
+        prefilter: the split path's prefilter (see the module notes): None (default) runs
+            it where it measured faster, at least ``PREFILTER_MIN_SCORES`` scores per call
+            (rows x N); True runs it wherever it applies (k <= 2048, N <= 262144); False
+            never. Same results either way.
 
     Returns:
         int32 ``[rows, k]`` positions (or slots), or ``(out, valid_counts)`` with
@@ -1208,19 +1196,8 @@ def select_topk(
             )
     if num_splits is not None:
         check_int("num_splits", num_splits, lo=1, hi=MAX_SPLITS)
-    if not isinstance(compact, bool):
-        raise TypeError(f"compact must be a bool, got {type(compact).__name__}")
-    if compact_workspace is not None:
-        if not compact:
-            raise ValueError("compact_workspace needs compact=True")
-        check_tensor("compact_workspace", compact_workspace, dtype=torch.int32, ndim=1)
-        need_c = topk_compact_workspace_numel(rows)
-        if not compact_workspace.is_contiguous() or compact_workspace.numel() < need_c:
-            raise ValueError(
-                f"compact_workspace must be a contiguous int32 tensor of at least {need_c} "
-                f"elements, got {compact_workspace.numel()} "
-                f"(contiguous={compact_workspace.is_contiguous()})"
-            )
+    if prefilter is not None and not isinstance(prefilter, bool):
+        raise TypeError(f"prefilter must be a bool or None, got {type(prefilter).__name__}")
     device = check_same_device(
         logits=logits,
         lengths=lengths,
@@ -1229,7 +1206,6 @@ def select_topk(
         req_id=req_id,
         valid_counts_out=valid_counts_out,
         workspace=workspace,
-        compact_workspace=compact_workspace,
     )
 
     if out is None:
@@ -1253,11 +1229,6 @@ def select_topk(
     block_k = min(next_pow2(k), 1024)
 
     splits = choose_num_splits(rows, n, k, device) if num_splits is None else num_splits
-    after = tuple(sorted(set(COMPACT_AFTER) & {0, 1}))
-    if k > COMPACT_CAP or not after:
-        compact = False  # no row could be buffered: the plain split path
-    if compact:
-        splits = min(splits, COMPACT_MAX_SPLITS)
     slice_len = cdiv(cdiv(max(n, 1), SPLIT_BLOCK), splits) * SPLIT_BLOCK
     splits = cdiv(max(n, 1), slice_len)  # no empty trailing slices
     if splits <= 1 or n <= k:
@@ -1288,18 +1259,11 @@ def select_topk(
             ONE_CHUNK=n <= ROW_BLOCK,
             FUSED=fused,
             COUNTS=want_counts,
+            RB=TILE_RADIX_BITS,
             num_warps=ROW_WARPS,
         )
     else:
         ws = topk_workspace(rows, device) if workspace is None else workspace
-        if compact:
-            cws = compact_workspace
-            if cws is None:
-                cws = topk_compact_workspace(rows, device)
-            c_stride, sc_off, cap = _compact_row_stride(), COMPACT_MAX_SPLITS * _NBINS, COMPACT_CAP
-            cwsf = cws.view(torch.float32)  # the candidate scores, moved bit for bit
-        else:  # unused
-            cws, cwsf, c_stride, sc_off, cap = ws, ws, 0, 0, 0
         common = (
             logits,
             logits.stride(0),
@@ -1310,37 +1274,62 @@ def select_topk(
             ws,
             WS_ROW_STRIDE,
             slice_len,
-            splits,
-            cws,
-            cwsf,
-            c_stride,
-            sc_off,
-            cap,
         )
         grid = (rows, splits)
-        if not compact:
-            after = ()
-        for p in range(_NPASS):
-            _split_hist_kernel[grid](
+        if prefilter is None:
+            pf = rows * n >= PREFILTER_MIN_SCORES and prefilter_applies(n, k)
+        else:
+            pf = prefilter and prefilter_applies(n, k)
+        if pf:
+            tile = prefilter_tile(k)
+            _prefilter_sample_kernel[(rows,)](
+                *common[:8],
+                TARGET=math.isqrt(k * tile),
+                SAMPLE=PREFILTER_SAMPLE,
+                RB=TILE_RADIX_BITS,
+                PASSES=_tile_passes_for(16),
+                num_warps=PREFILTER_WARPS,
+            )
+            _prefilter_gather_kernel[grid](
                 *common,
                 K=k,
-                P=p,
+                TILE=tile,
                 BLOCK=SPLIT_BLOCK,
-                # per-slice tables for the compactions; rows read from a buffer after one
-                SUFFIX=(p == 0 and bool(after)) or (p == 1 and 1 in after),
-                BUF=bool(after) and (p >= 2 or (p == 1 and 0 in after)),
                 num_warps=SPLIT_WARPS,
             )
-            if p in after:
-                _split_compact_kernel[grid](
-                    *common,
-                    K=k,
-                    P=p,
-                    PRIOR=p == 1 and 0 in after,
-                    BLOCK=SPLIT_BLOCK,
-                    S_POW2=next_pow2(COMPACT_MAX_SPLITS),
-                    num_warps=SPLIT_WARPS,
-                )
+            _prefilter_finish_kernel[(rows,)](
+                lengths,
+                lengths.stride(0),
+                n,
+                ws,
+                WS_ROW_STRIDE,
+                out,
+                out.stride(0),
+                out.stride(1),
+                cnt,
+                s_cnt,
+                bt,
+                s_btr,
+                s_btc,
+                req,
+                s_req,
+                n_req,
+                n_pages,
+                block_size,
+                stride_rows,
+                K=k,
+                TILE=tile,
+                BLOCK=SPLIT_BLOCK,
+                BLOCK_K=block_k,
+                FUSED=fused,
+                COUNTS=want_counts,
+                RB=TILE_RADIX_BITS,
+                num_warps=PREFILTER_WARPS,
+            )
+        for p in range(_NPASS):
+            _split_hist_kernel[grid](
+                *common, K=k, P=p, BLOCK=SPLIT_BLOCK, PF=pf, num_warps=SPLIT_WARPS
+            )
         _split_count_kernel[grid](
             *common,
             cnt,
@@ -1348,11 +1337,12 @@ def select_topk(
             K=k,
             BLOCK=SPLIT_BLOCK,
             ZERO_COUNTS=want_counts and fused,
-            BUF=compact,
+            PF=pf,
             num_warps=SPLIT_WARPS,
         )
         _split_write_kernel[grid](
             *common,
+            splits,
             out,
             out.stride(0),
             out.stride(1),
@@ -1373,7 +1363,7 @@ def select_topk(
             S_POW2=MAX_SPLITS,  # one compiled variant whatever the split count
             FUSED=fused,
             COUNTS=want_counts,
-            BUF=compact,
+            PF=pf,
             num_warps=SPLIT_WARPS,
         )
     return (out, counts) if return_valid_counts else out
