@@ -12,7 +12,7 @@ For k = 2048 and (B, N) in {(1, 64K), (8, 64K), (8, 128K), (64, 4K), (64, 16K), 
    device time and count.
 2. Sweep, each candidate timed per call inside a CUDA graph of back-to-back calls rotating
    over enough input sets that the working set exceeds twice the L2 (where memory allows),
-   like ``sparse-mla bench``: the prefilter forced on and off, its knobs (PREFILTER_SAMPLE,
+   like ``sparse-mla bench``: the prefilter forced on and off, its knobs (PREFILTER_SAMPLE_MIN/MAX,
    PREFILTER_WARPS, CTAS_PER_SM), the digit width of the radix passes in
    registers (TILE_RADIX_BITS), forced ``num_splits`` (1 = the one-program-per-row kernel), then the
    module knobs SPLIT_BLOCK x SPLIT_WARPS x CTAS_PER_SM (set on the module, restored
@@ -64,7 +64,8 @@ KNOBS = (
     "SPLIT_MIN_N",
     "CTAS_PER_SM",
     "PREFILTER_MIN_SCORES",
-    "PREFILTER_SAMPLE",
+    "PREFILTER_SAMPLE_MIN",
+    "PREFILTER_SAMPLE_MAX",
     "PREFILTER_WARPS",
     "TILE_RADIX_BITS",
 )
@@ -87,7 +88,7 @@ FULL = dict(
     ctas=(4, 8, 16, 32),
     forced=(4, 8, 32),  # extra num_splits for B = 64 (1, the row kernel, always)
     pf_ctas=(4, 16),
-    pf_sample=(2048, 8192),
+    pf_sample=(4096, 16384),
     pf_warps=(4, 16),
     tile_bits=(6, 8),
     graph_calls=30,
@@ -147,11 +148,11 @@ class Cand:
                 return ("row", topk_mod.ROW_BLOCK, topk_mod.ROW_WARPS, topk_mod.TILE_RADIX_BITS)
             pf = self.kw.get("prefilter")
             if pf is None:
-                pf = rows * n >= topk_mod.PREFILTER_MIN_SCORES
+                pf = rows * n >= topk_mod.PREFILTER_MIN_SCORES  # candidates are timed in graphs
             pf = pf and topk_mod.prefilter_applies(n, k)
             if pf:
                 pf = (
-                    topk_mod.PREFILTER_SAMPLE,
+                    topk_mod.prefilter_sample(n),
                     topk_mod.PREFILTER_WARPS,
                     topk_mod.TILE_RADIX_BITS,
                 )
@@ -174,7 +175,7 @@ def candidates(cfg: dict, rows: int) -> tuple[list[Cand], int]:
     registers, the row kernel; then the knob grid."""
     out = [Cand("default"), Cand("prefilter", prefilter=True)]
     for sample in cfg["pf_sample"]:
-        knob = dict(PREFILTER_SAMPLE=sample)
+        knob = dict(PREFILTER_SAMPLE_MIN=sample, PREFILTER_SAMPLE_MAX=sample)
         out.append(Cand(f"prefilter sample={sample}", knob, prefilter=True))
     for w in cfg["pf_warps"]:
         out.append(Cand(f"prefilter warps={w}", dict(PREFILTER_WARPS=w), prefilter=True))

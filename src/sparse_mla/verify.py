@@ -9,9 +9,9 @@ PyTorch reference. Kinds:
 * ``expand``: speculative-decode expansion (uniform and ragged kernels), bit-identical.
 * ``topk``: exact top-k under adversarial score distributions (normal, all equal, ties at the
   threshold, two-valued, -inf runs, NaN, huge/tiny magnitudes, signed zeros) and lengths
-  0 / < k / = k / > k, on the row, split and automatic paths; bit-identical to
-  ``select_topk_reference``, and the fused slot epilogue bit-identical to top-k followed by
-  the remap.
+  0 / < k / = k / > k, on the row, split (prefilter on, off or by default) and automatic
+  paths; bit-identical to ``select_topk_reference``, and the fused slot epilogue
+  bit-identical to top-k followed by the remap.
 * ``kvcache``: the indexer-K and MLA-latent writers (bf16 and fp8 formats, ``-1`` and
   out-of-range slots, garbage-filled caches) byte-identical to the PyTorch writers.
 * ``logits``: indexer logits (bf16 and fp8 caches, native multi-token, flattened and 2-D
@@ -430,6 +430,7 @@ def _run_topk(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
             num_splits = 1
         elif mode == "split":
             num_splits = _rand_int(g, 2, min(32, cdiv(n, topk_mod.SPLIT_BLOCK)))
+    prefilter = _rand_choice(g, (None, True, False)) if mode == "split" else None
     x = _topk_scores(p["dist"], rows, n, k, g)
     lengths = _topk_lengths(rows, n, k, g)
     want = select_topk_reference(x, lengths, k)
@@ -439,11 +440,18 @@ def _run_topk(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     ws = topk_workspace(rows, dev)  # reused by the fused call: the kernels re-zero it
     out = torch.full((rows, k), POISON, dtype=torch.int32, device=dev)
     got, counts = select_topk(
-        xd, ld, k=k, out=out, return_valid_counts=True, workspace=ws, num_splits=num_splits
+        xd,
+        ld,
+        k=k,
+        out=out,
+        return_valid_counts=True,
+        workspace=ws,
+        num_splits=num_splits,
+        prefilter=prefilter,
     )
     err = _compare("positions", got.cpu(), want) or _compare("counts", counts.cpu(), want_counts)
     if err:
-        return f"n={n} rows={rows} num_splits={num_splits}: {err}"
+        return f"n={n} rows={rows} num_splits={num_splits} prefilter={prefilter}: {err}"
 
     # Fused slot epilogue vs top-k then the remap (and vs the reference of both).
     bs = _rand_choice(g, (64, 64, 16, 1))
@@ -476,6 +484,7 @@ def _run_topk(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
         return_valid_counts=True,
         workspace=ws,
         num_splits=num_splits,
+        prefilter=prefilter,
     )
     err = (
         _compare("fused slots vs two-step", fused.cpu(), two_step.cpu())

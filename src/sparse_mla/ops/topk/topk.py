@@ -26,9 +26,9 @@ Two launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync)
   write pass (an exclusive prefix over the slice counts places each slice's output). The
   histogram part of the int32 workspace must be zero on entry; the last launch zeroes it
   again, so a workspace from :func:`topk_workspace` stays reusable (one call at a time).
-* ``split`` with the prefilter (3 launches before the six; on by default from
+* ``split`` with the prefilter (3 launches before the six; by default in CUDA graphs from
   ``PREFILTER_MIN_SCORES`` scores per call, where it measured faster): a sample of each row
-  (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)`` keys reach;
+  (``prefilter_sample(N)`` scores) places a threshold that about ``sqrt(k * tile)`` keys reach;
   one pass copies the keys at or above it, with their positions, into the row's candidate
   buffer (``tile`` = ``prefilter_tile(k)`` entries); when k <= candidates <= tile, one
   program per row puts the buffer in position order and selects in registers (the top k of
@@ -69,15 +69,15 @@ _NPASS = 4
 # (prefix, need, done at _STATE_OFF + 4 * p); the per-slice (count > thr, count == thr).
 _STATE_OFF = _NPASS * _NBINS
 _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
-# Prefilter (see _prefilter_* kernels): threshold, candidate count, "row done" flag; the
-# chunk table (reserved buffer index, then candidate count, per chunk); the candidate
-# buffer (keys, positions) as gathered and again in position order. Any content on entry.
-_PF_MAX_CHUNKS = 256  # rows of at most 256 * SPLIT_BLOCK scores take the prefilter
+# Prefilter (see _prefilter_* kernels): threshold, candidate count, "row done" flag; a
+# bitmap of the row's positions (then the running count before each word); the candidate
+# buffer (keys, then positions). Any content on entry: the sample launch zeroes what it must.
+PREFILTER_MAX_N = 262144  # longest rows the prefilter takes
 PREFILTER_CAP = 4096  # candidates per row (the finishing tile); more: the radix passes
 _PF_OFF = _CNT_OFF + 2 * MAX_SPLITS
-_PF_TAB = _PF_OFF + 4
-_PF_BUF = _PF_TAB + 2 * _PF_MAX_CHUNKS
-WS_ROW_STRIDE = _PF_BUF + 4 * PREFILTER_CAP
+_PF_BMP = _PF_OFF + 4
+_PF_BUF = _PF_BMP + PREFILTER_MAX_N // 32
+WS_ROW_STRIDE = _PF_BUF + 2 * PREFILTER_CAP
 
 # The same numbers as kernel constants.
 NBINS = tl.constexpr(_NBINS)
@@ -86,9 +86,9 @@ _WS_HIST = tl.constexpr(0)
 _WS_STATE = tl.constexpr(_STATE_OFF)
 _WS_CNT = tl.constexpr(_CNT_OFF)
 _WS_PF = tl.constexpr(_PF_OFF)  # + 0 threshold key, + 1 candidate count, + 2 done flag
-_WS_PF_TAB = tl.constexpr(_PF_TAB)
+_WS_PF_BMP = tl.constexpr(_PF_BMP)
 _WS_PF_BUF = tl.constexpr(_PF_BUF)
-PF_MAX_CHUNKS = tl.constexpr(_PF_MAX_CHUNKS)
+PF_WORDS = tl.constexpr(PREFILTER_MAX_N // 32)
 PF_CAP = tl.constexpr(PREFILTER_CAP)
 
 # Tuning knobs (module-level so a benchmark or a test can change them).
@@ -101,7 +101,9 @@ CTAS_PER_SM = 8  # split heuristic: programs per SM to aim at (hides load latenc
 _MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
 # Prefilter: default on from this many scores per call (rows x N).
 PREFILTER_MIN_SCORES = 4 << 20
-PREFILTER_SAMPLE = 4096  # scores sampled per row (groups of 8 adjacent positions)
+# Scores sampled per row (groups of 8 adjacent positions): N / 16, within these bounds.
+PREFILTER_SAMPLE_MIN = 2048
+PREFILTER_SAMPLE_MAX = 8192
 PREFILTER_WARPS = 16  # of its one-program-per-row launches
 # Digit width of the radix passes over a tile in registers (row kernel with the row in
 # registers, prefilter); 5, 6 or 8. The split passes keep 8 (one launch per pass).
@@ -141,12 +143,22 @@ def _tile_passes_for(bits: int) -> int:
 
 def prefilter_applies(n: int, k: int) -> bool:
     """Whether the split path runs the prefilter for rows of ``n`` scores and this k."""
-    return 2 * k <= PREFILTER_CAP and cdiv(n, SPLIT_BLOCK) <= _PF_MAX_CHUNKS
+    return 2 * k <= PREFILTER_CAP and n <= PREFILTER_MAX_N
+
+
+def prefilter_sample(n: int) -> int:
+    """Scores the prefilter samples per row of ``n`` (a power of two)."""
+    return min(max(next_pow2(n) // 16, PREFILTER_SAMPLE_MIN), PREFILTER_SAMPLE_MAX)
 
 
 def prefilter_tile(k: int) -> int:
     """Most candidates a row may keep and still finish on chip (a power of two >= 2k)."""
     return min(PREFILTER_CAP, next_pow2(4 * k))
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is being captured into a graph (host-side query)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def choose_num_splits(rows: int, n: int, k: int, device: torch.device) -> int:
@@ -853,12 +865,13 @@ def _split_write_kernel(
 #
 # A sample of the row places a threshold key ``t`` that about TARGET keys reach
 # (K <= TARGET <= TILE). One pass over the row copies every key >= t with its position into
-# the row's candidate buffer (each chunk reserves its run with one atomic, so runs land in any
-# order; the chunk table records where each run went). If K <= candidates <= TILE, the top k
-# of the row are the top k of the buffer: one program per row puts the buffer in position
-# order (from the chunk table), runs the radix select on chip and writes the row. Otherwise
-# (a flat or tie-heavy row, or an unlucky sample) the row's done flag stays 0 and the radix
-# launches that follow handle it; they skip every row the prefilter finished.
+# the row's candidate buffer (each at a slot from a per-element atomic: no scan, in no
+# particular order). If K <= candidates <= TILE, the top k of the row are the top k of the
+# buffer: one program per row puts the buffer in position order (a bitmap of the candidate
+# positions, popcounts and one scan over its words), runs the radix select in registers and
+# writes the row. Otherwise (a flat or tie-heavy row, or an unlucky sample) the row's done
+# flag stays 0 and the radix launches that follow handle it; they skip every row the
+# prefilter finished.
 
 
 @triton.jit
@@ -871,6 +884,7 @@ def _prefilter_sample_kernel(
     n_cols,
     ws_ptr,
     ws_stride,
+    K: tl.constexpr,
     TARGET: tl.constexpr,
     SAMPLE: tl.constexpr,
     RB: tl.constexpr,
@@ -881,7 +895,7 @@ def _prefilter_sample_kernel(
 
     The r-th largest sampled key, r = TARGET * sampled / length, cut to its top bits
     (PASSES radix passes: 16 bits or more), so at least r sampled keys reach it. Zeroes
-    the candidate count."""
+    the candidate count and the position bitmap."""
     row = tl.program_id(0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
@@ -896,6 +910,9 @@ def _prefilter_sample_kernel(
     prefix, need, done = _tile_select(key, valid, need, RB, PASSES, SAMPLE)
     tl.store(ws_row + _WS_PF, prefix.to(tl.int32, bitcast=True))
     tl.store(ws_row + _WS_PF + 1, 0)
+    if length > K:
+        w = tl.arange(0, PF_WORDS)
+        tl.store(ws_row + _WS_PF_BMP + w, tl.zeros([PF_WORDS], tl.int32), mask=w * 32 < length)
 
 
 @triton.jit
@@ -910,22 +927,14 @@ def _prefilter_gather_chunk(
     BLOCK: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """Copy the chunk's keys >= thr, in order, to a run of the buffer reserved now, and
-    record the run in the chunk table."""
+    """Copy the chunk's keys >= thr with their positions to the buffer, one atomic slot each
+    (candidates are a few percent of the keys)."""
     offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
     m = valid & (key >= thr)
-    s = m.to(tl.int32)
-    n = tl.sum(s, 0)
-    run = n * 0
-    if n > 0:
-        run = tl.atomic_add(ws_row + _WS_PF + 1, n, sem="relaxed")
-        dst = run + tl.cumsum(s, 0) - s
-        ok = m & (dst < TILE)  # past TILE the row falls back: nothing more to keep
-        tl.store(ws_row + _WS_PF_BUF + dst, key.to(tl.int32, bitcast=True), mask=ok)
-        tl.store(ws_row + _WS_PF_BUF + PF_CAP + dst, offs, mask=ok)
-    c = start // BLOCK
-    tl.store(ws_row + _WS_PF_TAB + c, run)
-    tl.store(ws_row + _WS_PF_TAB + PF_MAX_CHUNKS + c, n)
+    slot = tl.atomic_add(ws_row + _WS_PF + 1 + offs * 0, 1, mask=m, sem="relaxed")
+    ok = m & (slot < TILE)  # past TILE the row falls back: nothing more to keep
+    tl.store(ws_row + _WS_PF_BUF + slot, key.to(tl.int32, bitcast=True), mask=ok)
+    tl.store(ws_row + _WS_PF_BUF + PF_CAP + slot, offs, mask=ok)
 
 
 @triton.jit
@@ -943,9 +952,12 @@ def _prefilter_gather_kernel(
     TILE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Every key >= the row's threshold, with its position, into the candidate buffer."""
+    """Every key >= the row's threshold, with its position, into the candidate buffer.
+
+    Slices run last first: no matter on the GPU, and under the interpreter (programs in
+    order) it leaves the buffer out of position order, as on the GPU."""
     row = tl.program_id(0)
-    lo = tl.program_id(1) * slice_len
+    lo = (tl.num_programs(1) - 1 - tl.program_id(1)) * slice_len
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     if (length > K) & (lo < length):
         ws_row = ws_ptr + row.to(tl.int64) * ws_stride
@@ -957,6 +969,15 @@ def _prefilter_gather_kernel(
             _prefilter_gather_chunk(ws_row, x_row, s_xn, start, hi, thr, TILE, BLOCK, False)
         if full_end < hi:
             _prefilter_gather_chunk(ws_row, x_row, s_xn, full_end, hi, thr, TILE, BLOCK, True)
+
+
+@triton.jit
+def _popcount(x):
+    """Set bits of each uint32 (SWAR), as int32."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
 
 
 @triton.jit
@@ -978,24 +999,32 @@ def _prefilter_select(
     RB: tl.constexpr,
 ):
     """Top K of a row whose K..TILE candidates are buffered: order, select, write."""
-    tab = ws_row + _WS_PF_TAB
+    bmp = ws_row + _WS_PF_BMP
     buf = ws_row + _WS_PF_BUF
-    c = tl.arange(0, PF_MAX_CHUNKS)
-    cm = c < (length + BLOCK - 1) // BLOCK
-    run = tl.load(tab + c, mask=cm, other=0)
-    cnt = tl.load(tab + PF_MAX_CHUNKS + c, mask=cm, other=0)
-    tl.store(tab + c, tl.cumsum(cnt, 0) - cnt - run, mask=cm)  # in-order start - run start
     i = tl.arange(0, TILE)
     valid = i < total
     key = tl.load(buf + i, mask=valid, other=0)
     pos = tl.load(buf + PF_CAP + i, mask=valid, other=0)
+    # Rank of each candidate in position order: set its bit, then the bits before it.
+    one = tl.full([TILE], 1, tl.uint32)
+    bit = one << (pos & 31).to(tl.uint32)
+    tl.atomic_or(bmp + (pos >> 5), bit.to(tl.int32, bitcast=True), mask=valid, sem="relaxed")
     tl.debug_barrier()
-    dst = i + tl.load(tab + pos // BLOCK, mask=valid, other=0)
-    tl.store(buf + 2 * PF_CAP + dst, key, mask=valid)
-    tl.store(buf + 3 * PF_CAP + dst, pos, mask=valid)
+    w = tl.arange(0, PF_WORDS)
+    w_ok = w * 32 < length
+    words = tl.load(bmp + w, mask=w_ok, other=0, cache_modifier=".cg")
+    mine = tl.load(bmp + (pos >> 5), mask=valid, other=0, cache_modifier=".cg")
+    n_set = _popcount(words.to(tl.uint32, bitcast=True))
+    tl.debug_barrier()  # every read of the bitmap is done: it takes the running counts
+    tl.store(bmp + w, tl.cumsum(n_set, 0) - n_set, mask=w_ok)
     tl.debug_barrier()
-    key = tl.load(buf + 2 * PF_CAP + i, mask=valid, other=0).to(tl.uint32, bitcast=True)
-    pos = tl.load(buf + 3 * PF_CAP + i, mask=valid, other=-1)
+    rank = tl.load(bmp + (pos >> 5), mask=valid, other=0, cache_modifier=".cg")
+    rank += _popcount(mine.to(tl.uint32, bitcast=True) & (bit - 1))
+    tl.store(buf + rank, key, mask=valid)  # in place: every thread holds its entries already
+    tl.store(buf + PF_CAP + rank, pos, mask=valid)
+    tl.debug_barrier()
+    key = tl.load(buf + i, mask=valid, other=0).to(tl.uint32, bitcast=True)
+    pos = tl.load(buf + PF_CAP + i, mask=valid, other=-1)
     need = tl.full([], K, tl.int32)
     prefix, need, done = _tile_select(key, valid, need, RB, 32 // RB, TILE)
     thr, need = _finish(prefix, need, done)
@@ -1146,10 +1175,11 @@ def select_topk(
             call when omitted. The kernels restore the part that must be zero.
         num_splits: programs per row; None picks from the shapes and the GPU, 1 forces the
             one-program-per-row kernel (at most ``MAX_SPLITS``).
-        prefilter: the split path's prefilter (see the module notes): None (default) runs
-            it where it measured faster, at least ``PREFILTER_MIN_SCORES`` scores per call
-            (rows x N); True runs it wherever it applies (k <= 2048, N <= 262144); False
-            never. Same results either way.
+        prefilter: the split path's prefilter (see the module notes). None (default): on
+            where it measured faster, i.e. while a CUDA graph is being captured and with at
+            least ``PREFILTER_MIN_SCORES`` scores per call (rows x N); eagerly its three
+            extra launches cost more host time than it saves. True: wherever it applies
+            (k <= 2048, N <= ``PREFILTER_MAX_N``); False: never. Same results either way.
 
     Returns:
         int32 ``[rows, k]`` positions (or slots), or ``(out, valid_counts)`` with
@@ -1277,15 +1307,15 @@ def select_topk(
         )
         grid = (rows, splits)
         if prefilter is None:
-            pf = rows * n >= PREFILTER_MIN_SCORES and prefilter_applies(n, k)
-        else:
-            pf = prefilter and prefilter_applies(n, k)
+            prefilter = rows * n >= PREFILTER_MIN_SCORES and _capturing(device)
+        pf = prefilter and prefilter_applies(n, k)
         if pf:
             tile = prefilter_tile(k)
             _prefilter_sample_kernel[(rows,)](
                 *common[:8],
+                K=k,
                 TARGET=math.isqrt(k * tile),
-                SAMPLE=PREFILTER_SAMPLE,
+                SAMPLE=prefilter_sample(n),
                 RB=TILE_RADIX_BITS,
                 PASSES=_tile_passes_for(16),
                 num_warps=PREFILTER_WARPS,
