@@ -12,7 +12,7 @@ For k = 2048 and (B, N) in {(1, 64K), (8, 64K), (8, 128K), (64, 4K), (64, 16K), 
    device time and count.
 2. Sweep, each candidate timed per call inside a CUDA graph of back-to-back calls rotating
    over enough input sets that the working set exceeds twice the L2 (where memory allows),
-   like ``sparse-mla bench``: the prefilter forced on and off, its knobs (PREFILTER_SAMPLE_MIN/MAX,
+   like ``sparse-mla bench``: the prefilter forced on and off, its knobs (PREFILTER_SAMPLE,
    PREFILTER_WARPS, CTAS_PER_SM), the digit width of the radix passes in
    registers (TILE_RADIX_BITS), forced ``num_splits`` (1 = the one-program-per-row kernel), then the
    module knobs SPLIT_BLOCK x SPLIT_WARPS x CTAS_PER_SM (set on the module, restored
@@ -64,8 +64,7 @@ KNOBS = (
     "SPLIT_MIN_N",
     "CTAS_PER_SM",
     "PREFILTER_MIN_SCORES",
-    "PREFILTER_SAMPLE_MIN",
-    "PREFILTER_SAMPLE_MAX",
+    "PREFILTER_SAMPLE",
     "PREFILTER_WARPS",
     "TILE_RADIX_BITS",
 )
@@ -88,7 +87,7 @@ FULL = dict(
     ctas=(4, 8, 16, 32),
     forced=(4, 8, 32),  # extra num_splits for B = 64 (1, the row kernel, always)
     pf_ctas=(4, 16),
-    pf_sample=(4096, 16384),
+    pf_sample=(2048, 8192),
     pf_warps=(4, 16),
     tile_bits=(6, 8),
     graph_calls=30,
@@ -152,7 +151,7 @@ class Cand:
             pf = pf and topk_mod.prefilter_applies(n, k)
             if pf:
                 pf = (
-                    topk_mod.prefilter_sample(n),
+                    topk_mod.PREFILTER_SAMPLE,
                     topk_mod.PREFILTER_WARPS,
                     topk_mod.TILE_RADIX_BITS,
                 )
@@ -175,7 +174,7 @@ def candidates(cfg: dict, rows: int) -> tuple[list[Cand], int]:
     registers, the row kernel; then the knob grid."""
     out = [Cand("default"), Cand("prefilter", prefilter=True)]
     for sample in cfg["pf_sample"]:
-        knob = dict(PREFILTER_SAMPLE_MIN=sample, PREFILTER_SAMPLE_MAX=sample)
+        knob = dict(PREFILTER_SAMPLE=sample)
         out.append(Cand(f"prefilter sample={sample}", knob, prefilter=True))
     for w in cfg["pf_warps"]:
         out.append(Cand(f"prefilter warps={w}", dict(PREFILTER_WARPS=w), prefilter=True))
@@ -290,6 +289,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="tiny CPU-interpreter smoke run")
     ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel breakdown")
+    ap.add_argument("--shapes", default="", help="only these BxN shapes, e.g. 64x131072,8x4096")
     ap.add_argument(
         "--max-seconds",
         type=float,
@@ -315,7 +315,10 @@ def main() -> int:
     t0 = time.time()
     failed = 0
     results = []
-    for rows, n in cfg["shapes"]:
+    shapes = cfg["shapes"]
+    if args.shapes:
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
+    for rows, n in shapes:
         sets = make_sets(rows, n, k, be, cfg["graph_calls"])
         s0 = sets[0]
         want_vals = torch.topk(s0["x"], k, dim=1).values

@@ -45,8 +45,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
     if request.param == "split_prefilter":
         # A small sample: spread over the row, so some estimates miss and rows fall back.
-        monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE_MIN", 256)
-        monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE_MAX", 256)
+        monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
         return {"num_splits": 5, "prefilter": True}
     return {"num_splits": 5, "prefilter": False}
 
@@ -385,8 +384,7 @@ def test_prefilter_finished_and_fallback_rows(monkeypatch: pytest.MonkeyPatch, s
     """The prefilter finishes the rows whose candidates fit its buffer and leaves the others
     to the radix launches (decided per row on the device), with a reused workspace."""
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
-    monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE_MIN", 256)
-    monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE_MAX", 256)
+    monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
     g = torch.Generator().manual_seed(seed)
     rows, n, k = 6, 1700, 128
     ws = torch.full((topk_workspace_numel(rows),), POISON, dtype=torch.int32, device=DEV)

@@ -28,7 +28,7 @@ Two launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync)
   again, so a workspace from :func:`topk_workspace` stays reusable (one call at a time).
 * ``split`` with the prefilter (3 launches before the six; by default in CUDA graphs from
   ``PREFILTER_MIN_SCORES`` scores per call, where it measured faster): a sample of each row
-  (``prefilter_sample(N)`` scores) places a threshold that about ``sqrt(k * tile)`` keys reach;
+  (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)`` keys reach;
   one pass copies the keys at or above it, with their positions, into the row's candidate
   buffer (``tile`` = ``prefilter_tile(k)`` entries); when k <= candidates <= tile, one
   program per row puts the buffer in position order and selects in registers (the top k of
@@ -88,7 +88,6 @@ _WS_CNT = tl.constexpr(_CNT_OFF)
 _WS_PF = tl.constexpr(_PF_OFF)  # + 0 threshold key, + 1 candidate count, + 2 done flag
 _WS_PF_BMP = tl.constexpr(_PF_BMP)
 _WS_PF_BUF = tl.constexpr(_PF_BUF)
-PF_WORDS = tl.constexpr(PREFILTER_MAX_N // 32)
 PF_CAP = tl.constexpr(PREFILTER_CAP)
 
 # Tuning knobs (module-level so a benchmark or a test can change them).
@@ -101,9 +100,7 @@ CTAS_PER_SM = 8  # split heuristic: programs per SM to aim at (hides load latenc
 _MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
 # Prefilter: default on from this many scores per call (rows x N).
 PREFILTER_MIN_SCORES = 4 << 20
-# Scores sampled per row (groups of 8 adjacent positions): N / 16, within these bounds.
-PREFILTER_SAMPLE_MIN = 2048
-PREFILTER_SAMPLE_MAX = 8192
+PREFILTER_SAMPLE = 4096  # scores sampled per row (groups of 8 adjacent positions)
 PREFILTER_WARPS = 16  # of its one-program-per-row launches
 # Digit width of the radix passes over a tile in registers (row kernel with the row in
 # registers, prefilter); 5, 6 or 8. The split passes keep 8 (one launch per pass).
@@ -116,7 +113,8 @@ def supported_k(k: int) -> bool:
 
 
 def topk_workspace_numel(rows: int) -> int:
-    """int32 elements of the workspace the split path needs for ``rows`` rows."""
+    """int32 elements of the workspace the split path needs for ``rows`` rows (about 70 KB
+    a row: histograms and counts of the radix passes, the prefilter's bitmap and buffer)."""
     return max(rows, 1) * WS_ROW_STRIDE
 
 
@@ -144,11 +142,6 @@ def _tile_passes_for(bits: int) -> int:
 def prefilter_applies(n: int, k: int) -> bool:
     """Whether the split path runs the prefilter for rows of ``n`` scores and this k."""
     return 2 * k <= PREFILTER_CAP and n <= PREFILTER_MAX_N
-
-
-def prefilter_sample(n: int) -> int:
-    """Scores the prefilter samples per row of ``n`` (a power of two)."""
-    return min(max(next_pow2(n) // 16, PREFILTER_SAMPLE_MIN), PREFILTER_SAMPLE_MAX)
 
 
 def prefilter_tile(k: int) -> int:
@@ -251,8 +244,8 @@ def _tile_pass(key, valid, prefix, need, P: tl.constexpr, B: tl.constexpr, TILE:
     """Pass P of the radix select over keys held in registers: digits of B bits from the
     top, the first one W0 = 32 - B * (32 // B - 1) bits wide so the widths add up to 32.
 
-    Narrow digits cost less per bit: ``tl.histogram`` spends about B + 2**B / 32 * B
-    operations per key and pass."""
+    Narrow digits cost less per bit: ``tl.histogram`` lowers to one warp ballot per digit
+    bit and, per lane, 2**B / 32 bin masks of B - 5 terms."""
     W0: tl.constexpr = 32 - B * (32 // B - 1)
     if P == 0:
         hist = _digit_hist(key, valid, tl.sum(valid.to(tl.int32), 0), 32 - W0, W0, TILE)
@@ -887,6 +880,7 @@ def _prefilter_sample_kernel(
     K: tl.constexpr,
     TARGET: tl.constexpr,
     SAMPLE: tl.constexpr,
+    WORDS: tl.constexpr,
     RB: tl.constexpr,
     PASSES: tl.constexpr,
 ):
@@ -911,25 +905,14 @@ def _prefilter_sample_kernel(
     tl.store(ws_row + _WS_PF, prefix.to(tl.int32, bitcast=True))
     tl.store(ws_row + _WS_PF + 1, 0)
     if length > K:
-        w = tl.arange(0, PF_WORDS)
-        tl.store(ws_row + _WS_PF_BMP + w, tl.zeros([PF_WORDS], tl.int32), mask=w * 32 < length)
+        w = tl.arange(0, WORDS)  # WORDS * 32 >= N
+        tl.store(ws_row + _WS_PF_BMP + w, tl.zeros([WORDS], tl.int32), mask=w * 32 < length)
 
 
 @triton.jit
-def _prefilter_gather_chunk(
-    ws_row,
-    x_row,
-    s_xn,
-    start,
-    end,
-    thr,
-    TILE: tl.constexpr,
-    BLOCK: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """Copy the chunk's keys >= thr with their positions to the buffer, one atomic slot each
+def _prefilter_gather_keys(ws_row, offs, valid, key, thr, TILE: tl.constexpr):
+    """Copy the keys >= thr with their positions to the buffer, one atomic slot each
     (candidates are a few percent of the keys)."""
-    offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
     m = valid & (key >= thr)
     slot = tl.atomic_add(ws_row + _WS_PF + 1 + offs * 0, 1, mask=m, sem="relaxed")
     ok = m & (slot < TILE)  # past TILE the row falls back: nothing more to keep
@@ -955,7 +938,8 @@ def _prefilter_gather_kernel(
     """Every key >= the row's threshold, with its position, into the candidate buffer.
 
     Slices run last first: no matter on the GPU, and under the interpreter (programs in
-    order) it leaves the buffer out of position order, as on the GPU."""
+    order) it leaves the buffer out of position order, as on the GPU. Each chunk's load is
+    issued one iteration ahead, so it overlaps the atomics of the chunk before."""
     row = tl.program_id(0)
     lo = (tl.num_programs(1) - 1 - tl.program_id(1)) * slice_len
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -965,10 +949,16 @@ def _prefilter_gather_kernel(
         x_row = x_ptr + row.to(tl.int64) * s_xr
         hi = tl.minimum(lo + slice_len, length)
         full_end = lo + (hi - lo) // BLOCK * BLOCK
+        offs = lo + tl.arange(0, BLOCK)
+        x_next = tl.load(x_row + offs * s_xn, mask=offs < full_end, other=0.0)
         for start in range(lo, full_end, BLOCK):
-            _prefilter_gather_chunk(ws_row, x_row, s_xn, start, hi, thr, TILE, BLOCK, False)
+            x = x_next
+            offs = start + tl.arange(0, BLOCK)
+            x_next = tl.load(x_row + (offs + BLOCK) * s_xn, mask=offs + BLOCK < full_end, other=0.0)
+            _prefilter_gather_keys(ws_row, offs, offs >= 0, _keys(x), thr, TILE)
         if full_end < hi:
-            _prefilter_gather_chunk(ws_row, x_row, s_xn, full_end, hi, thr, TILE, BLOCK, True)
+            offs, valid, key = _chunk(x_row, s_xn, full_end, hi, BLOCK, True)
+            _prefilter_gather_keys(ws_row, offs, valid, key, thr, TILE)
 
 
 @triton.jit
@@ -994,7 +984,7 @@ def _prefilter_select(
     stride_rows,
     K: tl.constexpr,
     TILE: tl.constexpr,
-    BLOCK: tl.constexpr,
+    WORDS: tl.constexpr,
     FUSED: tl.constexpr,
     RB: tl.constexpr,
 ):
@@ -1010,7 +1000,7 @@ def _prefilter_select(
     bit = one << (pos & 31).to(tl.uint32)
     tl.atomic_or(bmp + (pos >> 5), bit.to(tl.int32, bitcast=True), mask=valid, sem="relaxed")
     tl.debug_barrier()
-    w = tl.arange(0, PF_WORDS)
+    w = tl.arange(0, WORDS)  # WORDS * 32 >= N
     w_ok = w * 32 < length
     words = tl.load(bmp + w, mask=w_ok, other=0, cache_modifier=".cg")
     mine = tl.load(bmp + (pos >> 5), mask=valid, other=0, cache_modifier=".cg")
@@ -1067,7 +1057,7 @@ def _prefilter_finish_kernel(
     stride_rows,
     K: tl.constexpr,
     TILE: tl.constexpr,
-    BLOCK: tl.constexpr,
+    WORDS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FUSED: tl.constexpr,
     COUNTS: tl.constexpr,
@@ -1111,7 +1101,7 @@ def _prefilter_finish_kernel(
                 stride_rows,
                 K,
                 TILE,
-                BLOCK,
+                WORDS,
                 FUSED,
                 RB,
             )
@@ -1315,7 +1305,8 @@ def select_topk(
                 *common[:8],
                 K=k,
                 TARGET=math.isqrt(k * tile),
-                SAMPLE=prefilter_sample(n),
+                SAMPLE=PREFILTER_SAMPLE,
+                WORDS=next_pow2(cdiv(n, 32)),
                 RB=TILE_RADIX_BITS,
                 PASSES=_tile_passes_for(16),
                 num_warps=PREFILTER_WARPS,
@@ -1349,7 +1340,7 @@ def select_topk(
                 stride_rows,
                 K=k,
                 TILE=tile,
-                BLOCK=SPLIT_BLOCK,
+                WORDS=next_pow2(cdiv(n, 32)),
                 BLOCK_K=block_k,
                 FUSED=fused,
                 COUNTS=want_counts,
