@@ -20,6 +20,8 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 import triton  # noqa: E402  (must follow the interpreter decision)
 
 INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+# On-chip gathers (``tl.gather``) exist from Triton 3.2 on.
+HAS_GATHER: bool = hasattr(triton.language, "gather")
 
 
 def mode() -> str:

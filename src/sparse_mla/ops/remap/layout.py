@@ -28,9 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-import triton.language as tl
-
-from ..._runtime import next_pow2
+from ..._runtime import HAS_GATHER, next_pow2
 
 POLICIES = ("auto", "seed", "tiled_atomic")
 # Upstream's column tile for the tiled layout.
@@ -44,8 +42,6 @@ MANY_ROWS = 1024
 MAX_STAGED_PAGES = 4096
 # Narrowest rows that stage their block-table prefix (narrower rows touch too few entries).
 STAGE_MIN_COLS = 1024
-# tl.gather arrived in Triton 3.2; older releases keep the global gathers.
-HAS_GATHER = hasattr(tl, "gather")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from ... import _runtime
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
-from ..._runtime import cdiv, next_pow2, num_sms
+from ..._runtime import HAS_GATHER, cdiv, next_pow2, num_sms
 
 __all__ = [
     "MAX_K",
@@ -105,6 +105,10 @@ PREFILTER_WARPS = 16  # of its one-program-per-row launches
 # Digit width of the radix passes over a tile in registers (row kernel with the row in
 # registers, prefilter); 5, 6 or 8. The split passes keep 8 (one launch per pass).
 TILE_RADIX_BITS = 5
+# Fused slot epilogue: stage the block-table entries a program's outputs can use (read early,
+# gathered on chip) when there are at most this many (row kernel / split write pass).
+ROW_STAGE_MAX = 4096
+SPLIT_STAGE_MAX = 2048
 
 
 def supported_k(k: int) -> bool:
@@ -147,6 +151,13 @@ def prefilter_applies(n: int, k: int) -> bool:
 def prefilter_tile(k: int) -> int:
     """Most candidates a row may keep and still finish on chip (a power of two >= 2k)."""
     return min(PREFILTER_CAP, next_pow2(4 * k))
+
+
+def _stage_size(fused: bool, span: int, block_size: int, most: int) -> int:
+    """Block-table entries to stage for outputs among ``span`` consecutive positions (0: read
+    them one by one; also without ``tl.gather``)."""
+    pages = next_pow2(cdiv(span, block_size))
+    return pages if fused and HAS_GATHER and pages <= most else 0
 
 
 def _capturing(device: torch.device) -> bool:
@@ -388,6 +399,15 @@ def _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED: tl.const
 
 
 @triton.jit
+def _stage_pages(bt_row, s_btc, page0, page_limit, STAGE: tl.constexpr):
+    """Block-table entries page0 .. page0 + STAGE - 1 of the row (0 from page_limit on), read
+    with coalesced loads early, so that ``_emit`` gathers them on chip instead of waiting on
+    one dependent global load per output."""
+    p = page0 + tl.arange(0, STAGE)
+    return tl.load(bt_row + p * s_btc, mask=p < page_limit, other=0)
+
+
+@triton.jit
 def _emit(
     o_row,
     s_oc,
@@ -399,15 +419,23 @@ def _emit(
     s_btc,
     block_size,
     stride_rows,
+    staged,
+    page0,
     FUSED: tl.constexpr,
+    STAGE: tl.constexpr,
 ):
     """Store position ``pos`` (or its global slot when FUSED) at column ``col`` where m.
 
-    Returns how many stored entries are valid (slots: those that pass the remap's rules)."""
+    STAGE > 0: the pages of the stored positions lie in [page0, page0 + STAGE), whose
+    entries ``staged`` holds (``_stage_pages``). Returns how many stored entries are valid
+    (slots: those that pass the remap's rules)."""
     if FUSED:
         page = pos // block_size
         ok = m & (pos >= 0) & (page < page_limit)
-        blk = tl.load(bt_row + page * s_btc, mask=ok, other=0)
+        if STAGE > 0:
+            blk = tl.gather(staged, tl.minimum(tl.maximum(page - page0, 0), STAGE - 1), 0)
+        else:
+            blk = tl.load(bt_row + page * s_btc, mask=ok, other=0)
         val = tl.where(ok, blk * stride_rows + pos % block_size, -1)
     else:
         ok = m & (pos >= 0)
@@ -446,7 +474,10 @@ def _emit_short_row(
             s_btc,
             block_size,
             stride_rows,
+            page_limit,
+            0,
             FUSED,
+            0,
         )
     return nvalid
 
@@ -482,10 +513,13 @@ def _write_chunk(
     s_btc,
     block_size,
     stride_rows,
+    staged,
+    page0,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     MASKED: tl.constexpr,
     FUSED: tl.constexpr,
+    STAGE: tl.constexpr,
 ):
     offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
     sel, rank, n_sel, n_eq = _select(key, valid, thr, need, eq_seen)
@@ -501,7 +535,10 @@ def _write_chunk(
         s_btc,
         block_size,
         stride_rows,
+        staged,
+        page0,
         FUSED,
+        STAGE,
     )
     return base + n_sel, eq_seen + n_eq, nvalid
 
@@ -523,24 +560,28 @@ def _write_range(
     s_btc,
     block_size,
     stride_rows,
+    staged,
+    page0,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     FUSED: tl.constexpr,
+    STAGE: tl.constexpr,
 ):
     """Write the selected positions among [lo, hi) in order, the first at column base.
 
-    ``eq_seen``: keys == thr before lo. Returns the number of valid entries written."""
+    ``eq_seen``: keys == thr before lo. ``staged``, ``page0``, STAGE: see ``_emit``.
+    Returns the number of valid entries written."""
     nvalid = base * 0
     full_end = lo + tl.maximum(hi - lo, 0) // BLOCK * BLOCK
     for start in range(lo, full_end, BLOCK):
         base, eq_seen, nvalid = _write_chunk(
-            base, eq_seen, nvalid, x_row, s_xn, start, hi, thr, need, o_row, s_oc,
-            page_limit, bt_row, s_btc, block_size, stride_rows, K, BLOCK, False, FUSED,
+            base, eq_seen, nvalid, x_row, s_xn, start, hi, thr, need, o_row, s_oc, page_limit,
+            bt_row, s_btc, block_size, stride_rows, staged, page0, K, BLOCK, False, FUSED, STAGE,
         )  # fmt: skip
     if full_end < hi:
         base, eq_seen, nvalid = _write_chunk(
-            base, eq_seen, nvalid, x_row, s_xn, full_end, hi, thr, need, o_row, s_oc,
-            page_limit, bt_row, s_btc, block_size, stride_rows, K, BLOCK, True, FUSED,
+            base, eq_seen, nvalid, x_row, s_xn, full_end, hi, thr, need, o_row, s_oc, page_limit,
+            bt_row, s_btc, block_size, stride_rows, staged, page0, K, BLOCK, True, FUSED, STAGE,
         )  # fmt: skip
     return nvalid
 
@@ -579,6 +620,7 @@ def _topk_row_kernel(
     FUSED: tl.constexpr,
     COUNTS: tl.constexpr,
     RB: tl.constexpr,
+    STAGE: tl.constexpr,
 ):
     row = tl.program_id(0)
     # Device lengths are untrusted: clamp to [0, N].
@@ -608,6 +650,9 @@ def _topk_row_kernel(
         if ONE_CHUNK:
             # The whole row fits one block: load once, keep the keys in registers.
             offs, valid, key = _chunk(x_row, s_xn, 0, length, BLOCK, True)
+            staged = page_limit
+            if STAGE > 0:  # the row's pages (STAGE * block_size >= N), read during the select
+                staged = _stage_pages(bt_row, s_btc, 0, page_limit, STAGE)
             prefix, need, done = _tile_select(key, valid, need, RB, 32 // RB, BLOCK)
             thr, need = _finish(prefix, need, done)
             sel, rank, n_sel, n_eq = _select(key, valid, thr, need, 0)
@@ -622,7 +667,10 @@ def _topk_row_kernel(
                 s_btc,
                 block_size,
                 stride_rows,
+                staged,
+                0,
                 FUSED,
+                STAGE,
             )
         else:
             for P in tl.static_range(NPASS):
@@ -647,9 +695,12 @@ def _topk_row_kernel(
                 s_btc,
                 block_size,
                 stride_rows,
+                page_limit,
+                0,
                 K,
                 BLOCK,
                 FUSED,
+                0,
             )
     if COUNTS:
         tl.store(cnt_ptr + row * s_cnt, nvalid)
@@ -776,6 +827,7 @@ def _split_write_kernel(
     FUSED: tl.constexpr,
     COUNTS: tl.constexpr,
     PF: tl.constexpr,
+    STAGE: tl.constexpr,
 ):
     row = tl.program_id(0)
     sl = tl.program_id(1)
@@ -806,6 +858,10 @@ def _split_write_kernel(
         lo = sl * slice_len
         hi = tl.minimum(lo + slice_len, length)
         if lo < hi:
+            page0 = lo // block_size
+            staged = page_limit
+            if STAGE > 0:  # the slice's pages (STAGE >= slice_len / block_size + 1)
+                staged = _stage_pages(bt_row, s_btc, page0, page_limit, STAGE)
             prefix = tl.load(ws_row + _WS_STATE + 4 * NPASS).to(tl.uint32, bitcast=True)
             need = tl.load(ws_row + _WS_STATE + 4 * NPASS + 1)
             done = tl.load(ws_row + _WS_STATE + 4 * NPASS + 2)
@@ -836,9 +892,12 @@ def _split_write_kernel(
                 s_btc,
                 block_size,
                 stride_rows,
+                staged,
+                page0,
                 K,
                 BLOCK,
                 FUSED,
+                STAGE,
             )
             if COUNTS:
                 if FUSED:
@@ -1030,7 +1089,10 @@ def _prefilter_select(
         s_btc,
         block_size,
         stride_rows,
+        page_limit,
+        0,
         FUSED,
+        0,
     )
 
 
@@ -1280,6 +1342,7 @@ def select_topk(
             FUSED=fused,
             COUNTS=want_counts,
             RB=TILE_RADIX_BITS,
+            STAGE=_stage_size(fused, n, block_size, ROW_STAGE_MAX) if n <= ROW_BLOCK else 0,
             num_warps=ROW_WARPS,
         )
     else:
@@ -1385,6 +1448,7 @@ def select_topk(
             FUSED=fused,
             COUNTS=want_counts,
             PF=pf,
+            STAGE=_stage_size(fused, slice_len + block_size, block_size, SPLIT_STAGE_MAX),
             num_warps=SPLIT_WARPS,
         )
     return (out, counts) if return_valid_counts else out
