@@ -147,7 +147,7 @@ class Cand:
                 return ("row", topk_mod.ROW_BLOCK, topk_mod.ROW_WARPS, topk_mod.TILE_RADIX_BITS)
             pf = self.kw.get("prefilter")
             if pf is None:
-                pf = rows * n >= topk_mod.PREFILTER_MIN_SCORES  # candidates are timed in graphs
+                pf = rows * n >= topk_mod.PREFILTER_MIN_SCORES
             pf = pf and topk_mod.prefilter_applies(n, k)
             if pf:
                 pf = (

@@ -38,6 +38,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
         return {"num_splits": 1}
     if request.param == "row_registers_8bit":
         monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", 8)
+        monkeypatch.setattr(topk_mod, "ROW_STAGE_MAX", 0)  # fused: block-table reads one by one
         return {"num_splits": 1}
     if request.param == "row_chunks":
         monkeypatch.setattr(topk_mod, "ROW_BLOCK", 256)  # several chunks and a tail
@@ -47,6 +48,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
         # A small sample: spread over the row, so some estimates miss and rows fall back.
         monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
         return {"num_splits": 5, "prefilter": True}
+    monkeypatch.setattr(topk_mod, "SPLIT_STAGE_MAX", 0)  # fused: block-table reads one by one
     return {"num_splits": 5, "prefilter": False}
 
 
@@ -380,10 +382,14 @@ def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: 
         assert (hist == 0).all()
 
 
-def test_prefilter_finished_and_fallback_rows(monkeypatch: pytest.MonkeyPatch, seed: int):
+@pytest.mark.parametrize("bits", [5, 8])
+def test_prefilter_finished_and_fallback_rows(
+    monkeypatch: pytest.MonkeyPatch, seed: int, bits: int
+):
     """The prefilter finishes the rows whose candidates fit its buffer and leaves the others
     to the radix launches (decided per row on the device), with a reused workspace."""
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+    monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", bits)
     monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
     g = torch.Generator().manual_seed(seed)
     rows, n, k = 6, 1700, 128
@@ -403,8 +409,41 @@ def test_prefilter_finished_and_fallback_rows(monkeypatch: pytest.MonkeyPatch, s
         total, done = pf[:, 1].tolist(), pf[:, 2].tolist()
         assert done[:3] == [1, 0, 0] and done[4:] == [1, 1], (total, done)
         assert total[1] == n and 0 < total[2] < k, total
-        assert done[3] == int(k <= total[3] <= topk_mod.prefilter_tile(k)), (total, done)
+        assert done[3] == int(k < total[3] <= topk_mod.prefilter_tile(k)), (total, done)
         assert (ws.view(rows, -1)[:, : topk_mod._STATE_OFF] == 0).all()
+
+
+def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPatch):
+    """Exactly k candidates, the lowest in digit 0 (-inf; NaNs elsewhere): the radix select
+    of the buffer would take every candidate and leave no threshold below them, so such a
+    row must fall back (it once came back empty)."""
+    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+    monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
+    k, n = 128, 512
+    sampled = torch.arange(256) // 8 * (n // 32) + torch.arange(256) % 8  # stride 16
+    x = torch.full((2, n), float("nan"))
+    for r in range(2):
+        x[r, sampled[:k]] = torch.randn(k)
+        x[r, sampled[k - 1]] = float("-inf") if r == 0 else -1e38
+    x[1, ~torch.isin(torch.arange(n), sampled[:k])] = -3.4e38  # below every candidate
+    ws = topk_workspace(2, DEV)
+    run_checked(x.to(DEV), i32([n, n]), k, num_splits=2, prefilter=True, workspace=ws)
+    pf = ws.view(2, -1)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
+    assert pf[:, 1].tolist() == [k, k] and pf[:, 2].tolist() == [0, 0], pf
+
+
+def test_prefilter_default_by_size(monkeypatch: pytest.MonkeyPatch):
+    """prefilter=None runs it from PREFILTER_MIN_SCORES scores per call (shapes only)."""
+    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+    x = torch.randn(2, 1500, device=DEV)
+    lengths = i32([1500, 1400])
+    for min_scores, ran in ((3000, True), (3001, False)):
+        monkeypatch.setattr(topk_mod, "PREFILTER_MIN_SCORES", min_scores)
+        ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
+        ws.view(2, -1)[:, : topk_mod._STATE_OFF] = 0
+        run_checked(x, lengths, 128, num_splits=3, workspace=ws)
+        flags = ws.view(2, -1)[:, topk_mod._PF_OFF + 2]
+        assert (flags == 1).all() if ran else (flags == POISON).all(), flags
 
 
 # ---- bad input ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ Algorithm (both paths):
 
 Rows with ``length <= k`` short-circuit to ``[0, 1, ..., length-1, -1, ...]``.
 
-Two launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
+Launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
 
 * ``row``: one program per row, all passes in one launch, looping over chunks of the row
   (a row of at most ``ROW_BLOCK`` scores is loaded once and kept in registers).
@@ -26,11 +26,11 @@ Two launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync)
   write pass (an exclusive prefix over the slice counts places each slice's output). The
   histogram part of the int32 workspace must be zero on entry; the last launch zeroes it
   again, so a workspace from :func:`topk_workspace` stays reusable (one call at a time).
-* ``split`` with the prefilter (3 launches before the six; by default in CUDA graphs from
-  ``PREFILTER_MIN_SCORES`` scores per call, where it measured faster): a sample of each row
-  (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)`` keys reach;
-  one pass copies the keys at or above it, with their positions, into the row's candidate
-  buffer (``tile`` = ``prefilter_tile(k)`` entries); when k <= candidates <= tile, one
+* ``split`` with the prefilter (3 launches before the six; by default from
+  ``PREFILTER_MIN_SCORES`` scores per call, where it measured faster in graphs): a sample of
+  each row (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)``
+  keys reach; one pass copies the keys at or above it, with their positions, into the row's
+  candidate buffer (``tile`` = ``prefilter_tile(k)`` entries); when k < candidates <= tile, one
   program per row puts the buffer in position order and selects in registers (the top k of
   the row are the top k of the buffer). Any other row (flat or tie-heavy scores, or a
   sample that missed) is left to the six radix launches, which skip the rows the
@@ -72,12 +72,13 @@ _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
 # Prefilter (see _prefilter_* kernels): threshold, candidate count, "row done" flag; a
 # bitmap of the row's positions (then the running count before each word); the candidate
 # buffer (keys, then positions). Any content on entry: the sample launch zeroes what it must.
-PREFILTER_MAX_N = 262144  # longest rows the prefilter takes
-PREFILTER_CAP = 4096  # candidates per row (the finishing tile); more: the radix passes
+# Layout constants (compiled into the kernels), not knobs.
+_PF_MAX_N = 262144  # longest rows the prefilter takes
+_PF_CAP = 4096  # candidates per row (the finishing tile); more: the radix passes
 _PF_OFF = _CNT_OFF + 2 * MAX_SPLITS
 _PF_BMP = _PF_OFF + 4
-_PF_BUF = _PF_BMP + PREFILTER_MAX_N // 32
-WS_ROW_STRIDE = _PF_BUF + 2 * PREFILTER_CAP
+_PF_BUF = _PF_BMP + _PF_MAX_N // 32
+WS_ROW_STRIDE = _PF_BUF + 2 * _PF_CAP
 
 # The same numbers as kernel constants.
 NBINS = tl.constexpr(_NBINS)
@@ -88,7 +89,7 @@ _WS_CNT = tl.constexpr(_CNT_OFF)
 _WS_PF = tl.constexpr(_PF_OFF)  # + 0 threshold key, + 1 candidate count, + 2 done flag
 _WS_PF_BMP = tl.constexpr(_PF_BMP)
 _WS_PF_BUF = tl.constexpr(_PF_BUF)
-PF_CAP = tl.constexpr(PREFILTER_CAP)
+PF_CAP = tl.constexpr(_PF_CAP)
 
 # Tuning knobs (module-level so a benchmark or a test can change them).
 ROW_BLOCK = 4096  # chunk of the one-program-per-row kernel
@@ -123,17 +124,21 @@ def topk_workspace_numel(rows: int) -> int:
 
 
 def topk_workspace(rows: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """A zeroed int32 workspace for :func:`select_topk` with up to ``rows`` rows.
+    """An int32 workspace for :func:`select_topk` with up to ``rows`` rows.
 
     Allocate it once (outside CUDA-graph capture) and pass it as ``workspace=``; the kernels
     restore the part that must be zero on entry, so it can be reused by every later call
     (one call at a time: concurrent calls on one workspace would mix their histograms).
+    A tensor of zeros of ``topk_workspace_numel(rows)`` elements serves as well.
 
     Returns:
-        int32 ``[topk_workspace_numel(rows)]`` of zeros on ``device``.
+        int32 ``[topk_workspace_numel(rows)]`` on ``device``, zero where it must be (the
+        histograms); the rest is left uninitialised.
     """
     dev = _runtime.default_device() if device is None else torch.device(device)
-    return torch.zeros(topk_workspace_numel(rows), dtype=torch.int32, device=dev)
+    ws = torch.empty(topk_workspace_numel(rows), dtype=torch.int32, device=dev)
+    ws.view(max(rows, 1), WS_ROW_STRIDE)[:, :_STATE_OFF].zero_()  # the rest needs no content
+    return ws
 
 
 def _tile_passes_for(bits: int) -> int:
@@ -145,12 +150,12 @@ def _tile_passes_for(bits: int) -> int:
 
 def prefilter_applies(n: int, k: int) -> bool:
     """Whether the split path runs the prefilter for rows of ``n`` scores and this k."""
-    return 2 * k <= PREFILTER_CAP and n <= PREFILTER_MAX_N
+    return 2 * k <= _PF_CAP and n <= _PF_MAX_N
 
 
 def prefilter_tile(k: int) -> int:
     """Most candidates a row may keep and still finish on chip (a power of two >= 2k)."""
-    return min(PREFILTER_CAP, next_pow2(4 * k))
+    return min(_PF_CAP, next_pow2(4 * k))
 
 
 def _stage_size(fused: bool, span: int, block_size: int, most: int) -> int:
@@ -158,11 +163,6 @@ def _stage_size(fused: bool, span: int, block_size: int, most: int) -> int:
     them one by one; also without ``tl.gather``)."""
     pages = next_pow2(cdiv(span, block_size))
     return pages if fused and HAS_GATHER and pages <= most else 0
-
-
-def _capturing(device: torch.device) -> bool:
-    """Whether the current CUDA stream is being captured into a graph (host-side query)."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def choose_num_splits(rows: int, n: int, k: int, device: torch.device) -> int:
@@ -918,7 +918,7 @@ def _split_write_kernel(
 # A sample of the row places a threshold key ``t`` that about TARGET keys reach
 # (K <= TARGET <= TILE). One pass over the row copies every key >= t with its position into
 # the row's candidate buffer (each at a slot from a per-element atomic: no scan, in no
-# particular order). If K <= candidates <= TILE, the top k of the row are the top k of the
+# particular order). If K < candidates <= TILE, the top k of the row are the top k of the
 # buffer: one program per row puts the buffer in position order (a bitmap of the candidate
 # positions, popcounts and one scan over its words), runs the radix select in registers and
 # writes the row. Otherwise (a flat or tie-heavy row, or an unlucky sample) the row's done
@@ -971,12 +971,13 @@ def _prefilter_sample_kernel(
 @triton.jit
 def _prefilter_gather_keys(ws_row, offs, valid, key, thr, TILE: tl.constexpr):
     """Copy the keys >= thr with their positions to the buffer, one atomic slot each
-    (candidates are a few percent of the keys)."""
+    (candidates are a few percent of the keys). Returns whether the buffer overflowed."""
     m = valid & (key >= thr)
     slot = tl.atomic_add(ws_row + _WS_PF + 1 + offs * 0, 1, mask=m, sem="relaxed")
     ok = m & (slot < TILE)  # past TILE the row falls back: nothing more to keep
     tl.store(ws_row + _WS_PF_BUF + slot, key.to(tl.int32, bitcast=True), mask=ok)
     tl.store(ws_row + _WS_PF_BUF + PF_CAP + slot, offs, mask=ok)
+    return tl.max(tl.where(m, slot, 0), 0) >= TILE
 
 
 @triton.jit
@@ -1010,12 +1011,16 @@ def _prefilter_gather_kernel(
         full_end = lo + (hi - lo) // BLOCK * BLOCK
         offs = lo + tl.arange(0, BLOCK)
         x_next = tl.load(x_row + offs * s_xn, mask=offs < full_end, other=0.0)
+        # Once the buffer overflowed (the row falls back), this program stops taking slots:
+        # a flat row would otherwise queue one atomic per score on a single counter.
+        over = lo < 0
         for start in range(lo, full_end, BLOCK):
             x = x_next
             offs = start + tl.arange(0, BLOCK)
             x_next = tl.load(x_row + (offs + BLOCK) * s_xn, mask=offs + BLOCK < full_end, other=0.0)
-            _prefilter_gather_keys(ws_row, offs, offs >= 0, _keys(x), thr, TILE)
-        if full_end < hi:
+            if not over:
+                over = _prefilter_gather_keys(ws_row, offs, offs >= 0, _keys(x), thr, TILE)
+        if (full_end < hi) & (not over):
             offs, valid, key = _chunk(x_row, s_xn, full_end, hi, BLOCK, True)
             _prefilter_gather_keys(ws_row, offs, valid, key, thr, TILE)
 
@@ -1047,7 +1052,8 @@ def _prefilter_select(
     FUSED: tl.constexpr,
     RB: tl.constexpr,
 ):
-    """Top K of a row whose K..TILE candidates are buffered: order, select, write."""
+    """Top K of a row whose more than K (so at least one key is not selected, which
+    ``_finish`` relies on) and at most TILE candidates are buffered: order, select, write."""
     bmp = ws_row + _WS_PF_BMP
     buf = ws_row + _WS_PF_BUF
     i = tl.arange(0, TILE)
@@ -1125,7 +1131,7 @@ def _prefilter_finish_kernel(
     COUNTS: tl.constexpr,
     RB: tl.constexpr,
 ):
-    """Writes every row that is short or has K..TILE candidates, and its done flag."""
+    """Writes every row that is short or has K + 1..TILE candidates, and its done flag."""
     row = tl.program_id(0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
@@ -1133,7 +1139,7 @@ def _prefilter_finish_kernel(
     page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
     total = tl.load(ws_row + _WS_PF + 1)
     short = length <= K
-    fits = short | ((total >= K) & (total <= TILE))
+    fits = short | ((total > K) & (total <= TILE))
     if fits:
         if short:
             nvalid = _emit_short_row(
@@ -1222,16 +1228,17 @@ def select_topk(
             for positions; for slots, the entries that passed the remap's rules (= entries
             != -1 for a block table of non-negative pages).
         return_valid_counts: also return the valid counts.
-        workspace: optional int32, at least ``topk_workspace_numel(rows)`` elements, zero on
-            first use (:func:`topk_workspace`); needed by the split path, allocated per
-            call when omitted. The kernels restore the part that must be zero.
+        workspace: optional int32, at least ``topk_workspace_numel(rows)`` elements, its
+            histogram part zero on first use (:func:`topk_workspace`); needed by the split
+            path, allocated per call when omitted. The kernels restore the part that must be
+            zero.
         num_splits: programs per row; None picks from the shapes and the GPU, 1 forces the
             one-program-per-row kernel (at most ``MAX_SPLITS``).
         prefilter: the split path's prefilter (see the module notes). None (default): on
-            where it measured faster, i.e. while a CUDA graph is being captured and with at
-            least ``PREFILTER_MIN_SCORES`` scores per call (rows x N); eagerly its three
-            extra launches cost more host time than it saves. True: wherever it applies
-            (k <= 2048, N <= ``PREFILTER_MAX_N``); False: never. Same results either way.
+            from ``PREFILTER_MIN_SCORES`` scores per call (rows x N), where it measured
+            faster in CUDA graphs (eagerly, on a host with slow launches, its three extra
+            launches can cost more than it saves). True: wherever it applies (k <= 2048,
+            N <= 262144); False: never. Same results either way.
 
     Returns:
         int32 ``[rows, k]`` positions (or slots), or ``(out, valid_counts)`` with
@@ -1360,16 +1367,16 @@ def select_topk(
         )
         grid = (rows, splits)
         if prefilter is None:
-            prefilter = rows * n >= PREFILTER_MIN_SCORES and _capturing(device)
+            prefilter = rows * n >= PREFILTER_MIN_SCORES
         pf = prefilter and prefilter_applies(n, k)
         if pf:
-            tile = prefilter_tile(k)
+            tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))
             _prefilter_sample_kernel[(rows,)](
                 *common[:8],
                 K=k,
                 TARGET=math.isqrt(k * tile),
                 SAMPLE=PREFILTER_SAMPLE,
-                WORDS=next_pow2(cdiv(n, 32)),
+                WORDS=words,
                 RB=TILE_RADIX_BITS,
                 PASSES=_tile_passes_for(16),
                 num_warps=PREFILTER_WARPS,
@@ -1403,7 +1410,7 @@ def select_topk(
                 stride_rows,
                 K=k,
                 TILE=tile,
-                WORDS=next_pow2(cdiv(n, 32)),
+                WORDS=words,
                 BLOCK_K=block_k,
                 FUSED=fused,
                 COUNTS=want_counts,
