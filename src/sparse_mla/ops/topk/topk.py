@@ -427,7 +427,8 @@ def _emit(
     """Store position ``pos`` (or its global slot when FUSED) at column ``col`` where m.
 
     STAGE > 0: the pages of the stored positions lie in [page0, page0 + STAGE), whose
-    entries ``staged`` holds (``_stage_pages``). Returns how many stored entries are valid
+    entries ``staged`` holds (``_stage_pages``); with STAGE = 0 both are unused (callers
+    pass any scalar). Returns how many stored entries are valid
     (slots: those that pass the remap's rules)."""
     if FUSED:
         page = pos // block_size
