@@ -20,8 +20,15 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 import triton  # noqa: E402  (must follow the interpreter decision)
 
 INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+import triton.language as tl  # noqa: E402
+
 # On-chip gathers (``tl.gather``) exist from Triton 3.2 on.
-HAS_GATHER: bool = hasattr(triton.language, "gather")
+HAS_GATHER: bool = hasattr(tl, "gather")
+
+try:  # grid dependency control (programmatic dependent launch), Triton 3.3 on
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover  (older Triton: PDL stays off)
+    gdc_launch_dependents = gdc_wait = None
 
 
 def mode() -> str:
@@ -74,3 +81,24 @@ def next_pow2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@functools.lru_cache(maxsize=16)
+def pdl_supported(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can use programmatic dependent launch (Hopper on, a
+    Triton with grid dependency control, not the interpreter)."""
+    if INTERPRETER or gdc_wait is None or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(canonical_device(device))[0] >= 9
+
+
+@triton.jit
+def pdl_prologue(PDL: tl.constexpr):
+    """First statement of a kernel launched with ``launch_pdl`` (PDL >= 1): wait until the
+    previous kernel has finished and its writes are visible; with PDL = 1, first let the
+    next kernel in the stream start launching its programs. Nothing before it may touch
+    global memory, since the previous kernel may still be writing any of it."""
+    if PDL == 1:
+        gdc_launch_dependents()
+    if PDL >= 1:
+        gdc_wait()

@@ -382,14 +382,16 @@ def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: 
         assert (hist == 0).all()
 
 
-@pytest.mark.parametrize("bits", [5, 8])
+@pytest.mark.parametrize("bits, gather", [(5, True), (8, False)])
 def test_prefilter_finished_and_fallback_rows(
-    monkeypatch: pytest.MonkeyPatch, seed: int, bits: int
+    monkeypatch: pytest.MonkeyPatch, seed: int, bits: int, gather: bool
 ):
     """The prefilter finishes the rows whose candidates fit its buffer and leaves the others
-    to the radix launches (decided per row on the device), with a reused workspace."""
+    to the radix launches (decided per row on the device), with a reused workspace; its
+    column ranks come from on-chip gathers or (Triton without ``tl.gather``) global reads."""
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
     monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", bits)
+    monkeypatch.setattr(topk_mod, "HAS_GATHER", gather and topk_mod.HAS_GATHER)
     # 512 sampled scores: row 0 (random) finishes unless its count strays 4.5 sd (~1e-5).
     monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 512)
     g = torch.Generator().manual_seed(seed)

@@ -31,13 +31,18 @@ Launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
   each row (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)``
   keys reach; one pass copies the keys at or above it, with their positions, into the row's
   candidate buffer (``tile`` = ``prefilter_tile(k)`` entries); when k < candidates <= tile, one
-  program per row puts the buffer in position order and selects in registers (the top k of
-  the row are the top k of the buffer). Any other row (flat or tie-heavy scores, or a
-  sample that missed) is left to the six radix launches, which skip the rows the
-  prefilter finished. Exact either way; only the speed depends on the scores.
+  program per row selects in registers (the top k of the row are the top k of the buffer)
+  and writes the k positions in order (a bitmap of them gives each its column). Any other
+  row (flat or tie-heavy scores, or a sample that missed) is left to the six radix
+  launches, which skip the rows the prefilter finished. Exact either way; only the speed
+  depends on the scores.
 
 Radix passes over keys held in registers (the row kernel's single chunk, the prefilter)
 use narrower digits (``TILE_RADIX_BITS``): ``tl.histogram`` costs more per bit with more bins.
+
+On Hopper and later the launches use programmatic dependent launch (``USE_PDL``): each
+kernel starts with ``pdl_prologue`` (wait for the launch before it), which hides the gaps
+between the launches of a call and between calls in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ import triton.language as tl
 
 from ... import _runtime
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
-from ..._runtime import HAS_GATHER, cdiv, next_pow2, num_sms
+from ..._runtime import HAS_GATHER, cdiv, next_pow2, num_sms, pdl_prologue, pdl_supported
 
 __all__ = [
     "MAX_K",
@@ -70,7 +75,8 @@ _NPASS = 4
 _STATE_OFF = _NPASS * _NBINS
 _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
 # Prefilter (see _prefilter_* kernels): threshold, candidate count, "row done" flag; a
-# bitmap of the row's positions (then the running count before each word); the candidate
+# bitmap of the row's selected positions (without tl.gather, then the running count before
+# each word); the candidate
 # buffer (keys, then positions). Any content on entry: the sample launch zeroes what it must.
 # Layout constants (compiled into the kernels), not knobs.
 _PF_MAX_N = 262144  # longest rows the prefilter takes
@@ -100,7 +106,7 @@ SPLIT_MIN_N = ROW_BLOCK + 1  # rows this short always use the row kernel
 CTAS_PER_SM = 8  # split heuristic: programs per SM to aim at (hides load latency)
 _MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
 # Prefilter: default on from this many scores per call (rows x N).
-PREFILTER_MIN_SCORES = 4 << 20
+PREFILTER_MIN_SCORES = 2 << 20
 PREFILTER_SAMPLE = 4096  # scores sampled per row (groups of 8 adjacent positions)
 PREFILTER_WARPS = 16  # of its one-program-per-row launches
 # Digit width of the radix passes over a tile in registers (row kernel with the row in
@@ -110,6 +116,7 @@ TILE_RADIX_BITS = 5
 # gathered on chip) when there are at most this many (row kernel / split write pass).
 ROW_STAGE_MAX = 4096
 SPLIT_STAGE_MAX = 2048
+USE_PDL = True  # programmatic dependent launch where supported (Hopper on)
 
 
 def supported_k(k: int) -> bool:
@@ -428,8 +435,8 @@ def _emit(
 
     STAGE > 0: the pages of the stored positions lie in [page0, page0 + STAGE), whose
     entries ``staged`` holds (``_stage_pages``); with STAGE = 0 both are unused (callers
-    pass any scalar). Returns how many stored entries are valid
-    (slots: those that pass the remap's rules)."""
+    pass any scalar). Returns which stored entries are valid (slots: those that pass the
+    remap's rules); ``_valid_count`` counts them."""
     if FUSED:
         page = pos // block_size
         ok = m & (pos >= 0) & (page < page_limit)
@@ -442,7 +449,19 @@ def _emit(
         ok = m & (pos >= 0)
         val = pos
     tl.store(o_row + col * s_oc, val, mask=m)
-    return tl.sum(ok.to(tl.int32), 0)
+    return ok
+
+
+@triton.jit
+def _valid_count(ok, n_stored, last_pos, page_limit, block_size, FUSED: tl.constexpr):
+    """Valid entries among the ``n_stored`` entries just emitted (mask ``ok``), whose
+    positions are at most ``last_pos``: all of them unless a slot's page may lie past the
+    block table (or req_id is bad); only then a reduction."""
+    cnt = n_stored
+    if FUSED:  # noqa: SIM102  (compile-time test apart from the runtime one)
+        if last_pos // block_size >= page_limit:
+            cnt = tl.sum(ok.to(tl.int32), 0)
+    return cnt
 
 
 @triton.jit
@@ -464,7 +483,7 @@ def _emit_short_row(
     for c0 in tl.static_range(0, K, BLOCK_K):
         col = c0 + tl.arange(0, BLOCK_K)
         pos = tl.where(col < length, col, -1)
-        nvalid += _emit(
+        ok = _emit(
             o_row,
             s_oc,
             col,
@@ -480,6 +499,8 @@ def _emit_short_row(
             FUSED,
             0,
         )
+        n = tl.minimum(tl.maximum(length - c0, 0), BLOCK_K)
+        nvalid += _valid_count(ok, n, c0 + n - 1, page_limit, block_size, FUSED)
     return nvalid
 
 
@@ -525,7 +546,7 @@ def _write_chunk(
     offs, valid, key = _chunk(x_row, s_xn, start, end, BLOCK, MASKED)
     sel, rank, n_sel, n_eq = _select(key, valid, thr, need, eq_seen)
     col = base + rank
-    nvalid += _emit(
+    ok = _emit(
         o_row,
         s_oc,
         col,
@@ -541,6 +562,8 @@ def _write_chunk(
         FUSED,
         STAGE,
     )
+    last = tl.minimum(start + BLOCK, end) - 1
+    nvalid += _valid_count(ok, n_sel, last, page_limit, block_size, FUSED)
     return base + n_sel, eq_seen + n_eq, nvalid
 
 
@@ -612,7 +635,7 @@ def _topk_row_kernel(
     s_req,
     n_req,
     n_pages,
-    block_size,
+    block_size: tl.constexpr,
     stride_rows,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -622,7 +645,9 @@ def _topk_row_kernel(
     COUNTS: tl.constexpr,
     RB: tl.constexpr,
     STAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     # Device lengths are untrusted: clamp to [0, N].
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -657,7 +682,7 @@ def _topk_row_kernel(
             prefix, need, done = _tile_select(key, valid, need, RB, 32 // RB, BLOCK)
             thr, need = _finish(prefix, need, done)
             sel, rank, n_sel, n_eq = _select(key, valid, thr, need, 0)
-            nvalid = _emit(
+            ok = _emit(
                 o_row,
                 s_oc,
                 rank,
@@ -673,6 +698,7 @@ def _topk_row_kernel(
                 FUSED,
                 STAGE,
             )
+            nvalid = _valid_count(ok, K, length - 1, page_limit, block_size, FUSED)
         else:
             for P in tl.static_range(NPASS):
                 if done == 0:
@@ -737,7 +763,9 @@ def _split_hist_kernel(
     P: tl.constexpr,
     BLOCK: tl.constexpr,
     PF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -774,7 +802,9 @@ def _split_count_kernel(
     BLOCK: tl.constexpr,
     ZERO_COUNTS: tl.constexpr,
     PF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -819,7 +849,7 @@ def _split_write_kernel(
     s_req,
     n_req,
     n_pages,
-    block_size,
+    block_size: tl.constexpr,
     stride_rows,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -829,7 +859,9 @@ def _split_write_kernel(
     COUNTS: tl.constexpr,
     PF: tl.constexpr,
     STAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     sl = tl.program_id(1)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -920,11 +952,11 @@ def _split_write_kernel(
 # (K <= TARGET <= TILE). One pass over the row copies every key >= t with its position into
 # the row's candidate buffer (each at a slot from a per-element atomic: no scan, in no
 # particular order). If K < candidates <= TILE, the top k of the row are the top k of the
-# buffer: one program per row puts the buffer in position order (a bitmap of the candidate
-# positions, popcounts and one scan over its words), runs the radix select in registers and
-# writes the row. Otherwise (a flat or tie-heavy row, or an unlucky sample) the row's done
-# flag stays 0 and the radix launches that follow handle it; they skip every row the
-# prefilter finished.
+# buffer: one program per row runs the radix select in registers on the buffer as it is,
+# then writes the k selected positions in order (a bitmap of them, popcounts and one scan
+# over its words give each its column). Otherwise (a flat or tie-heavy row, or an unlucky
+# sample) the row's done flag stays 0 and the radix launches that follow handle it; they
+# skip every row the prefilter finished.
 
 
 @triton.jit
@@ -943,6 +975,7 @@ def _prefilter_sample_kernel(
     WORDS: tl.constexpr,
     RB: tl.constexpr,
     PASSES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Threshold key of each row from SAMPLE scores (SAMPLE // 8 groups of 8 adjacent
     positions spread over the row; the whole row when it is that short).
@@ -950,6 +983,7 @@ def _prefilter_sample_kernel(
     The r-th largest sampled key, r = TARGET * sampled / length, cut to its top bits
     (PASSES radix passes: 16 bits or more), so at least r sampled keys reach it. Zeroes
     the candidate count and the position bitmap."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
@@ -995,12 +1029,14 @@ def _prefilter_gather_kernel(
     K: tl.constexpr,
     TILE: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Every key >= the row's threshold, with its position, into the candidate buffer.
 
     Slices run last first: no matter on the GPU, and under the interpreter (programs in
     order) it leaves the buffer out of position order, as on the GPU. Each chunk's load is
     issued one iteration ahead, so it overlaps the atomics of the chunk before."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     lo = (tl.num_programs(1) - 1 - tl.program_id(1)) * slice_len
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -1052,45 +1088,56 @@ def _prefilter_select(
     WORDS: tl.constexpr,
     FUSED: tl.constexpr,
     RB: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """Top K of a row whose more than K (so at least one key is not selected, which
-    ``_finish`` relies on) and at most TILE candidates are buffered: order, select, write."""
+    ``_finish`` relies on) and at most TILE candidates are buffered, in no particular order:
+    select in registers, then write the K positions in ascending order."""
     bmp = ws_row + _WS_PF_BMP
     buf = ws_row + _WS_PF_BUF
     i = tl.arange(0, TILE)
     valid = i < total
-    key = tl.load(buf + i, mask=valid, other=0)
+    key = tl.load(buf + i, mask=valid, other=0).to(tl.uint32, bitcast=True)
     pos = tl.load(buf + PF_CAP + i, mask=valid, other=0)
-    # Rank of each candidate in position order: set its bit, then the bits before it.
-    one = tl.full([TILE], 1, tl.uint32)
-    bit = one << (pos & 31).to(tl.uint32)
-    tl.atomic_or(bmp + (pos >> 5), bit.to(tl.int32, bitcast=True), mask=valid, sem="relaxed")
+    prefix, need, done = _tile_select(key, valid, tl.full([], K, tl.int32), RB, 32 // RB, TILE)
+    thr, need = _finish(prefix, need, done)
+    take = valid & (key > thr)
+    if need > 0:
+        eq = valid & (key == thr)
+        if tl.sum(eq.to(tl.int32), 0) > need:
+            # Ties at the threshold: the need lowest positions among them. Positions are
+            # unique, so the select on the flipped positions ends with need 0 or 1.
+            flip = (0x7FFFFFFF - pos).to(tl.uint32)
+            p_prefix, p_need, p_done = _tile_select(flip, eq, need, RB, 32 // RB, TILE)
+            p_thr, p_need = _finish(p_prefix, p_need, p_done)
+            eq = eq & (flip >= p_thr + (p_need == 0).to(tl.uint32))
+        take = take | eq
+    # Column of each taken position: taken positions before it, from a bitmap of them.
+    bit = tl.full([TILE], 1, tl.uint32) << (pos & 31).to(tl.uint32)
+    tl.atomic_or(bmp + (pos >> 5), bit.to(tl.int32, bitcast=True), mask=take, sem="relaxed")
     tl.debug_barrier()
     w = tl.arange(0, WORDS)  # WORDS * 32 >= N
-    w_ok = w * 32 < length
-    words = tl.load(bmp + w, mask=w_ok, other=0, cache_modifier=".cg")
-    mine = tl.load(bmp + (pos >> 5), mask=valid, other=0, cache_modifier=".cg")
-    n_set = _popcount(words.to(tl.uint32, bitcast=True))
-    tl.debug_barrier()  # every read of the bitmap is done: it takes the running counts
-    tl.store(bmp + w, tl.cumsum(n_set, 0) - n_set, mask=w_ok)
-    tl.debug_barrier()
-    rank = tl.load(bmp + (pos >> 5), mask=valid, other=0, cache_modifier=".cg")
-    rank += _popcount(mine.to(tl.uint32, bitcast=True) & (bit - 1))
-    tl.store(buf + rank, key, mask=valid)  # in place: every thread holds its entries already
-    tl.store(buf + PF_CAP + rank, pos, mask=valid)
-    tl.debug_barrier()
-    key = tl.load(buf + i, mask=valid, other=0).to(tl.uint32, bitcast=True)
-    pos = tl.load(buf + PF_CAP + i, mask=valid, other=-1)
-    need = tl.full([], K, tl.int32)
-    prefix, need, done = _tile_select(key, valid, need, RB, 32 // RB, TILE)
-    thr, need = _finish(prefix, need, done)
-    sel, rank, n_sel, n_eq = _select(key, valid, thr, need, 0)
-    return _emit(
+    words = tl.load(bmp + w, mask=w * 32 < length, other=0, cache_modifier=".cg")
+    words = words.to(tl.uint32, bitcast=True)
+    n_set = _popcount(words)
+    word = pos >> 5
+    if GATHER:  # on chip
+        col = tl.gather(tl.cumsum(n_set, 0) - n_set, word, 0)
+        mine = tl.gather(words, word, 0)
+    else:
+        mine = tl.load(bmp + word, mask=take, other=0, cache_modifier=".cg")
+        mine = mine.to(tl.uint32, bitcast=True)
+        tl.debug_barrier()  # every read of the bitmap is done: it takes the running counts
+        tl.store(bmp + w, tl.cumsum(n_set, 0) - n_set, mask=w * 32 < length)
+        tl.debug_barrier()
+        col = tl.load(bmp + word, mask=take, other=0, cache_modifier=".cg")
+    col += _popcount(mine & (bit - 1))
+    ok = _emit(
         o_row,
         s_oc,
-        rank,
+        col,
         pos,
-        sel & (rank < K),
+        take,
         page_limit,
         bt_row,
         s_btc,
@@ -1101,6 +1148,7 @@ def _prefilter_select(
         FUSED,
         0,
     )
+    return _valid_count(ok, K, length - 1, page_limit, block_size, FUSED)
 
 
 @triton.jit
@@ -1122,7 +1170,7 @@ def _prefilter_finish_kernel(
     s_req,
     n_req,
     n_pages,
-    block_size,
+    block_size: tl.constexpr,
     stride_rows,
     K: tl.constexpr,
     TILE: tl.constexpr,
@@ -1131,8 +1179,11 @@ def _prefilter_finish_kernel(
     FUSED: tl.constexpr,
     COUNTS: tl.constexpr,
     RB: tl.constexpr,
+    GATHER: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Writes every row that is short or has K + 1..TILE candidates, and its done flag."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
@@ -1173,6 +1224,7 @@ def _prefilter_finish_kernel(
                 WORDS,
                 FUSED,
                 RB,
+                GATHER,
             )
         if COUNTS:
             tl.store(cnt_ptr + row * s_cnt, nvalid)
@@ -1223,7 +1275,8 @@ def select_topk(
             ``[0, R)`` (never read out of bounds). Bit-identical to ``select_topk`` followed
             by the index remap.
         req_id: int32 ``[rows]``, block-table row of each query row (with block_table).
-        block_size: positions per page (>= 1).
+        block_size: positions per page (>= 1); with a block table, a compile-time constant
+            of the kernels (one compiled variant per block size: division by a constant).
         block_stride_rows: physical rows between consecutive pages (default block_size).
         valid_counts_out: optional int32 ``[rows]`` for the valid counts: ``min(k, length)``
             for positions; for slots, the entries that passed the remap's rules (= entries
@@ -1269,7 +1322,7 @@ def select_topk(
         check_int("block_stride_rows", stride_rows, lo=1, hi=2**31 - 1)
     else:
         check_int("block_size", block_size, lo=1)
-        stride_rows = block_size
+        stride_rows = block_size = 1  # unused; one compiled variant
     if out is not None:
         check_tensor("out", out, dtype=torch.int32, ndim=2)
         check_shape("out", out, (rows, k))
@@ -1318,10 +1371,18 @@ def select_topk(
     s_cnt = cnt.stride(0)
     block_k = min(next_pow2(k), 1024)
 
+    # Programmatic dependent launch hides the gaps between launches: each launch waits for
+    # the one before first thing. Early trigger (PDL=1: the next launch's programs start
+    # while this one runs) measured faster on the prefilter's chain, slower on some radix
+    # and row-kernel shapes, where the wait alone (PDL=2) is kept.
+    use_pdl = USE_PDL and pdl_supported(device)
+    pdl = dict(PDL=2, launch_pdl=True) if use_pdl else dict(PDL=0)
     splits = choose_num_splits(rows, n, k, device) if num_splits is None else num_splits
     slice_len = cdiv(cdiv(max(n, 1), SPLIT_BLOCK), splits) * SPLIT_BLOCK
     splits = cdiv(max(n, 1), slice_len)  # no empty trailing slices
     if splits <= 1 or n <= k:
+        one_chunk = n <= ROW_BLOCK
+        block = min(next_pow2(max(n, 256)), ROW_BLOCK) if one_chunk else ROW_BLOCK
         _topk_row_kernel[(rows,)](
             logits,
             logits.stride(0),
@@ -1344,14 +1405,15 @@ def select_topk(
             block_size,
             stride_rows,
             K=k,
-            BLOCK=ROW_BLOCK,
+            BLOCK=block,
             BLOCK_K=block_k,
-            ONE_CHUNK=n <= ROW_BLOCK,
+            ONE_CHUNK=one_chunk,
             FUSED=fused,
             COUNTS=want_counts,
             RB=TILE_RADIX_BITS,
-            STAGE=_stage_size(fused, n, block_size, ROW_STAGE_MAX) if n <= ROW_BLOCK else 0,
+            STAGE=_stage_size(fused, n, block_size, ROW_STAGE_MAX) if one_chunk else 0,
             num_warps=ROW_WARPS,
+            **pdl,
         )
     else:
         ws = topk_workspace(rows, device) if workspace is None else workspace
@@ -1370,6 +1432,8 @@ def select_topk(
         if prefilter is None:
             prefilter = rows * n >= PREFILTER_MIN_SCORES
         pf = prefilter and prefilter_applies(n, k)
+        if pf and use_pdl:
+            pdl["PDL"] = 1
         if pf:
             tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))
             _prefilter_sample_kernel[(rows,)](
@@ -1381,6 +1445,7 @@ def select_topk(
                 RB=TILE_RADIX_BITS,
                 PASSES=_tile_passes_for(16),
                 num_warps=PREFILTER_WARPS,
+                **pdl,
             )
             _prefilter_gather_kernel[grid](
                 *common,
@@ -1388,6 +1453,7 @@ def select_topk(
                 TILE=tile,
                 BLOCK=SPLIT_BLOCK,
                 num_warps=SPLIT_WARPS,
+                **pdl,
             )
             _prefilter_finish_kernel[(rows,)](
                 lengths,
@@ -1416,11 +1482,13 @@ def select_topk(
                 FUSED=fused,
                 COUNTS=want_counts,
                 RB=TILE_RADIX_BITS,
+                GATHER=HAS_GATHER,
                 num_warps=PREFILTER_WARPS,
+                **pdl,
             )
         for p in range(_NPASS):
             _split_hist_kernel[grid](
-                *common, K=k, P=p, BLOCK=SPLIT_BLOCK, PF=pf, num_warps=SPLIT_WARPS
+                *common, K=k, P=p, BLOCK=SPLIT_BLOCK, PF=pf, num_warps=SPLIT_WARPS, **pdl
             )
         _split_count_kernel[grid](
             *common,
@@ -1431,6 +1499,7 @@ def select_topk(
             ZERO_COUNTS=want_counts and fused,
             PF=pf,
             num_warps=SPLIT_WARPS,
+            **pdl,
         )
         _split_write_kernel[grid](
             *common,
@@ -1458,5 +1527,6 @@ def select_topk(
             PF=pf,
             STAGE=_stage_size(fused, slice_len + block_size, block_size, SPLIT_STAGE_MAX),
             num_warps=SPLIT_WARPS,
+            **pdl,
         )
     return (out, counts) if return_valid_counts else out

@@ -1,0 +1,189 @@
+"""Session experiments on the top-k (k = 2048): named variants per shape, side by side.
+
+    PYTHONPATH=src python benchmarks/exp_topk.py [--out DIR] [--set NAME,...]
+
+Sets of (shapes, variants), each variant = module knobs + ``select_topk`` keywords, timed
+per call in a CUDA graph with ``tune_topk``'s helpers (rotating input sets, torch.topk in the
+same run); positions are checked against torch.topk's values before timing (the fused
+variants' slots are mapped back through the block table). With ``--profile`` the eager
+per-launch breakdown of each prefilter variant is printed too. Writes ``exp_topk.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+import sparse_mla  # noqa: F401  (first: it picks the interpreter mode before triton loads)
+
+# isort: split
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tune_topk import FULL, Cand, breakdown, check, make_sets, timed, torch_call  # noqa: E402
+
+from sparse_mla.bench.timing import select_backend  # noqa: E402
+from sparse_mla.ops.topk import topk as topk_mod  # noqa: E402
+
+K = 2048
+BS = 64
+NO_PDL = dict(USE_PDL=0)
+PDL_WAIT = dict(USE_PDL=2)
+SETS = {
+    # programmatic dependent launch on / off, for the radix path and the prefilter
+    "pdl": (
+        [
+            (1, 4096),
+            (64, 4096),
+            (1, 65536),
+            (64, 16384),
+            (8, 65536),
+            (8, 131072),
+            (32, 65536),
+            (64, 65536),
+            (64, 131072),
+        ],
+        [
+            ("radix", {}, dict(prefilter=False)),
+            ("radix, no PDL", NO_PDL, dict(prefilter=False)),
+            ("radix, PDL wait only", PDL_WAIT, dict(prefilter=False)),
+            ("prefilter", {}, dict(prefilter=True)),
+            ("prefilter, no PDL", NO_PDL, dict(prefilter=True)),
+            ("prefilter, PDL wait only", PDL_WAIT, dict(prefilter=True)),
+        ],
+    ),
+    # the fused slot epilogue (block size now a compile-time constant)
+    "fused": (
+        [(8, 4096), (64, 16384), (8, 65536), (8, 131072), (64, 131072)],
+        [
+            ("positions", {}, {}),
+            ("slots+counts", {}, dict(fused=True)),
+        ],
+    ),
+}
+
+
+class FusedCand(Cand):
+    """A candidate writing slots (block table of random pages) and valid counts."""
+
+    def __init__(self, name: str, knob: dict, bt: torch.Tensor, **kw) -> None:
+        super().__init__(name, knob, **kw)
+        self.bt = bt
+
+    def call(self, s: dict, k: int):
+        rows = s["x"].shape[0]
+        kw = dict(
+            self.kw,
+            block_table=self.bt,
+            req_id=s.setdefault(
+                "req", torch.arange(rows, dtype=torch.int32, device=self.bt.device)
+            ),
+            block_size=BS,
+            valid_counts_out=s.setdefault(
+                "cnt", torch.empty(rows, dtype=torch.int32, device=self.bt.device)
+            ),
+        )
+        return Cand(self.name, self.knob, **kw).call(s, k)
+
+
+def slots_to_positions(slots: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
+    """Inverse of the remap for a block table whose rows are permutations of pages."""
+    rows = slots.shape[0]
+    inv = torch.empty_like(bt)
+    inv.scatter_(
+        1,
+        bt.long(),
+        torch.arange(bt.shape[1], device=bt.device, dtype=torch.int32).expand_as(bt).contiguous(),
+    )
+    page = inv[:rows].gather(1, (slots // BS).long())
+    return torch.where(slots >= 0, page * BS + slots % BS, -1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--set", default=",".join(SETS))
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    be = select_backend(allow_cpu=False)
+    if be is None:
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    cfg = dict(FULL)
+    t0 = time.time()
+    failed = 0
+    results = []
+    for set_name in args.set.split(","):
+        shapes, variants = SETS[set_name]
+        print(f"== {set_name}", flush=True)
+        for rows, n in shapes:
+            sets = make_sets(rows, n, K, be, cfg["graph_calls"])
+            s0 = sets[0]
+            want_vals = torch.topk(s0["x"], K, dim=1).values
+            t_torch, _ = timed([torch_call(s, K) for s in sets], cfg, be)
+            pages = n // BS
+            g = torch.Generator(device="cpu").manual_seed(rows * 1000003 + n)
+            bt = torch.stack([torch.randperm(pages, generator=g) for _ in range(rows)])
+            bt = bt.to(torch.int32).to(be.device)
+            line = {"set": set_name, "B": rows, "N": n, "torch_us": t_torch, "variants": {}}
+            for name, knob, kw in variants:
+                kw = dict(kw)
+                if kw.pop("fused", False):
+                    cand = FusedCand(name, knob, bt, **kw)
+                else:
+                    cand = Cand(name, knob, **kw)
+                err = ""
+                us = None
+                try:
+                    if isinstance(cand, FusedCand):
+                        s0["out"].fill_(-7777)
+                        cand.call(s0, K)()
+                        pos = slots_to_positions(s0["out"], bt)
+                        vals = s0["x"].gather(1, pos.long()).sort(dim=1, descending=True).values
+                        if not torch.equal(vals, want_vals) or not bool((s0["cnt"] == K).all()):
+                            err = "fused slots or counts wrong"
+                    else:
+                        err = check(cand, s0, K, want_vals, None)
+                    if not err:
+                        us, _ = timed([cand.call(s, K) for s in sets], cfg, be)
+                except Exception as e:  # noqa: BLE001
+                    err = f"{type(e).__name__}: {str(e)[:200]}"
+                    be.synchronize()
+                if err:
+                    failed += 1
+                line["variants"][name] = {"us": us, "error": err}
+                ratio = f"{t_torch / us:5.2f}x" if us else "  -  "
+                us_s = f"{us:8.2f}" if us else "       -"
+                note = ""
+                pf = kw.get("prefilter")
+                if pf is None:
+                    pf = rows * n >= topk_mod.PREFILTER_MIN_SCORES and n > topk_mod.ROW_BLOCK
+                if pf and topk_mod.prefilter_applies(n, K):
+                    # rows the prefilter left to the radix launches (last call on each set)
+                    off = topk_mod._PF_OFF + 2
+                    flags = torch.stack([s["ws"].view(rows, -1)[:, off] for s in sets])
+                    note = f"fallback rows {int((flags == 0).sum())}/{flags.numel()}"
+                    line["variants"][name]["fallback_rows"] = int((flags == 0).sum())
+                print(
+                    f"  {rows:>3} x {n:>6}  {name:<30} {us_s} us  {ratio}  {note} {err}", flush=True
+                )
+                if args.profile and kw.get("prefilter") and not err:
+                    bd = breakdown(cand, sets, K, cfg["prof_calls"], be)
+                    line["variants"][name]["breakdown"] = bd
+                    for r in bd:
+                        print(f"      {r['launch']:<40} {r['mean_us']:8.2f} us")
+            print(f"  {rows:>3} x {n:>6}  torch.topk {t_torch:8.2f} us", flush=True)
+            results.append(line)
+            be.release()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "exp_topk.json"), "w") as f:
+        json.dump({"results": results, "failed": failed}, f, indent=1)
+    print(f"{failed} failed; {time.time() - t0:.0f}s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
