@@ -31,7 +31,7 @@ from sparse_mla.ops.topk import topk as topk_mod  # noqa: E402
 K = 2048
 BS = 64
 NO_PDL = dict(USE_PDL=0)
-PDL_WAIT = dict(USE_PDL=2)
+PDL_WAIT = dict(PDL_EARLY_PREFILTER=False)
 SETS = {
     # programmatic dependent launch on / off, for the radix path and the prefilter
     "pdl": (
@@ -49,7 +49,15 @@ SETS = {
         [
             ("radix", {}, dict(prefilter=False)),
             ("radix, no PDL", NO_PDL, dict(prefilter=False)),
-            ("radix, PDL wait only", PDL_WAIT, dict(prefilter=False)),
+            ("prefilter", {}, dict(prefilter=True)),
+            ("prefilter, no PDL", NO_PDL, dict(prefilter=True)),
+            ("prefilter, PDL wait only", PDL_WAIT, dict(prefilter=True)),
+        ],
+    ),
+    # many rows: the indexer's n = 4 rows at B = 128 (512 x 128K)
+    "rows": (
+        [(512, 131072), (128, 131072)],
+        [
             ("prefilter", {}, dict(prefilter=True)),
             ("prefilter, no PDL", NO_PDL, dict(prefilter=True)),
             ("prefilter, PDL wait only", PDL_WAIT, dict(prefilter=True)),

@@ -117,6 +117,7 @@ TILE_RADIX_BITS = 5
 ROW_STAGE_MAX = 4096
 SPLIT_STAGE_MAX = 2048
 USE_PDL = True  # programmatic dependent launch where supported (Hopper on)
+PDL_EARLY_PREFILTER = True  # with it, the prefilter's chain triggers the next launch early
 
 
 def supported_k(k: int) -> bool:
@@ -1432,7 +1433,7 @@ def select_topk(
         if prefilter is None:
             prefilter = rows * n >= PREFILTER_MIN_SCORES
         pf = prefilter and prefilter_applies(n, k)
-        if pf and use_pdl:
+        if pf and use_pdl and PDL_EARLY_PREFILTER:
             pdl["PDL"] = 1
         if pf:
             tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))

@@ -1,0 +1,77 @@
+"""Session experiment: top-k on the indexer bench's own scores (B x n rows of a 128K context).
+
+    PYTHONPATH=src python benchmarks/exp_topk_indexer.py
+
+Builds the per-layer inputs exactly as ``sparse-mla bench --ops indexer`` does (fp8 cache,
+one run of the chain), then times ``select_topk`` on those scores in a CUDA graph with the
+prefilter on and off and with/without programmatic dependent launch, and counts the rows the
+prefilter left to the radix launches and the rows whose top-k threshold ties.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import sparse_mla  # noqa: F401
+
+# isort: split
+from sparse_mla.bench import indexer as ib
+from sparse_mla.bench.timing import measure_graph, select_backend
+from sparse_mla.ops.topk import topk as topk_mod
+
+
+def main() -> int:
+    be = select_backend(allow_cpu=False)
+    dev = be.device
+    ops = ib._ops()
+    k, page, heads, dim = 2048, 64, 64, 128
+    for b, n, ctx in ((128, 4, 131072), (128, 1, 131072), (32, 4, 131072)):
+        width = ctx // page
+        cache = ib.fill_indexer_cache(ops, b * width + 8, page, dim, fp8=True, device=dev)
+        s = ib.make_layer_set(
+            ops, cache, requests=b, n=n, ctx=ctx, heads=heads, dim=dim, page=page, k=k,
+            fp8=True, device=dev,
+        )  # fmt: skip
+        x, lens = s["logits"], s["row_lens"]
+        rows = x.shape[0]
+        vals = x.topk(k, dim=1).values[:, -1:]
+        ties = int(((x == vals).sum(1) > 1).sum())
+        print(f"B={b} n={n} ctx={ctx}: rows {rows}, rows with a tie at the k-th score {ties}")
+        ws = topk_mod.topk_workspace(rows, dev)
+        out = torch.empty(rows, k, dtype=torch.int32, device=dev)
+        for name, knob, kw in (
+            ("prefilter", {}, dict(prefilter=True)),
+            ("prefilter, no PDL", dict(USE_PDL=False), dict(prefilter=True)),
+            ("prefilter, no early trigger", dict(PDL_EARLY_PREFILTER=False), dict(prefilter=True)),
+            ("radix", {}, dict(prefilter=False)),
+        ):
+            old = {kk: getattr(topk_mod, kk) for kk in knob}
+            for kk, v in knob.items():
+                setattr(topk_mod, kk, v)
+            try:
+
+                def fn(x=x, lens=lens, out=out, ws=ws, kw=kw) -> None:
+                    topk_mod.select_topk(x, lens, k=k, out=out, workspace=ws, **kw)
+
+                fn()
+                torch.cuda.synchronize()
+                fb = ""
+                if kw["prefilter"]:
+                    flags = ws.view(rows, -1)[:, topk_mod._PF_OFF + 2]
+                    total = ws.view(rows, -1)[:, topk_mod._PF_OFF + 1]
+                    t = [int(total.min()), int(total.median()), int(total.max())]
+                    fb = f"fallback rows {int((flags == 0).sum())}/{rows}; candidates {t}"
+                us = measure_graph([fn], graph_calls=20, reps=10, warmup=2, backend=be).median_us
+                print(f"  {name:<30} {us:8.1f} us  {fb}", flush=True)
+            finally:
+                for kk, v in old.items():
+                    setattr(topk_mod, kk, v)
+        del s, cache
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
