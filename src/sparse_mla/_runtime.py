@@ -87,8 +87,8 @@ def cdiv(a: int, b: int) -> int:
 def pdl_supported(device: torch.device) -> bool:
     """Whether kernels on ``device`` can use programmatic dependent launch (Hopper on, a
     Triton with grid dependency control, not the interpreter)."""
-    if INTERPRETER or gdc_wait is None or device.type != "cuda":
-        return False
+    if INTERPRETER or gdc_wait is None or device.type != "cuda" or torch.version.hip:
+        return False  # griddepcontrol is NVIDIA PTX
     return torch.cuda.get_device_capability(canonical_device(device))[0] >= 9
 
 

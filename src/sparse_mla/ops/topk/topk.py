@@ -76,8 +76,8 @@ _STATE_OFF = _NPASS * _NBINS
 _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
 # Prefilter (see _prefilter_* kernels): threshold, candidate count, "row done" flag; a
 # bitmap of the row's selected positions (without tl.gather, then the running count before
-# each word); the candidate
-# buffer (keys, then positions). Any content on entry: the sample launch zeroes what it must.
+# each word); the candidate buffer (keys, then positions). Any content on entry: the sample
+# launch zeroes what it must.
 # Layout constants (compiled into the kernels), not knobs.
 _PF_MAX_N = 262144  # longest rows the prefilter takes
 _PF_CAP = 4096  # candidates per row (the finishing tile); more: the radix passes
@@ -1104,15 +1104,14 @@ def _prefilter_select(
     thr, need = _finish(prefix, need, done)
     take = valid & (key > thr)
     if need > 0:
+        # Ties at the threshold (need > 0: no pass took its whole bin, so more keys equal
+        # thr than need): take the need lowest positions among them. Positions are unique,
+        # so that select always ends on a whole bin (_finish: keys > p_thr, p_need 0).
         eq = valid & (key == thr)
-        if tl.sum(eq.to(tl.int32), 0) > need:
-            # Ties at the threshold: the need lowest positions among them. Positions are
-            # unique, so the select on the flipped positions ends with need 0 or 1.
-            flip = (0x7FFFFFFF - pos).to(tl.uint32)
-            p_prefix, p_need, p_done = _tile_select(flip, eq, need, RB, 32 // RB, TILE)
-            p_thr, p_need = _finish(p_prefix, p_need, p_done)
-            eq = eq & (flip >= p_thr + (p_need == 0).to(tl.uint32))
-        take = take | eq
+        flip = (0x7FFFFFFF - pos).to(tl.uint32)
+        p_prefix, p_need, p_done = _tile_select(flip, eq, need, RB, 32 // RB, TILE)
+        p_thr, p_need = _finish(p_prefix, p_need, p_done)
+        take = take | (eq & (flip > p_thr))
     # Column of each taken position: taken positions before it, from a bitmap of them.
     bit = tl.full([TILE], 1, tl.uint32) << (pos & 31).to(tl.uint32)
     tl.atomic_or(bmp + (pos >> 5), bit.to(tl.int32, bitcast=True), mask=take, sem="relaxed")
@@ -1373,9 +1372,10 @@ def select_topk(
     block_k = min(next_pow2(k), 1024)
 
     # Programmatic dependent launch hides the gaps between launches: each launch waits for
-    # the one before first thing. Early trigger (PDL=1: the next launch's programs start
-    # while this one runs) measured faster on the prefilter's chain, slower on some radix
-    # and row-kernel shapes, where the wait alone (PDL=2) is kept.
+    # the one before first thing. Calls that run the prefilter also trigger the next launch
+    # early in all their launches (PDL=1: its programs start while this one runs), which
+    # measured faster at every prefilter shape; calls without it only wait (PDL=2), since
+    # the early trigger was slower at some radix and row-kernel shapes.
     use_pdl = USE_PDL and pdl_supported(device)
     pdl = dict(PDL=2, launch_pdl=True) if use_pdl else dict(PDL=0)
     splits = choose_num_splits(rows, n, k, device) if num_splits is None else num_splits
