@@ -18,10 +18,9 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import triton  # noqa: E402  (must follow the interpreter decision)
-
-INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
 import triton.language as tl  # noqa: E402
 
+INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
 # On-chip gathers (``tl.gather``) exist from Triton 3.2 on.
 HAS_GATHER: bool = hasattr(tl, "gather")
 

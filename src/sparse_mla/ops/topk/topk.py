@@ -1110,7 +1110,7 @@ def _prefilter_select(
         eq = valid & (key == thr)
         flip = (0x7FFFFFFF - pos).to(tl.uint32)
         p_prefix, p_need, p_done = _tile_select(flip, eq, need, RB, 32 // RB, TILE)
-        p_thr, p_need = _finish(p_prefix, p_need, p_done)
+        p_thr, _ = _finish(p_prefix, p_need, p_done)
         take = take | (eq & (flip > p_thr))
     # Column of each taken position: taken positions before it, from a bitmap of them.
     bit = tl.full([TILE], 1, tl.uint32) << (pos & 31).to(tl.uint32)
