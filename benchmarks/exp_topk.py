@@ -63,6 +63,21 @@ SETS = {
             ("prefilter, PDL wait only", PDL_WAIT, dict(prefilter=True)),
         ],
     ),
+    # the prefilter's sample: a larger one, and a target midway in the window (fewer rows
+    # that fall back to the radix passes)
+    "sample": (
+        [(512, 131072), (128, 131072), (64, 131072), (64, 65536), (32, 65536), (8, 131072)],
+        [
+            ("prefilter", {}, dict(prefilter=True)),
+            ("prefilter, target middle", dict(PREFILTER_TARGET="middle"), dict(prefilter=True)),
+            ("prefilter, sample 8192", dict(PREFILTER_SAMPLE=8192), dict(prefilter=True)),
+            (
+                "prefilter, sample 8192, middle",
+                dict(PREFILTER_SAMPLE=8192, PREFILTER_TARGET="middle"),
+                dict(prefilter=True),
+            ),
+        ],
+    ),
     # the fused slot epilogue (block size now a compile-time constant)
     "fused": (
         [(8, 4096), (64, 16384), (8, 65536), (8, 131072), (64, 131072)],

@@ -91,6 +91,14 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(canonical_device(device))[0] >= 9
 
 
+def pdl_launch(device: torch.device, mode: int) -> dict:
+    """Launch keywords for a kernel that starts with ``pdl_prologue(PDL)``: ``PDL=mode`` with
+    ``launch_pdl`` where :func:`pdl_supported`, else ``PDL=0`` (mode 0 also means off)."""
+    if mode and pdl_supported(device):
+        return dict(PDL=mode, launch_pdl=True)
+    return dict(PDL=0)
+
+
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
     """First statement of a kernel launched with ``launch_pdl`` (PDL >= 1): wait until the

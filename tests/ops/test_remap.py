@@ -138,6 +138,10 @@ def test_layout_auto_owns_rows_for_every_width():
     # Narrow rows in large batches stream with evict-first.
     assert choose_remap_layout(384, count_valid=True, num_rows=4096).evict_first
     assert not choose_remap_layout(384, count_valid=True, num_rows=64).evict_first
+    # Programmatic dependent launch: early trigger only for narrow rows in small grids.
+    assert choose_remap_layout(512, count_valid=True, num_rows=256).pdl == 1
+    assert choose_remap_layout(512, count_valid=True, num_rows=1024).pdl == 2
+    assert choose_remap_layout(2048, count_valid=True, num_rows=1).pdl == 2
 
 
 def test_layout_seed_and_tiled_policies():
@@ -148,6 +152,7 @@ def test_layout_seed_and_tiled_policies():
     tiled = choose_remap_layout(2048, count_valid=True, policy="tiled_atomic")
     assert (tiled.block_cols, tiled.col_tiles, tiled.atomic) == (128, 16, True)
     assert not choose_remap_layout(2048, count_valid=False, policy="tiled_atomic").atomic
+    assert seed.pdl == seed384.pdl == tiled.pdl == 0  # launched as upstream does
     with pytest.raises(ValueError, match="multiple of 128"):
         choose_remap_layout(100, count_valid=True, policy="tiled_atomic")
     with pytest.raises(ValueError, match="layout must be one of"):
@@ -202,6 +207,8 @@ def test_odd_widths_and_multi_chunk_rows(k):
         RemapLayout(2, 64, 6, 1, False, True, 2),
         RemapLayout(1, 512, 1, 1, False, True, 4, evict_first=True),
         RemapLayout(1, 128, 3, 1, False, True, 4, stage_pages=True),
+        RemapLayout(1, 128, 3, 1, False, True, 4, pdl=1),  # PDL: on the GPU only
+        RemapLayout(1, 512, 1, 1, False, True, 8, stage_pages=True, pdl=2),
         staged(384, evict_first=True),
     ],
 )
@@ -520,6 +527,8 @@ def test_bad_custom_layouts_and_arguments():
             block_size=16,
             layout=RemapLayout(1, 128, 1, 2, True, True, 4),
         )
+    with pytest.raises(ValueError, match="pdl must be 0, 1 or 2"):
+        conv(req, bt, idx, layout=RemapLayout(1, 256, 1, 1, False, True, 4, pdl=3))
     with pytest.raises(ValueError, match="stage_pages needs rows_per_program == 1"):
         conv(req, bt, idx, layout=RemapLayout(2, 256, 1, 1, False, True, 4, stage_pages=True))
     with pytest.raises(ValueError, match="stage_pages needs a block table of 1..4096"):

@@ -51,10 +51,12 @@ GRIDS: dict[str, dict[str, Any]] = {
 def _ops() -> SimpleNamespace:
     """The implementations timed (tests replace this with stand-ins)."""
     import sparse_mla
-    from sparse_mla.ops.decode_metadata import naive
+    from sparse_mla.ops.decode_metadata import expand, naive
 
     return SimpleNamespace(
-        expand=sparse_mla.expand_decode_tokens, torch_ops=naive.expand_decode_tokens_torch_ops
+        expand=sparse_mla.expand_decode_tokens,
+        torch_ops=naive.expand_decode_tokens_torch_ops,
+        knobs=expand,
     )
 
 
@@ -88,7 +90,10 @@ def _poison(s: InputSet) -> None:
         t.fill_(POISON)
 
 
-def _triton_variant(fn: Any, name: str, uniform: bool, n: int) -> Variant:
+def _triton_variant(
+    fn: Any, name: str, uniform: bool, n: int, knobs: Any = None, pdl: bool = True
+) -> Variant:
+    """``knobs``: the module holding ``USE_PDL``; ``pdl=False`` launches with it off."""
     keep = kwargs_filter(fn)
     has_out = "out" in keep({"out": None})
 
@@ -103,9 +108,19 @@ def _triton_variant(fn: Any, name: str, uniform: bool, n: int) -> Variant:
         if not has_out:
             return lambda: fn(*args, **kw)
         kw_out = dict(kw, out=s["out"])
-        return lambda: fn(*args, **kw_out)
+        if pdl:
+            return lambda: fn(*args, **kw_out)
 
-    return Variant(name, bind, "ours")
+        def call() -> Any:
+            old, knobs.USE_PDL = knobs.USE_PDL, 0
+            try:
+                return fn(*args, **kw_out)
+            finally:
+                knobs.USE_PDL = old
+
+        return call
+
+    return Variant(name, bind, "ours" if pdl else "extra")
 
 
 def _torch_variant(fn: Any, n: int) -> Variant:
@@ -146,6 +161,13 @@ def build(grid: str, device: torch.device) -> list[Case]:
         kernels = [_triton_variant(ops.expand, "triton-ragged", False, n)]
         if not ragged:
             kernels.insert(0, _triton_variant(ops.expand, "triton-uniform", True, n))
+        knobs = getattr(ops, "knobs", None)  # test stand-ins have none
+        if knobs is not None:
+            kernels.append(
+                _triton_variant(ops.expand, "ragged-nopdl", False, n, knobs, pdl=False)
+                if ragged
+                else _triton_variant(ops.expand, "uniform-nopdl", True, n, knobs, pdl=False)
+            )
         return Case(
             op="expand",
             group=f"expand n={n}",
@@ -243,7 +265,8 @@ register_op(
             EXPAND_BYTES_RULE,
             "variants: triton-uniform (uniform=True, host-known n), triton-ragged "
             "(uniform=False, device decode lengths; also on uniform data), torch-ops "
-            "(upstream's ragged fallback: repeat_interleave with the host-known total). "
+            "(upstream's ragged fallback: repeat_interleave with the host-known total); "
+            "uniform-nopdl / ragged-nopdl: ours with programmatic dependent launch off. "
             "Ragged data has the same token count as the uniform case, n_b in [1, n].",
         ],
         summaries=summaries,

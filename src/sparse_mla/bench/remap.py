@@ -1,7 +1,9 @@
 """Benchmark cases for the index remap (section 2 of the spec) and its DCP form (section 3).
 
 Variants, all counting valid entries (where the layouts differ) unless named otherwise:
-``ours`` (layout="auto"), ``ours-nocount`` (auto, no counts), ``tiled_atomic`` (the pre-seed
+``ours`` (layout="auto"), ``ours-nocount`` (auto, no counts), ``ours-nopdl`` (auto without
+programmatic dependent launch: the baselines, like upstream, launch without it),
+``tiled_atomic`` (the pre-seed
 upstream design, including its counter zero-fill), ``seed`` (single tile only for
 power-of-two K, atomics otherwise) and ``torch`` (the vectorized PyTorch-ops reference).
 
@@ -13,6 +15,7 @@ rest -1 (what top-k emits for short contexts).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -71,6 +74,7 @@ def _ops() -> SimpleNamespace:
 
     return SimpleNamespace(
         convert=sparse_mla.convert_req_index_to_global_index,
+        choose_layout=sparse_mla.choose_remap_layout,
         dcp=sparse_mla.filter_and_convert_dcp_index,
         reference=naive.convert_req_index_to_global_index_reference,
         # The reference takes dcp_size/dcp_rank/interleave/compact itself.
@@ -79,7 +83,6 @@ def _ops() -> SimpleNamespace:
             "filter_and_convert_dcp_index_reference",
             naive.convert_req_index_to_global_index_reference,
         ),
-        choose_layout=getattr(sparse_mla, "choose_remap_layout", None),
     )
 
 
@@ -170,11 +173,21 @@ def _compare(sorted_rows: bool):
     return compare
 
 
-def _kernel_variants(fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
+def _without_pdl(ops: SimpleNamespace, s: InputSet, compact: bool) -> Any:
+    """The auto layout for this set's shape with programmatic dependent launch off."""
+    t, k = s["token_indices"].shape
+    lay = ops.choose_layout(
+        k, count_valid=True, compact=compact, num_rows=t, num_blocks=s["block_table"].shape[1]
+    )
+    return dataclasses.replace(lay, pdl=0)
+
+
+def _kernel_variants(ops: SimpleNamespace, fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
     def bind_for(layout: str, counts: bool):
         def bind(s: InputSet):
             args = (s["req_id"], s["block_table"], s["token_indices"])
-            kw = dict(base_kw, out=s["out"], return_valid_counts=counts, layout=layout)
+            lay = _without_pdl(ops, s, base_kw.get("compact", False)) if layout == "" else layout
+            kw = dict(base_kw, out=s["out"], return_valid_counts=counts, layout=lay)
             if counts:
                 kw["valid_counts_out"] = s["counts"]
             return lambda: fn(*args, **kw)
@@ -184,6 +197,12 @@ def _kernel_variants(fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
     return [
         Variant("ours", bind_for("auto", True), "ours"),
         Variant("ours-nocount", bind_for("auto", False), "extra", counts=False),
+        # "" = the auto layout with programmatic dependent launch off
+        *(
+            [Variant("ours-nopdl", bind_for("", True), "extra")]
+            if getattr(ops, "choose_layout", None)
+            else []
+        ),
         Variant("tiled_atomic", bind_for("tiled_atomic", True), "baseline"),
         Variant("seed", bind_for("seed", True), "baseline"),
     ]
@@ -241,7 +260,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
     for k, asc in orders:
         suffix = " ascending" if asc else ""
         for t in g["tokens"]:
-            variants = _kernel_variants(ops.convert, base_kw)
+            variants = _kernel_variants(ops, ops.convert, base_kw)
             variants.append(_torch_variant(ops.reference, base_kw))
             cases.append(
                 Case(
@@ -283,7 +302,9 @@ def build(grid: str, device: torch.device) -> list[Case]:
         dcp = dict(dcp_size=d, dcp_rank=0, interleave=1)
         dcp_kw = dict(base_kw, compact=True, **dcp)
         for t in g["dcp_tokens"]:
-            variants = [v for v in _kernel_variants(ops.dcp, dcp_kw) if v.name != "ours-nocount"]
+            variants = [
+                v for v in _kernel_variants(ops, ops.dcp, dcp_kw) if v.name != "ours-nocount"
+            ]
             if ops.dcp_reference is not None:
                 variants.append(_torch_variant(ops.dcp_reference, dcp_kw))
             cases.append(
@@ -354,7 +375,9 @@ register_op(
             "variants: ours = layout 'auto'; tiled_atomic = 128-column tiles each atomically "
             "adding into a zero-filled per-row counter (the zero-fill is inside the timed "
             "call); seed = single tile only for power-of-two K; torch = vectorized PyTorch "
-            "reference. All return valid counts except ours-nocount.",
+            "reference; ours-nopdl = 'auto' with programmatic dependent launch off (ours "
+            "overlaps its launch with the previous kernel's tail; the baselines, like upstream, "
+            "do not). All return valid counts except ours-nocount.",
             "inputs: R = min(T, 1024) requests with context lengths uniform in [1, 131072], "
             "random page ids; the first min(K, L) entries of a row are random positions < L, "
             "the rest -1. DCP: rank 0 of W, interleave 1, compacted; the block table pages "

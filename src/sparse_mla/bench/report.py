@@ -415,7 +415,9 @@ def render_markdown_page(
     if launch is not None and bw is not None:
         lines.append(
             f"- Measured in this run: empty Triton kernel {fmt_us(launch)} us per call in a "
-            f"graph ({fmt_us(meta.get('launch_eager_us'))} us eager); copy bandwidth "
+            f"graph ({fmt_us(meta.get('launch_eager_us'))} us eager, "
+            f"{fmt_us(meta.get('launch_graph_pdl_us'))} us in a graph with programmatic "
+            "dependent launch); copy bandwidth "
             f"{bw:.0f} GB/s (read + written, {fmt_bytes(meta.get('copy_bytes', 0))}B per copy)."
         )
     for op, notes in meta.get("op_notes", {}).items():

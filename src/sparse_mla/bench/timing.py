@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from .._runtime import pdl_launch, pdl_prologue
 
 Call = Callable[[], object]
 
@@ -27,8 +28,9 @@ DEFAULT_L2_BYTES = 60 * 1000 * 1000
 
 
 @triton.jit
-def _empty_kernel(ptr):
+def _empty_kernel(ptr, PDL: tl.constexpr):
     # One program writing one int: the cheapest kernel that is guaranteed to run.
+    pdl_prologue(PDL)
     tl.store(ptr, 1)
 
 
@@ -260,13 +262,16 @@ def rotation_sets(
 
 
 def measure_launch_floor(
-    backend: Backend, *, graph_calls: int, reps: int, warmup: int = 3
+    backend: Backend, *, graph_calls: int, reps: int, warmup: int = 3, pdl: int = 0
 ) -> tuple[Timing, Timing]:
-    """(in-graph, eager) per-launch time of a one-program Triton kernel that stores one int."""
+    """(in-graph, eager) per-launch time of a one-program Triton kernel that stores one int;
+    with ``pdl`` its launches use programmatic dependent launch in that mode (where
+    supported), as the kernels that use it do."""
     buf = torch.zeros(1, dtype=torch.int32, device=backend.device)
+    kw = pdl_launch(backend.device, pdl)
 
     def call() -> None:
-        _empty_kernel[(1,)](buf)
+        _empty_kernel[(1,)](buf, **kw)
 
     call()
     backend.synchronize()

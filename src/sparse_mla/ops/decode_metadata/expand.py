@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
-from ..._runtime import cdiv, next_pow2
+from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
 
 _INT32_MAX = 2**31 - 1
 # Ragged programs load all B decode lengths at once; draft tiles are next_pow2(n) wide.
@@ -32,6 +32,8 @@ MAX_NEXT_N = 1024
 # Block-table columns copied per loop iteration (a 64-token page size and 128K context give
 # 2048-2560 columns: two or three iterations).
 _COPY_CHUNK = 1024
+# Programmatic dependent launch mode of every kernel here (see _runtime.pdl_prologue).
+USE_PDL = 1
 
 DecodeLens = int | Sequence[int] | torch.Tensor
 
@@ -103,7 +105,9 @@ def _expand_kernel(
     DCP: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     # One program per output row.
     row = tl.program_id(0)
     if UNIFORM:
@@ -175,7 +179,9 @@ def _native_lens_kernel(
     DCP: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     # A [BLOCK_R, BLOCK_N] tile of requests x draft positions per program.
     reqs = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     js = tl.arange(0, BLOCK_N)
@@ -203,7 +209,9 @@ def _dcp_local_kernel(
     dcp_rank,
     dcp_interleave,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n_elem
     length = tl.load(seq_lens_ptr + offs.to(tl.int64) * sl_stride, mask=m, other=0)
@@ -355,6 +363,7 @@ def _launch_expand(
         BLOCK_B=next_pow2(num_reqs),
         BLOCK_W=block_w,
         num_warps=4,
+        **pdl_launch(seq_lens.device, USE_PDL),
     )
 
 
@@ -392,6 +401,7 @@ def _launch_native(
         BLOCK_R=block_r,
         BLOCK_N=block_n,
         num_warps=4,
+        **pdl_launch(seq_lens.device, USE_PDL),
     )
 
 
@@ -609,5 +619,6 @@ def dcp_local_seq_lens(
             interleave,
             BLOCK=block,
             num_warps=4,
+            **pdl_launch(seq_lens.device, USE_PDL),
         )
     return out

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
-from ..._runtime import next_pow2
+from ..._runtime import next_pow2, pdl_launch, pdl_prologue
 from .layout import RemapLayout, choose_remap_layout, validate_layout
 
 
@@ -57,7 +57,9 @@ def _remap_kernel(
     TAIL_IN_KERNEL: tl.constexpr,
     EVICT: tl.constexpr,
     STAGE_PAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < num_tokens
     # Device data is not trusted: an out-of-range request (or prefill) id makes its whole
@@ -281,6 +283,7 @@ def _launch(
             EVICT="evict_first" if layout.evict_first else "",
             STAGE_PAGES=next_pow2(block_table.shape[1]) if layout.stage_pages else 0,
             num_warps=layout.num_warps,
+            **pdl_launch(device, layout.pdl),
         )
     if return_valid_counts:
         return out, counts

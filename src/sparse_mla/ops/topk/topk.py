@@ -55,7 +55,7 @@ import triton.language as tl
 
 from ... import _runtime
 from ..._checks import check_int, check_same_device, check_shape, check_tensor
-from ..._runtime import HAS_GATHER, cdiv, next_pow2, num_sms, pdl_prologue, pdl_supported
+from ..._runtime import HAS_GATHER, cdiv, next_pow2, num_sms, pdl_launch, pdl_prologue
 
 __all__ = [
     "MAX_K",
@@ -109,6 +109,8 @@ _MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
 PREFILTER_MIN_SCORES = 2 << 20
 PREFILTER_SAMPLE = 4096  # scores sampled per row (groups of 8 adjacent positions)
 PREFILTER_WARPS = 16  # of its one-program-per-row launches
+# Candidates the sample aims at: "geometric" sqrt(K * TILE), or "middle" (K + TILE) / 2.
+PREFILTER_TARGET = "geometric"
 # Digit width of the radix passes over a tile in registers (row kernel with the row in
 # registers, prefilter); 5, 6 or 8. The split passes keep 8 (one launch per pass).
 TILE_RADIX_BITS = 5
@@ -1376,8 +1378,7 @@ def select_topk(
     # early in all their launches (PDL=1: its programs start while this one runs), which
     # measured faster at every prefilter shape; calls without it only wait (PDL=2), since
     # the early trigger was slower at some radix and row-kernel shapes.
-    use_pdl = USE_PDL and pdl_supported(device)
-    pdl = dict(PDL=2, launch_pdl=True) if use_pdl else dict(PDL=0)
+    pdl = pdl_launch(device, 2 if USE_PDL else 0)
     splits = choose_num_splits(rows, n, k, device) if num_splits is None else num_splits
     slice_len = cdiv(cdiv(max(n, 1), SPLIT_BLOCK), splits) * SPLIT_BLOCK
     splits = cdiv(max(n, 1), slice_len)  # no empty trailing slices
@@ -1433,14 +1434,16 @@ def select_topk(
         if prefilter is None:
             prefilter = rows * n >= PREFILTER_MIN_SCORES
         pf = prefilter and prefilter_applies(n, k)
-        if pf and use_pdl and PDL_EARLY_PREFILTER:
+        if pf and pdl["PDL"] and PDL_EARLY_PREFILTER:
             pdl["PDL"] = 1
         if pf:
             tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))
             _prefilter_sample_kernel[(rows,)](
                 *common[:8],
                 K=k,
-                TARGET=math.isqrt(k * tile),
+                TARGET=math.isqrt(k * tile)
+                if PREFILTER_TARGET == "geometric"
+                else (k + 1 + tile) // 2,
                 SAMPLE=PREFILTER_SAMPLE,
                 WORDS=words,
                 RB=TILE_RADIX_BITS,

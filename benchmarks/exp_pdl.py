@@ -1,0 +1,168 @@
+"""Experiment: programmatic dependent launch (PDL) for the remap and the expansion, and the
+expansion's output rows per program. Every candidate is checked against the reference
+before it is timed in a CUDA graph (back-to-back calls rotating over input sets).
+
+    PYTHONPATH=src python benchmarks/exp_pdl.py [--out DIR] [--quick]
+
+Remap (K=2048/512/384, valid counts, random positions): the auto layout with PDL mode 0
+(off), 1 (trigger the next launch early, then wait) and 2 (only wait), beside the
+tiled-atomic baseline. Expansion (W = 2048): the uniform kernel, and the ragged kernel on
+ragged data of the same token count, each with PDL mode 0, 1 and 2. (A first version of this
+script also tried 1-8 output rows per program of the expansion: see the results page.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+
+import torch
+
+import sparse_mla  # noqa: F401  (first: it picks the interpreter mode before triton loads)
+from sparse_mla import choose_remap_layout, convert_req_index_to_global_index, expand_decode_tokens
+from sparse_mla.bench.expand import make_expand_set, ragged_lens
+from sparse_mla.bench.remap import make_remap_set
+from sparse_mla.bench.timing import measure_copy_bandwidth, measure_graph, select_backend
+from sparse_mla.ops.decode_metadata import expand as expand_mod
+from sparse_mla.ops.decode_metadata.naive import expand_decode_tokens_reference
+from sparse_mla.ops.remap.naive import convert_req_index_to_global_index_reference
+
+
+def timed(calls, be, quick: bool) -> float:
+    return measure_graph(
+        calls,
+        graph_calls=2 if quick else 40,
+        reps=3 if quick else 15,
+        warmup=1 if quick else 3,
+        backend=be,
+    ).median_us
+
+
+def remap_rows(be, quick: bool, bw: float) -> list[dict]:
+    dev = be.device
+    grid = [(2048, 4)] if quick else [
+        (k, t)
+        for k in (2048, 512, 384)
+        for t in (1, 64, 256, 1024, 4096, 16384)
+    ]  # fmt: skip
+    rows = []
+    for k, t in grid:
+        nsets = 1 if quick else (2 if t >= 4096 else 4)
+        width = 64 if quick else 2048
+        ctx = 4096 if quick else 131072
+        sets = [
+            make_remap_set(t, k, width=width, ctx=ctx, max_requests=1024, device=dev)
+            for _ in range(nsets)
+        ]
+        auto = choose_remap_layout(k, count_valid=True, num_rows=t, num_blocks=width)
+        cands = {f"auto pdl={m}": dataclasses.replace(auto, pdl=m) for m in (0, 1, 2)}
+        cands["tiled_atomic"] = "tiled_atomic"
+        floor = t * k * 8 / bw * 1e6
+        print(f"\nremap K={k} T={t}  (indices in+out over copy bandwidth: {floor:.2f} us)")
+        for name, lay in cands.items():
+
+            def call(s, lay=lay):
+                convert_req_index_to_global_index(
+                    s["req_id"],
+                    s["block_table"],
+                    s["token_indices"],
+                    block_size=64,
+                    return_valid_counts=True,
+                    out=s["out"],
+                    valid_counts_out=s["counts"],
+                    layout=lay,
+                )
+
+            s = sets[0]
+            s["out"].fill_(-7777)
+            s["counts"].fill_(-7777)
+            call(s)
+            ref, ref_cnt = convert_req_index_to_global_index_reference(
+                s["req_id"], s["block_table"], s["token_indices"], block_size=64,
+                return_valid_counts=True,
+            )  # fmt: skip
+            ok = torch.equal(s["out"], ref) and torch.equal(s["counts"], ref_cnt)
+            us = timed([lambda s=s, call=call: call(s) for s in sets], be, quick)
+            print(f"  {name:16} {us:8.2f} us{'' if ok else '  WRONG'}")
+            rows.append(dict(op="remap", k=k, t=t, name=name, us=us, ok=ok))
+        be.release()
+    return rows
+
+
+def expand_rows(be, quick: bool) -> list[dict]:
+    dev = be.device
+    rng = random.Random(0)
+    grid = [(4, 2)] if quick else [(b, n) for n in (2, 4, 8) for b in (64, 256, 512)]
+    width, ctx = (64, 4096) if quick else (2048, 131072)
+    rows = []
+    for b, n in grid:
+        for ragged in (False, True):
+            lens = ragged_lens(b * n, n, rng) if ragged else [n] * b
+            sets = [
+                make_expand_set(lens, width=width, ctx=ctx, device=dev)
+                for _ in range(1 if quick else 4)
+            ]
+            total = sum(lens)
+            knobs = [dict(USE_PDL=p) for p in (0, 1, 2)]
+            print(f"\nexpand B={b} n={n} {'ragged' if ragged else 'uniform'} ({len(lens)} req)")
+            for knob in knobs:
+                old = {kk: getattr(expand_mod, kk) for kk in knob}
+
+                def call(s, knob=knob, old=old, ragged=ragged, n=n, total=total):
+                    for kk, v in knob.items():
+                        setattr(expand_mod, kk, v)
+                    try:
+                        dl = s["decode_lens"] if ragged else n
+                        expand_decode_tokens(
+                            s["seq_lens"], s["block_table"], dl, max_decode_len=n,
+                            num_tokens=total, uniform=not ragged, out=s["out"],
+                        )  # fmt: skip
+                    finally:
+                        for kk, v in old.items():
+                            setattr(expand_mod, kk, v)
+
+                s = sets[0]
+                for ss in sets:
+                    if ss["out"] is None:
+                        ss["out"] = expand_decode_tokens(
+                            ss["seq_lens"], ss["block_table"], lens, max_decode_len=n
+                        )
+                for t in s["out"]:
+                    t.fill_(-7777)
+                call(s)
+                want = expand_decode_tokens_reference(
+                    s["seq_lens"].cpu(), s["block_table"].cpu(), lens, num_tokens=total
+                )
+                ok = all(torch.equal(g.cpu(), w) for g, w in zip(s["out"], want, strict=True))
+                us = timed([lambda s=s, call=call: call(s) for s in sets], be, quick)
+                name = ",".join(f"{kk}={v}" for kk, v in knob.items())
+                print(f"  {name:44} {us:8.2f} us{'' if ok else '  WRONG'}")
+                rows.append(dict(op="expand", b=b, n=n, ragged=ragged, name=name, us=us, ok=ok))
+
+            be.release()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU interpreter smoke)")
+    ap.add_argument("--ops", default="remap,expand")
+    args = ap.parse_args()
+    be = select_backend(allow_cpu=args.quick)
+    bw = measure_copy_bandwidth(be, 1 << 20 if args.quick else 1 << 30)
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    rows = []
+    if "remap" in args.ops:
+        rows += remap_rows(be, args.quick, bw)
+    if "expand" in args.ops:
+        rows += expand_rows(be, args.quick)
+    with open(os.path.join(args.out, "exp_pdl.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
