@@ -378,18 +378,23 @@ def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: 
         got = select_topk(x, lengths, k=256, workspace=ws, num_splits=6)
         assert torch.equal(got, select_topk_reference(x, lengths, 256))
         # The histograms (the part that must be zero on entry) are zero again.
-        hist = ws.view(6, -1)[:, : topk_mod._STATE_OFF]
+        hist = topk_mod.workspace_rows(ws, 6)[:, : topk_mod._STATE_OFF]
         assert (hist == 0).all()
 
 
-@pytest.mark.parametrize("bits, gather", [(5, True), (8, False)])
+@pytest.mark.parametrize(
+    "bits, gather, splits, fb_slice", [(5, True, 7, 4096), (8, False, 7, 4096), (5, True, 2, 256)]
+)
 def test_prefilter_finished_and_fallback_rows(
-    monkeypatch: pytest.MonkeyPatch, seed: int, bits: int, gather: bool
+    monkeypatch: pytest.MonkeyPatch, seed: int, bits: int, gather: bool, splits: int, fb_slice: int
 ):
-    """The prefilter finishes the rows whose candidates fit its buffer and leaves the others
-    to the radix launches (decided per row on the device), with a reused workspace; its
-    column ranks come from on-chip gathers or (Triton without ``tl.gather``) global reads."""
+    """The prefilter finishes the rows whose candidates fit its buffer and lists the others
+    for the radix launches (decided per row on the device), with a reused workspace; its
+    column ranks come from on-chip gathers or (Triton without ``tl.gather``) global reads.
+    The radix launches spread each listed row over ``n / fb_slice`` programs; with 2 splits
+    and 7 slices one program row works through the whole list."""
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+    monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", fb_slice)
     monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", bits)
     monkeypatch.setattr(topk_mod, "HAS_GATHER", gather and topk_mod.HAS_GATHER)
     # 512 sampled scores: row 0 (random) finishes unless its count strays 4.5 sd (~1e-5).
@@ -400,7 +405,7 @@ def test_prefilter_finished_and_fallback_rows(
     g = torch.Generator().manual_seed(seed)
     rows, n, k = 6, 1700, 128
     ws = torch.full((topk_workspace_numel(rows),), POISON, dtype=torch.int32, device=DEV)
-    ws[: rows * topk_mod.WS_ROW_STRIDE].view(rows, -1)[:, : topk_mod._STATE_OFF] = 0
+    topk_mod.workspace_rows(ws, rows)[:, : topk_mod._STATE_OFF] = 0
     stride = n // (512 // 8)  # the sample's group stride: positions stride * g + 0..7
     sampled = (torch.arange(n) % stride < 8) & (torch.arange(n) < stride * 64)
     for trial in range(2):
@@ -412,13 +417,15 @@ def test_prefilter_finished_and_fallback_rows(
         x[3, ~sampled] += 3.0  # the sample sees the low part only: too many, or fits
         x = x.to(DEV)
         lengths = i32([n, n, n - trial, n, 129 + trial, -1])
-        run_checked(x, lengths, k, num_splits=7, prefilter=True, workspace=ws)
-        pf = ws.view(rows, -1)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
+        run_checked(x, lengths, k, num_splits=splits, prefilter=True, workspace=ws)
+        pf = topk_mod.workspace_rows(ws, rows)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
         total, done = pf[:, 1].tolist(), pf[:, 2].tolist()
+        listed = ws[ws.numel() - 1 - rows :].tolist()
+        assert sorted(listed[1 : 1 + listed[0]]) == [r for r in range(4) if done[r] == 0]
         assert done[:3] == [1, 0, 0] and done[4:] == [1, 1], (total, done)
-        assert total[1] == n and 0 < total[2] < k, total
+        assert total[1] > topk_mod.prefilter_tile(k) and 0 < total[2] < k, total  # over, under
         assert done[3] == int(k < total[3] <= topk_mod.prefilter_tile(k)), (total, done)
-        assert (ws.view(rows, -1)[:, : topk_mod._STATE_OFF] == 0).all()
+        assert (topk_mod.workspace_rows(ws, rows)[:, : topk_mod._STATE_OFF] == 0).all()
 
 
 def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPatch):
@@ -436,7 +443,7 @@ def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPat
     x[1, ~torch.isin(torch.arange(n), sampled[:k])] = -3.4e38  # below every candidate
     ws = topk_workspace(2, DEV)
     run_checked(x.to(DEV), i32([n, n]), k, num_splits=2, prefilter=True, workspace=ws)
-    pf = ws.view(2, -1)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
+    pf = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
     assert pf[:, 1].tolist() == [k, k] and pf[:, 2].tolist() == [0, 0], pf
 
 
@@ -448,9 +455,9 @@ def test_prefilter_default_by_size(monkeypatch: pytest.MonkeyPatch):
     for min_scores, ran in ((3000, True), (3001, False)):
         monkeypatch.setattr(topk_mod, "PREFILTER_MIN_SCORES", min_scores)
         ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
-        ws.view(2, -1)[:, : topk_mod._STATE_OFF] = 0
+        topk_mod.workspace_rows(ws, 2)[:, : topk_mod._STATE_OFF] = 0
         run_checked(x, lengths, 128, num_splits=3, workspace=ws)
-        flags = ws.view(2, -1)[:, topk_mod._PF_OFF + 2]
+        flags = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_OFF + 2]
         assert (flags == 1).all() if ran else (flags == POISON).all(), flags
 
 

@@ -109,8 +109,7 @@ _MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
 PREFILTER_MIN_SCORES = 2 << 20
 PREFILTER_SAMPLE = 4096  # scores sampled per row (groups of 8 adjacent positions)
 PREFILTER_WARPS = 16  # of its one-program-per-row launches
-# Candidates the sample aims at: "geometric" sqrt(K * TILE), or "middle" (K + TILE) / 2.
-PREFILTER_TARGET = "geometric"
+FALLBACK_SLICE = 4096  # scores per program of the radix passes over rows the prefilter left
 # Digit width of the radix passes over a tile in registers (row kernel with the row in
 # registers, prefilter); 5, 6 or 8. The split passes keep 8 (one launch per pass).
 TILE_RADIX_BITS = 5
@@ -129,8 +128,14 @@ def supported_k(k: int) -> bool:
 
 def topk_workspace_numel(rows: int) -> int:
     """int32 elements of the workspace the split path needs for ``rows`` rows (about 70 KB
-    a row: histograms and counts of the radix passes, the prefilter's bitmap and buffer)."""
-    return max(rows, 1) * WS_ROW_STRIDE
+    a row: histograms and counts of the radix passes, the prefilter's bitmap and buffer;
+    then the list of rows the prefilter leaves to the radix passes, at the very end)."""
+    return max(rows, 1) * (WS_ROW_STRIDE + 1) + 1
+
+
+def workspace_rows(ws: torch.Tensor, rows: int) -> torch.Tensor:
+    """The per-row part of a workspace for ``rows`` rows, as ``[rows, WS_ROW_STRIDE]``."""
+    return ws[: rows * WS_ROW_STRIDE].view(rows, WS_ROW_STRIDE)
 
 
 def topk_workspace(rows: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -147,7 +152,7 @@ def topk_workspace(rows: int, device: torch.device | str | None = None) -> torch
     """
     dev = _runtime.default_device() if device is None else torch.device(device)
     ws = torch.empty(topk_workspace_numel(rows), dtype=torch.int32, device=dev)
-    ws.view(max(rows, 1), WS_ROW_STRIDE)[:, :_STATE_OFF].zero_()  # the rest needs no content
+    workspace_rows(ws, max(rows, 1))[:, :_STATE_OFF].zero_()  # the rest needs no content
     return ws
 
 
@@ -752,25 +757,10 @@ def _radix_row(ws_row, length, K: tl.constexpr, PF: tl.constexpr):
 
 
 @triton.jit
-def _split_hist_kernel(
-    x_ptr,
-    s_xr,
-    s_xn,
-    len_ptr,
-    s_len,
-    n_cols,
-    ws_ptr,
-    ws_stride,
-    slice_len,
-    K: tl.constexpr,
-    P: tl.constexpr,
-    BLOCK: tl.constexpr,
-    PF: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_prologue(PDL)
-    row = tl.program_id(0)
-    sl = tl.program_id(1)
+def _split_hist_row(
+    row, sl, x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols, ws_ptr, ws_stride, slice_len,
+    K: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, PF: tl.constexpr,
+):  # fmt: skip
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
     lo = sl * slice_len
@@ -789,7 +779,7 @@ def _split_hist_kernel(
 
 
 @triton.jit
-def _split_count_kernel(
+def _split_hist_kernel(
     x_ptr,
     s_xr,
     s_xn,
@@ -799,17 +789,32 @@ def _split_count_kernel(
     ws_ptr,
     ws_stride,
     slice_len,
-    cnt_ptr,
-    s_cnt,
+    fb_ptr,
     K: tl.constexpr,
+    P: tl.constexpr,
     BLOCK: tl.constexpr,
-    ZERO_COUNTS: tl.constexpr,
     PF: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
-    row = tl.program_id(0)
-    sl = tl.program_id(1)
+    if PF:  # the rows the prefilter left, from its list, spread over the first grid axis
+        for i in range(tl.program_id(0), tl.load(fb_ptr), tl.num_programs(0)):
+            _split_hist_row(
+                tl.load(fb_ptr + 1 + i), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len,
+                n_cols, ws_ptr, ws_stride, slice_len, K, P, BLOCK, PF,
+            )  # fmt: skip
+    else:
+        _split_hist_row(
+            tl.program_id(0), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols,
+            ws_ptr, ws_stride, slice_len, K, P, BLOCK, PF,
+        )  # fmt: skip
+
+
+@triton.jit
+def _split_count_row(
+    row, sl, x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols, ws_ptr, ws_stride, slice_len, cnt_ptr,
+    s_cnt, K: tl.constexpr, BLOCK: tl.constexpr, ZERO_COUNTS: tl.constexpr, PF: tl.constexpr,
+):  # fmt: skip
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
     if _radix_row(ws_row, length, K, PF):
@@ -829,7 +834,7 @@ def _split_count_kernel(
 
 
 @triton.jit
-def _split_write_kernel(
+def _split_count_kernel(
     x_ptr,
     s_xr,
     s_xn,
@@ -839,34 +844,37 @@ def _split_write_kernel(
     ws_ptr,
     ws_stride,
     slice_len,
-    n_splits,
-    out_ptr,
-    s_or,
-    s_oc,
+    fb_ptr,
     cnt_ptr,
     s_cnt,
-    bt_ptr,
-    s_btr,
-    s_btc,
-    req_ptr,
-    s_req,
-    n_req,
-    n_pages,
-    block_size: tl.constexpr,
-    stride_rows,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    S_POW2: tl.constexpr,
-    FUSED: tl.constexpr,
-    COUNTS: tl.constexpr,
+    ZERO_COUNTS: tl.constexpr,
     PF: tl.constexpr,
-    STAGE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
-    row = tl.program_id(0)
-    sl = tl.program_id(1)
+    if PF:  # as in _split_hist_kernel
+        for i in range(tl.program_id(0), tl.load(fb_ptr), tl.num_programs(0)):
+            _split_count_row(
+                tl.load(fb_ptr + 1 + i), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len,
+                n_cols, ws_ptr, ws_stride, slice_len, cnt_ptr, s_cnt, K, BLOCK, ZERO_COUNTS, PF,
+            )  # fmt: skip
+    else:
+        _split_count_row(
+            tl.program_id(0), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols,
+            ws_ptr, ws_stride, slice_len, cnt_ptr, s_cnt, K, BLOCK, ZERO_COUNTS, PF,
+        )  # fmt: skip
+
+
+@triton.jit
+def _split_write_row(
+    row, sl, x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols, ws_ptr, ws_stride, slice_len, n_splits,
+    out_ptr, s_or, s_oc, cnt_ptr, s_cnt, bt_ptr, s_btr, s_btc, req_ptr, s_req, n_req, n_pages,
+    block_size: tl.constexpr, stride_rows, K: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr, S_POW2: tl.constexpr, FUSED: tl.constexpr, COUNTS: tl.constexpr,
+    PF: tl.constexpr, STAGE: tl.constexpr,
+):  # fmt: skip
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     o_row = out_ptr + row.to(tl.int64) * s_or
     page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
@@ -947,6 +955,61 @@ def _split_write_kernel(
             )
 
 
+@triton.jit
+def _split_write_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
+    len_ptr,
+    s_len,
+    n_cols,
+    ws_ptr,
+    ws_stride,
+    slice_len,
+    fb_ptr,
+    n_splits,
+    out_ptr,
+    s_or,
+    s_oc,
+    cnt_ptr,
+    s_cnt,
+    bt_ptr,
+    s_btr,
+    s_btc,
+    req_ptr,
+    s_req,
+    n_req,
+    n_pages,
+    block_size: tl.constexpr,
+    stride_rows,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    S_POW2: tl.constexpr,
+    FUSED: tl.constexpr,
+    COUNTS: tl.constexpr,
+    PF: tl.constexpr,
+    STAGE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_prologue(PDL)
+    if PF:  # as in _split_hist_kernel
+        for i in range(tl.program_id(0), tl.load(fb_ptr), tl.num_programs(0)):
+            _split_write_row(
+                tl.load(fb_ptr + 1 + i), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len,
+                n_cols, ws_ptr, ws_stride, slice_len, n_splits, out_ptr, s_or, s_oc, cnt_ptr,
+                s_cnt, bt_ptr, s_btr, s_btc, req_ptr, s_req, n_req, n_pages, block_size,
+                stride_rows, K, BLOCK, BLOCK_K, S_POW2, FUSED, COUNTS, PF, STAGE,
+            )  # fmt: skip
+    else:
+        _split_write_row(
+            tl.program_id(0), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols,
+            ws_ptr, ws_stride, slice_len, n_splits, out_ptr, s_or, s_oc, cnt_ptr, s_cnt, bt_ptr,
+            s_btr, s_btc, req_ptr, s_req, n_req, n_pages, block_size, stride_rows, K, BLOCK,
+            BLOCK_K, S_POW2, FUSED, COUNTS, PF, STAGE,
+        )  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------
 # Prefilter: sampled threshold, one gathering pass, finish on chip (3 launches)
 # ---------------------------------------------------------------------------------------
@@ -958,8 +1021,9 @@ def _split_write_kernel(
 # buffer: one program per row runs the radix select in registers on the buffer as it is,
 # then writes the k selected positions in order (a bitmap of them, popcounts and one scan
 # over its words give each its column). Otherwise (a flat or tie-heavy row, or an unlucky
-# sample) the row's done flag stays 0 and the radix launches that follow handle it; they
-# skip every row the prefilter finished.
+# sample) the row's done flag stays 0 and the row goes on a list at the end of the
+# workspace; the radix launches that follow work through that list only, each row spread
+# over many programs (an unlucky row at 128K once cost 85-215 us: a few programs per row).
 
 
 @triton.jit
@@ -972,6 +1036,7 @@ def _prefilter_sample_kernel(
     n_cols,
     ws_ptr,
     ws_stride,
+    fb_ptr,
     K: tl.constexpr,
     TARGET: tl.constexpr,
     SAMPLE: tl.constexpr,
@@ -985,9 +1050,12 @@ def _prefilter_sample_kernel(
 
     The r-th largest sampled key, r = TARGET * sampled / length, cut to its top bits
     (PASSES radix passes: 16 bits or more), so at least r sampled keys reach it. Zeroes
-    the candidate count and the position bitmap."""
+    the candidate count and the position bitmap, and (program 0) the list of rows left to
+    the radix launches."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
+    if row == 0:
+        tl.store(fb_ptr, 0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
     i = tl.arange(0, SAMPLE)
@@ -1160,6 +1228,7 @@ def _prefilter_finish_kernel(
     n_cols,
     ws_ptr,
     ws_stride,
+    fb_ptr,
     out_ptr,
     s_or,
     s_oc,
@@ -1184,7 +1253,8 @@ def _prefilter_finish_kernel(
     GATHER: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Writes every row that is short or has K + 1..TILE candidates, and its done flag."""
+    """Writes every row that is short or has K + 1..TILE candidates, and its done flag;
+    appends every other row to the list the radix launches work through."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -1231,6 +1301,8 @@ def _prefilter_finish_kernel(
         if COUNTS:
             tl.store(cnt_ptr + row * s_cnt, nvalid)
     tl.store(ws_row + _WS_PF + 2, fits.to(tl.int32))
+    if (length > K) & ((total <= K) | (total > TILE)):
+        tl.store(fb_ptr + 1 + tl.atomic_add(fb_ptr, 1, sem="relaxed"), row)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1434,16 +1506,29 @@ def select_topk(
         if prefilter is None:
             prefilter = rows * n >= PREFILTER_MIN_SCORES
         pf = prefilter and prefilter_applies(n, k)
+        # The prefilter's list of rows left to the radix passes: a count, then row ids, at
+        # the end of the workspace (clear of every row's part, whatever rows it was sized for).
+        fb = ws[ws.numel() - 1 - rows :]
+        radix_grid, radix_common, radix_splits = grid, common, splits
+        if pf:
+            # Few rows fall back (flat or tie-heavy rows, an unlucky sample), so the radix
+            # launches spread each over many programs (slices of FALLBACK_SLICE scores) and
+            # loop over the list; as many programs as the plain grid, so rows that all fall
+            # back cost what the plain radix path costs.
+            fb_splits = min(cdiv(n, FALLBACK_SLICE), MAX_SPLITS)
+            fb_slice = cdiv(cdiv(n, SPLIT_BLOCK), fb_splits) * SPLIT_BLOCK
+            fb_splits = cdiv(n, fb_slice)
+            radix_grid = (max(1, min(rows, rows * splits // fb_splits)), fb_splits)
+            radix_common, radix_splits = (*common[:-1], fb_slice), fb_splits
         if pf and pdl["PDL"] and PDL_EARLY_PREFILTER:
             pdl["PDL"] = 1
         if pf:
             tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))
             _prefilter_sample_kernel[(rows,)](
                 *common[:8],
+                fb,
                 K=k,
-                TARGET=math.isqrt(k * tile)
-                if PREFILTER_TARGET == "geometric"
-                else (k + 1 + tile) // 2,
+                TARGET=math.isqrt(k * tile),
                 SAMPLE=PREFILTER_SAMPLE,
                 WORDS=words,
                 RB=TILE_RADIX_BITS,
@@ -1465,6 +1550,7 @@ def select_topk(
                 n,
                 ws,
                 WS_ROW_STRIDE,
+                fb,
                 out,
                 out.stride(0),
                 out.stride(1),
@@ -1491,11 +1577,12 @@ def select_topk(
                 **pdl,
             )
         for p in range(_NPASS):
-            _split_hist_kernel[grid](
-                *common, K=k, P=p, BLOCK=SPLIT_BLOCK, PF=pf, num_warps=SPLIT_WARPS, **pdl
+            _split_hist_kernel[radix_grid](
+                *radix_common, fb, K=k, P=p, BLOCK=SPLIT_BLOCK, PF=pf, num_warps=SPLIT_WARPS, **pdl
             )
-        _split_count_kernel[grid](
-            *common,
+        _split_count_kernel[radix_grid](
+            *radix_common,
+            fb,
             cnt,
             s_cnt,
             K=k,
@@ -1505,9 +1592,10 @@ def select_topk(
             num_warps=SPLIT_WARPS,
             **pdl,
         )
-        _split_write_kernel[grid](
-            *common,
-            splits,
+        _split_write_kernel[radix_grid](
+            *radix_common,
+            fb,
+            radix_splits,
             out,
             out.stride(0),
             out.stride(1),
@@ -1529,7 +1617,7 @@ def select_topk(
             FUSED=fused,
             COUNTS=want_counts,
             PF=pf,
-            STAGE=_stage_size(fused, slice_len + block_size, block_size, SPLIT_STAGE_MAX),
+            STAGE=_stage_size(fused, radix_common[-1] + block_size, block_size, SPLIT_STAGE_MAX),
             num_warps=SPLIT_WARPS,
             **pdl,
         )
