@@ -6,8 +6,9 @@ before it is timed in a CUDA graph (back-to-back calls rotating over input sets)
 
 Remap (K=2048/512/384, valid counts, random positions): the auto layout with PDL mode 0
 (off), 1 (trigger the next launch early, then wait) and 2 (only wait), beside the
-tiled-atomic baseline. Expansion (W = 2048): the uniform kernel, and the ragged kernel on
-ragged data of the same token count, each with PDL mode 0, 1 and 2. (A first version of this
+tiled-atomic baseline. Expansion (W = 2048): uniform data and ragged data of the same token
+count, the one-program-per-request kernel and the previous one-program-per-row kernel
+(``PER_ROW``), each with PDL mode 0, 1 and 2. (A first version of this
 script also tried 1-8 output rows per program of the expansion: see the results page.)
 """
 
@@ -106,7 +107,7 @@ def expand_rows(be, quick: bool) -> list[dict]:
                 for _ in range(1 if quick else 4)
             ]
             total = sum(lens)
-            knobs = [dict(USE_PDL=p) for p in (0, 1, 2)]
+            knobs = [dict(PER_ROW=r, USE_PDL=p) for r in (True, False) for p in (0, 1, 2)]
             print(f"\nexpand B={b} n={n} {'ragged' if ragged else 'uniform'} ({len(lens)} req)")
             for knob in knobs:
                 old = {kk: getattr(expand_mod, kk) for kk in knob}

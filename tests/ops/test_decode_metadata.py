@@ -345,6 +345,26 @@ def test_zero_tokens_and_zero_width() -> None:
     assert out.seq_lens.tolist() == [5, 5, 6] and out.block_table.shape == (3, 0)
 
 
+@pytest.mark.parametrize("case", range(3))
+def test_graph_padding_rows(case: int, rng: random.Random, seed: int) -> None:
+    """CUDA-graph shapes: N = B * max_decode_len rows whatever the device lengths, so most
+    rows may be padding, spread over the programs (one per request, or one when B = 0)."""
+    max_n = 4
+    for trial in range(4):
+        num_reqs = [0, 1, 2, 5][trial]
+        host = [rng.choice([0, 0, 1, max_n]) for _ in range(num_reqs)]
+        seq_lens = i32([rng.randint(0, 40) for _ in host])
+        bt = make_block_table(num_reqs, 3, rng.choice(LAYOUTS))
+        num_tokens = max(num_reqs, 1) * max_n + rng.choice([0, 3])
+        want = expand_decode_tokens_reference(seq_lens, bt, host, num_tokens=num_tokens)
+        for dl in (i32(host), host):
+            out = poisoned_out(num_tokens, 3, rng)
+            got = expand_decode_tokens(
+                seq_lens, bt, dl, max_decode_len=max_n, num_tokens=num_tokens, out=out
+            )
+            assert_same(got, want, f"seed={seed} trial={trial} n={host} N={num_tokens}")
+
+
 def test_lengths_below_decode_len_clamp() -> None:
     # CUDA-graph padding requests have L = 0: never negative (vLLM issue 51593).
     out = expand_decode_tokens(i32([0, 2]), i32([[1], [2]], 2, 1), 4, max_decode_len=4)

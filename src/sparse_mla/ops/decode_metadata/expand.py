@@ -34,6 +34,7 @@ MAX_NEXT_N = 1024
 _COPY_CHUNK = 1024
 # Programmatic dependent launch mode of every kernel here (see _runtime.pdl_prologue).
 USE_PDL = 1
+PER_ROW = False  # experiment: the previous one-program-per-row expansion kernel
 
 DecodeLens = int | Sequence[int] | torch.Tensor
 
@@ -75,7 +76,100 @@ def _dcp_local_len(length, dcp_size, dcp_rank, interleave):
 
 
 @triton.jit
+def _copy_row(src, s_src, dst, s_dst, read_w, width, BLOCK_W: tl.constexpr):
+    """dst[:width] = src[:read_w] then zeros (width columns, in chunks of BLOCK_W)."""
+    cols = tl.arange(0, BLOCK_W)
+    for c0 in range(0, width, BLOCK_W):
+        c = (c0 + cols).to(tl.int64)
+        vals = tl.load(src + c * s_src, mask=c < read_w, other=0)
+        tl.store(dst + c * s_dst, vals, mask=c < width)
+
+
+@triton.jit
 def _expand_kernel(
+    seq_lens_ptr,
+    sl_stride,
+    bt_ptr,
+    bt_s0,
+    bt_s1,
+    dl_ptr,
+    dl_stride,
+    out_sl_ptr,
+    out_sl_stride,
+    out_bt_ptr,
+    out_bt_s0,
+    out_bt_s1,
+    out_dl_ptr,
+    out_dl_stride,
+    out_rid_ptr,
+    out_rid_stride,
+    num_reqs,
+    num_rows,
+    width,
+    uniform_n,
+    pad_per_program,
+    max_decode_len,
+    dcp_size,
+    dcp_rank,
+    dcp_interleave,
+    UNIFORM: tl.constexpr,
+    DCP: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # One program per request: its n rows, then its share of the padding rows. The request's
+    # own inputs do not depend on the decode lengths, so they load while the lengths do.
+    pdl_prologue(PDL)
+    b = tl.program_id(0)
+    has_req = b < num_reqs
+    b = tl.where(has_req, b, 0)  # program 0 still runs when B = 0 (padding only)
+    seq_len = tl.load(seq_lens_ptr + b.to(tl.int64) * sl_stride, mask=has_req, other=0)
+    if UNIFORM:
+        n = tl.where(has_req, uniform_n, 0)
+        start = b * uniform_n
+        total = num_reqs * uniform_n
+    else:
+        # Device data, so clamped to [0, max_decode_len] (that also keeps the int32 sums
+        # from overflowing).
+        offs = tl.arange(0, BLOCK_B)
+        dls = tl.load(dl_ptr + offs * dl_stride, mask=offs < num_reqs, other=0)
+        dls = tl.minimum(tl.maximum(dls, 0), max_decode_len)
+        n = tl.sum(tl.where((offs == b) & has_req, dls, 0), axis=0)
+        start = tl.sum(tl.where(offs < b, dls, 0), axis=0)
+        total = tl.sum(dls, axis=0)
+
+    # Per-token outputs of the request's rows (rows past num_rows are not written).
+    j = tl.arange(0, BLOCK_N)
+    rows = start + j
+    mine = (j < n) & (rows < num_rows)
+    # Clamp before subtracting so a hostile negative length cannot wrap around.
+    length = tl.maximum(tl.maximum(seq_len, 0) - n + j + 1, 0)
+    if DCP:
+        length = _dcp_local_len(length, dcp_size, dcp_rank, dcp_interleave)
+    rows64 = rows.to(tl.int64)
+    tl.store(out_sl_ptr + rows64 * out_sl_stride, length, mask=mine)
+    tl.store(out_dl_ptr + rows64 * out_dl_stride, j * 0 + 1, mask=mine)
+    tl.store(out_rid_ptr + rows64 * out_rid_stride, j * 0 + b, mask=mine)
+    # Its block-table row into each of them (read once, from L2 after the first).
+    src = bt_ptr + b.to(tl.int64) * bt_s0
+    for i in range(0, tl.minimum(n, num_rows - start)):
+        dst = out_bt_ptr + (start + i).to(tl.int64) * out_bt_s0
+        _copy_row(src, bt_s1, dst, out_bt_s1, width, width, BLOCK_W)
+
+    # Padding rows [total, num_rows): seq_len 0, decode_len 1, req_id 0, a zero row.
+    pad0 = total + tl.program_id(0) * pad_per_program
+    for i in range(0, tl.minimum(pad_per_program, num_rows - pad0)):
+        r64 = (pad0 + i).to(tl.int64)
+        tl.store(out_sl_ptr + r64 * out_sl_stride, 0)
+        tl.store(out_dl_ptr + r64 * out_dl_stride, 1)
+        tl.store(out_rid_ptr + r64 * out_rid_stride, 0)
+        _copy_row(src, bt_s1, out_bt_ptr + r64 * out_bt_s0, out_bt_s1, 0, width, BLOCK_W)
+
+
+@triton.jit
+def _expand_per_row_kernel(
     seq_lens_ptr,
     sl_stride,
     bt_ptr,
@@ -327,12 +421,25 @@ def _launch_expand(
     if uniform:
         assert uniform_n is not None
         dl, dl_stride = seq_lens, 0  # unused by the uniform kernel
-        n, n_div, total = uniform_n, max(uniform_n, 1), num_reqs * uniform_n
     else:
         dl, dl_stride = device_decode_lens, device_decode_lens.stride(0)
-        n, n_div, total = 0, 1, 0
     block_w = min(_COPY_CHUNK, max(16, next_pow2(width)))
-    _expand_kernel[(num_tokens,)](
+    if PER_ROW:
+        n, n_div, total = (
+            (uniform_n, max(uniform_n, 1), num_reqs * uniform_n) if uniform else (0, 1, 0)
+        )
+        _expand_per_row_kernel[(num_tokens,)](
+            seq_lens, seq_lens.stride(0), block_table, block_table.stride(0),
+            block_table.stride(1), dl, dl_stride, out.seq_lens, out.seq_lens.stride(0),
+            out.block_table, out.block_table.stride(0), out.block_table.stride(1),
+            out.decode_lens, out.decode_lens.stride(0), out.req_id, out.req_id.stride(0),
+            num_reqs, width, n, n_div, total, max_decode_len, dcp_size, dcp_rank,
+            dcp_interleave, UNIFORM=uniform, DCP=dcp_size > 1, BLOCK_B=next_pow2(num_reqs),
+            BLOCK_W=block_w, num_warps=4, **pdl_launch(seq_lens.device, USE_PDL),
+        )  # fmt: skip
+        return
+    grid = max(num_reqs, 1)
+    _expand_kernel[(grid,)](
         seq_lens,
         seq_lens.stride(0),
         block_table,
@@ -350,10 +457,10 @@ def _launch_expand(
         out.req_id,
         out.req_id.stride(0),
         num_reqs,
+        num_tokens,
         width,
-        n,
-        n_div,
-        total,
+        uniform_n if uniform else 0,
+        cdiv(num_tokens, grid),
         max_decode_len,
         dcp_size,
         dcp_rank,
@@ -361,6 +468,7 @@ def _launch_expand(
         UNIFORM=uniform,
         DCP=dcp_size > 1,
         BLOCK_B=next_pow2(num_reqs),
+        BLOCK_N=next_pow2(max(uniform_n if uniform else max_decode_len, 1)),
         BLOCK_W=block_w,
         num_warps=4,
         **pdl_launch(seq_lens.device, USE_PDL),
