@@ -1,15 +1,14 @@
-"""Experiment: programmatic dependent launch (PDL) for the remap and the expansion, and the
-expansion's output rows per program. Every candidate is checked against the reference
-before it is timed in a CUDA graph (back-to-back calls rotating over input sets).
+"""Experiment: programmatic dependent launch (PDL) for the remap and the expansion. Every
+candidate is checked against the reference before it is timed in a CUDA graph (back-to-back
+calls rotating over input sets).
 
     PYTHONPATH=src python benchmarks/exp_pdl.py [--out DIR] [--quick]
 
 Remap (K=2048/512/384, valid counts, random positions): the auto layout with PDL mode 0
 (off), 1 (trigger the next launch early, then wait) and 2 (only wait), beside the
 tiled-atomic baseline. Expansion (W = 2048): uniform data and ragged data of the same token
-count, the one-program-per-request kernel and the previous one-program-per-row kernel
-(``PER_ROW``), each with PDL mode 0, 1 and 2. (A first version of this
-script also tried 1-8 output rows per program of the expansion: see the results page.)
+count, with PDL mode 0, 1 and 2. (Earlier versions of this script also timed 1-8 output
+rows per program and the previous one-program-per-row kernel: see the results page.)
 """
 
 from __future__ import annotations
@@ -107,7 +106,7 @@ def expand_rows(be, quick: bool) -> list[dict]:
                 for _ in range(1 if quick else 4)
             ]
             total = sum(lens)
-            knobs = [dict(PER_ROW=r, USE_PDL=p) for r in (True, False) for p in (0, 1, 2)]
+            knobs = [dict(USE_PDL=p) for p in (0, 1, 2)]
             print(f"\nexpand B={b} n={n} {'ragged' if ragged else 'uniform'} ({len(lens)} req)")
             for knob in knobs:
                 old = {kk: getattr(expand_mod, kk) for kk in knob}

@@ -32,9 +32,10 @@ MAX_NEXT_N = 1024
 # Block-table columns copied per loop iteration (a 64-token page size and 128K context give
 # 2048-2560 columns: two or three iterations).
 _COPY_CHUNK = 1024
-# Programmatic dependent launch mode of every kernel here (see _runtime.pdl_prologue).
-USE_PDL = 1
-PER_ROW = False  # experiment: the previous one-program-per-row expansion kernel
+# Programmatic dependent launch mode of every kernel here (see _runtime.pdl_prologue): wait
+# only. Letting the next launch start early as well was up to 1.7x slower for the expansion
+# from 256 requests (benchmarks/exp_pdl.py).
+USE_PDL = 2
 
 DecodeLens = int | Sequence[int] | torch.Tensor
 
@@ -166,93 +167,6 @@ def _expand_kernel(
         tl.store(out_dl_ptr + r64 * out_dl_stride, 1)
         tl.store(out_rid_ptr + r64 * out_rid_stride, 0)
         _copy_row(src, bt_s1, out_bt_ptr + r64 * out_bt_s0, out_bt_s1, 0, width, BLOCK_W)
-
-
-@triton.jit
-def _expand_per_row_kernel(
-    seq_lens_ptr,
-    sl_stride,
-    bt_ptr,
-    bt_s0,
-    bt_s1,
-    dl_ptr,
-    dl_stride,
-    out_sl_ptr,
-    out_sl_stride,
-    out_bt_ptr,
-    out_bt_s0,
-    out_bt_s1,
-    out_dl_ptr,
-    out_dl_stride,
-    out_rid_ptr,
-    out_rid_stride,
-    num_reqs,
-    width,
-    uniform_n,
-    uniform_div,
-    uniform_total,
-    max_decode_len,
-    dcp_size,
-    dcp_rank,
-    dcp_interleave,
-    UNIFORM: tl.constexpr,
-    DCP: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_prologue(PDL)
-    # One program per output row.
-    row = tl.program_id(0)
-    if UNIFORM:
-        # Host-known n: request and draft position are a division away. uniform_div is
-        # max(n, 1) (computed on the host) so n == 0 (all rows padding) does not divide by 0.
-        req = row // uniform_div
-        j = row - req * uniform_div
-        n = uniform_n
-        real = row < uniform_total
-    else:
-        # Ragged: every program scans all B decode lengths (device data, so clamped to
-        # [0, max_decode_len]; that also keeps the int32 prefix sum from overflowing).
-        offs = tl.arange(0, BLOCK_B)
-        in_b = offs < num_reqs
-        dls = tl.load(dl_ptr + offs * dl_stride, mask=in_b, other=0)
-        dls = tl.minimum(tl.maximum(dls, 0), max_decode_len)
-        ends = tl.cumsum(dls, axis=0)
-        # Ends are non-decreasing, so the requests ending at or before `row` are exactly
-        # 0..req-1, and their lengths sum to the start row of request `req`.
-        before = in_b & (ends <= row)
-        req = tl.sum(before.to(tl.int32), axis=0)
-        start = tl.sum(tl.where(before, dls, 0), axis=0)
-        n = tl.sum(tl.where(offs == req, dls, 0), axis=0)
-        j = row - start
-        real = row < tl.sum(dls, axis=0)
-
-    # Padding rows read request 0 under a false mask: no load can leave [0, B).
-    req = tl.where(real, req, 0)
-    seq_len = tl.load(seq_lens_ptr + req.to(tl.int64) * sl_stride, mask=real, other=0)
-    # Clamp before subtracting so a hostile negative length cannot wrap around.
-    length = tl.maximum(tl.maximum(seq_len, 0) - n + j + 1, 0)
-    if DCP:
-        length = _dcp_local_len(length, dcp_size, dcp_rank, dcp_interleave)
-    length = tl.where(real, length, 0)
-
-    row64 = row.to(tl.int64)
-    tl.store(out_sl_ptr + row64 * out_sl_stride, length)
-    tl.store(out_dl_ptr + row64 * out_dl_stride, 1)
-    tl.store(out_rid_ptr + row64 * out_rid_stride, req)
-
-    # Copy the request's block-table row; padding rows get every column zeroed.
-    cols = tl.arange(0, BLOCK_W)
-    src = bt_ptr + req.to(tl.int64) * bt_s0
-    dst = out_bt_ptr + row64 * out_bt_s0
-    # Folding `real` into the bound (rather than `mask & real`) also keeps the interpreter
-    # happy: it mis-types a scalar bool broadcast into a vector mask.
-    read_w = tl.where(real, width, 0)
-    for c0 in range(0, width, BLOCK_W):
-        c = (c0 + cols).to(tl.int64)
-        vals = tl.load(src + c * bt_s1, mask=c < read_w, other=0)
-        tl.store(dst + c * out_bt_s1, vals, mask=c < width)
 
 
 @triton.jit
@@ -424,20 +338,6 @@ def _launch_expand(
     else:
         dl, dl_stride = device_decode_lens, device_decode_lens.stride(0)
     block_w = min(_COPY_CHUNK, max(16, next_pow2(width)))
-    if PER_ROW:
-        n, n_div, total = (
-            (uniform_n, max(uniform_n, 1), num_reqs * uniform_n) if uniform else (0, 1, 0)
-        )
-        _expand_per_row_kernel[(num_tokens,)](
-            seq_lens, seq_lens.stride(0), block_table, block_table.stride(0),
-            block_table.stride(1), dl, dl_stride, out.seq_lens, out.seq_lens.stride(0),
-            out.block_table, out.block_table.stride(0), out.block_table.stride(1),
-            out.decode_lens, out.decode_lens.stride(0), out.req_id, out.req_id.stride(0),
-            num_reqs, width, n, n_div, total, max_decode_len, dcp_size, dcp_rank,
-            dcp_interleave, UNIFORM=uniform, DCP=dcp_size > 1, BLOCK_B=next_pow2(num_reqs),
-            BLOCK_W=block_w, num_warps=4, **pdl_launch(seq_lens.device, USE_PDL),
-        )  # fmt: skip
-        return
     grid = max(num_reqs, 1)
     _expand_kernel[(grid,)](
         seq_lens,
