@@ -45,8 +45,10 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
         return {"num_splits": 1}
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
     if request.param == "split_prefilter":
-        # A small sample: spread over the row, so some estimates miss and rows fall back.
+        # A small sample: spread over the row, so some estimates miss and rows fall back;
+        # the listed rows then spread over several programs each.
         monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
+        monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", 256)
         return {"num_splits": 5, "prefilter": True}
     monkeypatch.setattr(topk_mod, "SPLIT_STAGE_MAX", 0)  # fused: block-table reads one by one
     return {"num_splits": 5, "prefilter": False}

@@ -105,16 +105,14 @@ def _triton_variant(
         args = (s["seq_lens"], s["block_table"], dl)
         if s["out"] is None:
             s["out"] = fn(*args, **kw)
-        if not has_out:
-            return lambda: fn(*args, **kw)
-        kw_out = dict(kw, out=s["out"])
+        kw_call = dict(kw, out=s["out"]) if has_out else kw
         if pdl:
-            return lambda: fn(*args, **kw_out)
+            return lambda: fn(*args, **kw_call)
 
         def call() -> Any:
             old, knobs.USE_PDL = knobs.USE_PDL, 0
             try:
-                return fn(*args, **kw_out)
+                return fn(*args, **kw_call)
             finally:
                 knobs.USE_PDL = old
 

@@ -290,11 +290,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch_g, launch_e = measure_launch_floor(
         backend, graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup
     )
-    # With programmatic dependent launch (the mode the remap and expansion use) a launch can
-    # overlap its predecessor: printed for reference; the floor keeps the plain launch.
+    # With programmatic dependent launch (where supported; mode 1, so each launch can start
+    # while the one before runs) a launch overlaps its predecessor: printed for reference,
+    # the floor keeps the plain launch.
     launch_pdl, _ = measure_launch_floor(
         backend, graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup, pdl=1
     )
+    pdl_note = "with PDL" if _runtime.pdl_supported(backend.device) else "(no PDL here)"
     copy_bytes = (1 << 30) if cuda else (4 << 20)
     bw = measure_copy_bandwidth(backend, copy_bytes, reps=10 if cuda else 3)
     print(
@@ -302,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"seed {seed} | grid {grid}\n"
         f"empty Triton kernel: {fmt_us(launch_g.median_us)} us/call in graph, "
         f"{fmt_us(launch_e.median_us)} us eager, {fmt_us(launch_pdl.median_us)} us/call in graph "
-        f"with PDL | copy bandwidth {bw / 1e9:.0f} GB/s "
+        f"{pdl_note} | copy bandwidth {bw / 1e9:.0f} GB/s "
         f"(read+write, {fmt_bytes(2 * copy_bytes)}B per copy) | L2 {fmt_bytes(backend.l2_bytes)}B"
     )
 

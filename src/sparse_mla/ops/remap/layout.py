@@ -67,7 +67,9 @@ class RemapLayout:
             of at most ``MAX_STAGED_PAGES`` columns and one row per program.
         pdl: programmatic dependent launch (Hopper on; ignored elsewhere): 0 off, 1 let the
             next launch start its programs early and wait for the previous one, 2 only wait.
-            Hides the launch gap between this kernel and its neighbours in a stream.
+            Hides the launch gap between this kernel and its neighbours in a stream. With 1,
+            a kernel launched next with the PDL attribute must wait for this one before it
+            reads the output (the CUDA contract; see ``_runtime.pdl_prologue``).
     """
 
     rows_per_program: int
@@ -193,7 +195,7 @@ def validate_layout(
                 f"layout {layout}: with several column tiles the -1 tail must be pre-filled "
                 "(tail_in_kernel=False)"
             )
-    if layout.pdl not in (0, 1, 2):
+    if isinstance(layout.pdl, bool) or layout.pdl not in (0, 1, 2):
         raise ValueError(f"layout {layout}: pdl must be 0, 1 or 2")
     if layout.stage_pages and not 1 <= num_blocks <= MAX_STAGED_PAGES:
         raise ValueError(

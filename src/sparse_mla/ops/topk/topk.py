@@ -1359,7 +1359,8 @@ def select_topk(
         workspace: optional int32, at least ``topk_workspace_numel(rows)`` elements, its
             histogram part zero on first use (:func:`topk_workspace`); needed by the split
             path, allocated per call when omitted. The kernels restore the part that must be
-            zero.
+            zero. All of it is scratch: the prefilter keeps its list of rows at the very
+            end of the tensor given, whatever its size.
         num_splits: programs per row; None picks from the shapes and the GPU, 1 forces the
             one-program-per-row kernel (at most ``MAX_SPLITS``).
         prefilter: the split path's prefilter (see the module notes). None (default): on
