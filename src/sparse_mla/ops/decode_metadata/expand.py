@@ -120,8 +120,9 @@ def _expand_kernel(
     BLOCK_W: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # One program per request: its n rows, then its share of the padding rows. The request's
-    # own inputs do not depend on the decode lengths, so they load while the lengths do.
+    # One program per request: its n rows, then its share of the padding rows. Where its
+    # rows start is a masked sum of the decode lengths before it: no scan (one program per
+    # output row had to scan all B lengths to find its request).
     pdl_prologue(PDL)
     b = tl.program_id(0)
     has_req = b < num_reqs
@@ -153,7 +154,7 @@ def _expand_kernel(
     tl.store(out_sl_ptr + rows64 * out_sl_stride, length, mask=mine)
     tl.store(out_dl_ptr + rows64 * out_dl_stride, j * 0 + 1, mask=mine)
     tl.store(out_rid_ptr + rows64 * out_rid_stride, j * 0 + b, mask=mine)
-    # Its block-table row into each of them (read once, from L2 after the first).
+    # Its block-table row into each of them (cache hits after the first).
     src = bt_ptr + b.to(tl.int64) * bt_s0
     for i in range(0, tl.minimum(n, num_rows - start)):
         dst = out_bt_ptr + (start + i).to(tl.int64) * out_bt_s0
