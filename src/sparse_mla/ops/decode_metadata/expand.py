@@ -368,7 +368,7 @@ def _launch_expand(
         dcp_interleave,
         UNIFORM=uniform,
         DCP=dcp_size > 1,
-        BLOCK_B=next_pow2(num_reqs),
+        BLOCK_B=1 if uniform else next_pow2(num_reqs),  # the uniform kernel reads no lengths
         BLOCK_N=next_pow2(max(uniform_n if uniform else max_decode_len, 1)),
         BLOCK_W=block_w,
         num_warps=4,
