@@ -6,7 +6,7 @@ Sets of (shapes, variants), each variant = module knobs + ``select_topk`` keywor
 per call in a CUDA graph with ``tune_topk``'s helpers (rotating input sets, torch.topk in the
 same run); positions are checked against torch.topk's values before timing (the fused
 variants' slots are mapped back through the block table). With ``--profile`` the eager
-per-launch breakdown of each prefilter variant is printed too. Writes ``exp_topk.json``.
+per-launch breakdown of each prefilter variant (PDL off) is printed too. Writes ``exp_topk.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,19 @@ K = 2048
 BS = 64
 NO_PDL = dict(USE_PDL=0)
 PDL_WAIT = dict(PDL_EARLY_PREFILTER=False)
+
+
+class _Skip:
+    """Stands in for a kernel whose launches are left out."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+ONE_STREAM = dict(FALLBACK_SIDE_STREAM=False)
+NO_RADIX = {
+    name: _Skip() for name in ("_split_hist_kernel", "_split_count_kernel", "_split_write_kernel")
+}
 SETS = {
     # programmatic dependent launch on / off, for the radix path and the prefilter
     "pdl": (
@@ -72,12 +85,37 @@ SETS = {
             ("prefilter, sample 8192", dict(PREFILTER_SAMPLE=8192), dict(prefilter=True)),
         ],
     ),
+    # session 6: the gathering pass takes one atomic per 1024-score chunk and lists the rows
+    # that fall back, so the radix launches run on a side stream beside the finish ("one
+    # stream": not); "no radix launches" leaves them out (an upper bound, correct only
+    # while no row falls back, which the fallback count shows)
+    "side": (
+        [
+            (64, 131072),
+            (64, 65536),
+            (64, 16384),
+            (8, 131072),
+            (32, 65536),
+            (8, 65536),
+            (1, 131072),
+            (128, 131072),
+            (512, 131072),
+        ],
+        [
+            ("radix", {}, dict(prefilter=False)),
+            ("prefilter", {}, dict(prefilter=True)),
+            ("prefilter, one stream", ONE_STREAM, dict(prefilter=True)),
+            ("prefilter, no radix launches", NO_RADIX, dict(prefilter=True)),
+        ],
+    ),
     # the fused slot epilogue (block size now a compile-time constant)
     "fused": (
-        [(8, 4096), (64, 16384), (8, 65536), (8, 131072), (64, 131072)],
+        [(8, 4096), (64, 16384), (8, 65536), (8, 131072), (64, 65536), (64, 131072)],
         [
             ("positions", {}, {}),
             ("slots+counts", {}, dict(fused=True)),
+            ("positions, prefilter", {}, dict(prefilter=True)),
+            ("slots+counts, prefilter", {}, dict(fused=True, prefilter=True)),
         ],
     ),
 }
@@ -190,7 +228,10 @@ def main() -> int:
                     f"  {rows:>3} x {n:>6}  {name:<30} {us_s} us  {ratio}  {note} {err}", flush=True
                 )
                 if args.profile and kw.get("prefilter") and not err:
-                    bd = breakdown(cand, sets, K, cfg["prof_calls"], be)
+                    # without PDL, so each launch's time is its own, not a wait for the last
+                    bd = breakdown(
+                        Cand(name, dict(knob, **NO_PDL), **kw), sets, K, cfg["prof_calls"], be
+                    )
                     line["variants"][name]["breakdown"] = bd
                     for r in bd:
                         print(f"      {r['launch']:<40} {r['mean_us']:8.2f} us")

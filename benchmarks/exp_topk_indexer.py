@@ -60,7 +60,7 @@ def main() -> int:
                 fb = ""
                 if kw["prefilter"]:
                     flags = topk_mod.workspace_rows(ws, rows)[:, topk_mod._PF_OFF + 2]
-                    total = topk_mod.workspace_rows(ws, rows)[:, topk_mod._PF_OFF + 1]
+                    total = topk_mod.workspace_rows(ws, rows)[:, topk_mod._PF_OFF]
                     t = [int(total.min()), int(total.median()), int(total.max())]
                     fb = f"fallback rows {int((flags == 0).sum())}/{rows}; candidates {t}"
                     # The sample's luck over more rows: the same scores rotated along the row

@@ -390,11 +390,12 @@ def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: 
 def test_prefilter_finished_and_fallback_rows(
     monkeypatch: pytest.MonkeyPatch, seed: int, bits: int, gather: bool, splits: int, fb_slice: int
 ):
-    """The prefilter finishes the rows whose candidates fit its buffer and lists the others
-    for the radix launches (decided per row on the device), with a reused workspace; its
-    column ranks come from on-chip gathers or (Triton without ``tl.gather``) global reads.
-    The radix launches spread each listed row over ``n / fb_slice`` programs; with 2 splits
-    and 7 slices one program row works through the whole list."""
+    """The prefilter finishes the rows whose candidates fit its buffer and its gathering
+    pass lists the others for the radix launches (decided per row on the device, by the
+    row's last gathering program), with a reused workspace; the finish's column ranks come
+    from on-chip gathers or (Triton without ``tl.gather``) global reads. The radix launches
+    spread each listed row over ``n / fb_slice`` programs; with 2 splits and 7 slices one
+    program row works through the whole list."""
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
     monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", fb_slice)
     monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", bits)
@@ -421,10 +422,13 @@ def test_prefilter_finished_and_fallback_rows(
         lengths = i32([n, n, n - trial, n, 129 + trial, -1])
         run_checked(x, lengths, k, num_splits=splits, prefilter=True, workspace=ws)
         pf = topk_mod.workspace_rows(ws, rows)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
-        total, done = pf[:, 1].tolist(), pf[:, 2].tolist()
+        total, arrived, done = pf[:, 0].tolist(), pf[:, 1].tolist(), pf[:, 2].tolist()
         listed = ws[ws.numel() - 1 - rows :].tolist()
         assert sorted(listed[1 : 1 + listed[0]]) == [r for r in range(4) if done[r] == 0]
         assert done[:3] == [1, 0, 0] and done[4:] == [1, 1], (total, done)
+        slice_len = math.ceil(math.ceil(n / 256) / splits) * 256  # every gathering program
+        want = [math.ceil(length / slice_len) if length > k else 0 for length in lengths.tolist()]
+        assert arrived == want, (arrived, want)
         assert total[1] > topk_mod.prefilter_tile(k) and 0 < total[2] < k, total  # over, under
         assert done[3] == int(k < total[3] <= topk_mod.prefilter_tile(k)), (total, done)
         assert (topk_mod.workspace_rows(ws, rows)[:, : topk_mod._STATE_OFF] == 0).all()
@@ -446,7 +450,20 @@ def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPat
     ws = topk_workspace(2, DEV)
     run_checked(x.to(DEV), i32([n, n]), k, num_splits=2, prefilter=True, workspace=ws)
     pf = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
-    assert pf[:, 1].tolist() == [k, k] and pf[:, 2].tolist() == [0, 0], pf
+    assert pf[:, 0].tolist() == [k, k] and pf[:, 2].tolist() == [0, 0], pf
+    listed = ws[ws.numel() - 3 :].tolist()
+    assert listed[0] == 2 and sorted(listed[1:]) == [0, 1], listed
+
+
+def test_fallback_side_stream_only_on_cuda(monkeypatch: pytest.MonkeyPatch):
+    """The radix launches after the prefilter fork onto a side stream on CUDA devices only,
+    one per device, and not at all with FALLBACK_SIDE_STREAM off."""
+    assert topk_mod._side_stream(torch.device("cpu")) is None
+    if torch.device(DEV).type == "cuda":
+        first = topk_mod._side_stream(torch.device(DEV))
+        assert first is not None and topk_mod._side_stream(torch.device(DEV)) is first
+    monkeypatch.setattr(topk_mod, "FALLBACK_SIDE_STREAM", False)
+    assert topk_mod._side_stream(torch.device(DEV)) is None
 
 
 def test_prefilter_default_by_size(monkeypatch: pytest.MonkeyPatch):

@@ -30,12 +30,12 @@ Launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
   ``PREFILTER_MIN_SCORES`` scores per call, where it measured faster in graphs): a sample of
   each row (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)``
   keys reach; one pass copies the keys at or above it, with their positions, into the row's
-  candidate buffer (``tile`` = ``prefilter_tile(k)`` entries); when k < candidates <= tile, one
-  program per row selects in registers (the top k of the row are the top k of the buffer)
-  and writes the k positions in order (a bitmap of them gives each its column). Any other
-  row (flat or tie-heavy scores, or a sample that missed) is left to the six radix
-  launches, which skip the rows the prefilter finished. Exact either way; only the speed
-  depends on the scores.
+  candidate buffer (``tile`` = ``prefilter_tile(k)`` entries) and lists every row whose
+  count does not fit; when k < candidates <= tile, one program per row selects in registers
+  (the top k of the row are the top k of the buffer) and writes the k positions in order
+  (a bitmap of them gives each its column). The listed rows (flat or tie-heavy scores, or
+  a sample that missed) go through the six radix launches, which run on a side stream
+  beside that finish on a GPU. Exact either way; only the speed depends on the scores.
 
 Radix passes over keys held in registers (the row kernel's single chunk, the prefilter)
 use narrower digits (``TILE_RADIX_BITS``): ``tl.histogram`` costs more per bit with more bins.
@@ -47,6 +47,7 @@ between the launches of a call and between calls in a CUDA graph.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -74,15 +75,16 @@ _NPASS = 4
 # (prefix, need, done at _STATE_OFF + 4 * p); the per-slice (count > thr, count == thr).
 _STATE_OFF = _NPASS * _NBINS
 _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
-# Prefilter (see _prefilter_* kernels): threshold, candidate count, "row done" flag; a
-# bitmap of the row's selected positions (without tl.gather, then the running count before
-# each word); the candidate buffer (keys, then positions). Any content on entry: the sample
-# launch zeroes what it must.
+# Prefilter (see _prefilter_* kernels): candidate count and the gathering programs that
+# finished (one int64, count in the low word), "row done" flag, threshold key, the next
+# free buffer slot; a bitmap of the row's selected positions (without tl.gather, then the
+# running count before each word); the candidate buffer (keys, then positions). Any content
+# on entry: the sample launch zeroes what it must.
 # Layout constants (compiled into the kernels), not knobs.
 _PF_MAX_N = 262144  # longest rows the prefilter takes
 _PF_CAP = 4096  # candidates per row (the finishing tile); more: the radix passes
 _PF_OFF = _CNT_OFF + 2 * MAX_SPLITS
-_PF_BMP = _PF_OFF + 4
+_PF_BMP = _PF_OFF + 8
 _PF_BUF = _PF_BMP + _PF_MAX_N // 32
 WS_ROW_STRIDE = _PF_BUF + 2 * _PF_CAP
 
@@ -92,7 +94,8 @@ NPASS = tl.constexpr(_NPASS)
 _WS_HIST = tl.constexpr(0)
 _WS_STATE = tl.constexpr(_STATE_OFF)
 _WS_CNT = tl.constexpr(_CNT_OFF)
-_WS_PF = tl.constexpr(_PF_OFF)  # + 0 threshold key, + 1 candidate count, + 2 done flag
+# + 0 count, + 1 arrivals (one int64), + 2 done flag, + 3 threshold key, + 4 next buffer slot
+_WS_PF = tl.constexpr(_PF_OFF)
 _WS_PF_BMP = tl.constexpr(_PF_BMP)
 _WS_PF_BUF = tl.constexpr(_PF_BUF)
 PF_CAP = tl.constexpr(_PF_CAP)
@@ -106,10 +109,12 @@ SPLIT_MIN_N = ROW_BLOCK + 1  # rows this short always use the row kernel
 CTAS_PER_SM = 8  # split heuristic: programs per SM to aim at (hides load latency)
 _MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
 # Prefilter: default on from this many scores per call (rows x N).
-PREFILTER_MIN_SCORES = 2 << 20
+PREFILTER_MIN_SCORES = 1 << 19
 PREFILTER_SAMPLE = 4096  # scores sampled per row (groups of 8 adjacent positions)
 PREFILTER_WARPS = 16  # of its one-program-per-row launches
 FALLBACK_SLICE = 4096  # scores per program of the radix passes over rows the prefilter left
+# On a GPU, the radix launches after the prefilter run on a side stream, beside its finish.
+FALLBACK_SIDE_STREAM = True
 # Digit width of the radix passes over a tile in registers (row kernel with the row in
 # registers, prefilter); 5, 6 or 8. The split passes keep 8 (one launch per pass).
 TILE_RADIX_BITS = 5
@@ -178,6 +183,21 @@ def _stage_size(fused: bool, span: int, block_size: int, most: int) -> int:
     them one by one; also without ``tl.gather``)."""
     pages = next_pow2(cdiv(span, block_size))
     return pages if fused and HAS_GATHER and pages <= most else 0
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The stream of the radix launches that follow the prefilter on this GPU (None: they
+    run in order on the current stream). Made on the first call, so a warm-up call before
+    CUDA-graph capture (which engines make anyway, to compile the kernels) makes it."""
+    if not FALLBACK_SIDE_STREAM or device.type != "cuda":
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
 
 
 def choose_num_splits(rows: int, n: int, k: int, device: torch.device) -> int:
@@ -250,14 +270,14 @@ def _pick_bin(hist, need, NB: tl.constexpr):
 
     ``hist``: int32 [NB] candidates per digit, ``need`` in [1, sum(hist)]. Returns d with
     ``count(digit > d) < need <= count(digit >= d)``, the new ``need = need - count(digit >
-    d)``, and 1 when the whole bin d is taken (``new need == hist[d]``), else 0."""
+    d)``, 1 when the whole bin d is taken (``new need == hist[d]``) else 0, and hist[d]."""
     bins = tl.arange(0, NB)
     above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # candidates with a larger digit
     hit = (above < need) & (above + hist >= need)
     d = tl.max(tl.where(hit, bins, 0), 0)
     need = need - tl.sum(tl.where(hit, above, 0), 0)
-    whole = (tl.sum(tl.where(hit, hist, 0), 0) == need).to(tl.int32)
-    return d, need, whole
+    n_d = tl.sum(tl.where(hit, hist, 0), 0)
+    return d, need, (n_d == need).to(tl.int32), n_d
 
 
 @triton.jit
@@ -266,24 +286,28 @@ def _add_digit(prefix, d, LO: tl.constexpr):
 
 
 @triton.jit
-def _tile_pass(key, valid, prefix, need, P: tl.constexpr, B: tl.constexpr, TILE: tl.constexpr):
+def _tile_pass(
+    key, valid, prefix, need, n_match, P: tl.constexpr, B: tl.constexpr, TILE: tl.constexpr
+):
     """Pass P of the radix select over keys held in registers: digits of B bits from the
     top, the first one W0 = 32 - B * (32 // B - 1) bits wide so the widths add up to 32.
+    ``n_match``: the keys that match the digits chosen so far (the chosen bin's count of
+    the pass before, so no reduction over the tile); returns the next pass's.
 
     Narrow digits cost less per bit: ``tl.histogram`` lowers to one warp ballot per digit
     bit and, per lane, 2**B / 32 bin masks of B - 5 terms."""
     W0: tl.constexpr = 32 - B * (32 // B - 1)
     if P == 0:
-        hist = _digit_hist(key, valid, tl.sum(valid.to(tl.int32), 0), 32 - W0, W0, TILE)
-        d, need, done = _pick_bin(hist, need, 1 << W0)
+        hist = _digit_hist(key, valid, n_match, 32 - W0, W0, TILE)
+        d, need, done, n_match = _pick_bin(hist, need, 1 << W0)
         prefix = _add_digit(prefix, d, 32 - W0)
     else:
         match = _match(key, valid, prefix, 32 - W0 - B * (P - 1))
         lo: tl.constexpr = 32 - W0 - B * P
-        hist = _digit_hist(key, match, tl.sum(match.to(tl.int32), 0), lo, B, TILE)
-        d, need, done = _pick_bin(hist, need, 1 << B)
+        hist = _digit_hist(key, match, n_match, lo, B, TILE)
+        d, need, done, n_match = _pick_bin(hist, need, 1 << B)
         prefix = _add_digit(prefix, d, lo)
-    return prefix, need, done
+    return prefix, need, done, n_match
 
 
 @triton.jit
@@ -292,9 +316,10 @@ def _tile_select(key, valid, need, B: tl.constexpr, PASSES: tl.constexpr, TILE: 
     valid key of a tile: (prefix, need, done) as the split passes leave them."""
     prefix = tl.full([], 0, tl.uint32)
     done = tl.full([], 0, tl.int32)
+    n_match = tl.sum(valid.to(tl.int32), 0)
     for P in tl.static_range(PASSES):
         if done == 0:
-            prefix, need, done = _tile_pass(key, valid, prefix, need, P, B, TILE)
+            prefix, need, done, n_match = _tile_pass(key, valid, prefix, need, n_match, P, B, TILE)
     return prefix, need, done
 
 
@@ -327,7 +352,7 @@ def _state_after(ws_row, P: tl.constexpr, K: tl.constexpr):
     if P >= 1:  # noqa: SIM102  (compile-time test apart from the runtime one)
         if done == 0:
             hist = tl.load(ws_row + _WS_HIST + (P - 1) * NBINS + tl.arange(0, NBINS))
-            d, need, done = _pick_bin(hist, need, NBINS)
+            d, need, done, _ = _pick_bin(hist, need, NBINS)
             prefix = _add_digit(prefix, d, 32 - 8 * P)
     return prefix, need, done
 
@@ -711,7 +736,7 @@ def _topk_row_kernel(
             for P in tl.static_range(NPASS):
                 if done == 0:
                     hist = _hist_range(x_row, s_xn, 0, length, prefix, P, BLOCK)
-                    d, need, done = _pick_bin(hist, need, NBINS)
+                    d, need, done, _ = _pick_bin(hist, need, NBINS)
                     prefix = _add_digit(prefix, d, 24 - 8 * P)
             thr, need = _finish(prefix, need, done)
             nvalid = _write_range(
@@ -747,25 +772,15 @@ def _topk_row_kernel(
 
 
 @triton.jit
-def _radix_row(ws_row, length, K: tl.constexpr, PF: tl.constexpr):
-    """Whether the radix launches work on this row: longer than K and not finished by the
-    prefilter (PF: the prefilter ran first)."""
-    live = length > K
-    if PF:
-        live = live & (tl.load(ws_row + _WS_PF + 2) == 0)
-    return live
-
-
-@triton.jit
 def _split_hist_row(
     row, sl, x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols, ws_ptr, ws_stride, slice_len,
-    K: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, PF: tl.constexpr,
+    K: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
     lo = sl * slice_len
     hi = tl.minimum(lo + slice_len, length)
-    if _radix_row(ws_row, length, K, PF) & (lo < hi):
+    if (length > K) & (lo < hi):
         prefix, need, done = _state_after(ws_row, P, K)
         if P >= 1:  # noqa: SIM102  (compile-time test apart from the runtime one)
             if sl == 0:
@@ -801,23 +816,23 @@ def _split_hist_kernel(
         for i in range(tl.program_id(0), tl.load(fb_ptr), tl.num_programs(0)):
             _split_hist_row(
                 tl.load(fb_ptr + 1 + i), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len,
-                n_cols, ws_ptr, ws_stride, slice_len, K, P, BLOCK, PF,
+                n_cols, ws_ptr, ws_stride, slice_len, K, P, BLOCK,
             )  # fmt: skip
     else:
         _split_hist_row(
             tl.program_id(0), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols,
-            ws_ptr, ws_stride, slice_len, K, P, BLOCK, PF,
+            ws_ptr, ws_stride, slice_len, K, P, BLOCK,
         )  # fmt: skip
 
 
 @triton.jit
 def _split_count_row(
     row, sl, x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols, ws_ptr, ws_stride, slice_len, cnt_ptr,
-    s_cnt, K: tl.constexpr, BLOCK: tl.constexpr, ZERO_COUNTS: tl.constexpr, PF: tl.constexpr,
+    s_cnt, K: tl.constexpr, BLOCK: tl.constexpr, ZERO_COUNTS: tl.constexpr,
 ):  # fmt: skip
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
-    if _radix_row(ws_row, length, K, PF):
+    if length > K:
         prefix, need, done = _state_after(ws_row, NPASS, K)
         thr, need = _finish(prefix, need, done)
         x_row = x_ptr + row.to(tl.int64) * s_xr
@@ -858,12 +873,12 @@ def _split_count_kernel(
         for i in range(tl.program_id(0), tl.load(fb_ptr), tl.num_programs(0)):
             _split_count_row(
                 tl.load(fb_ptr + 1 + i), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len,
-                n_cols, ws_ptr, ws_stride, slice_len, cnt_ptr, s_cnt, K, BLOCK, ZERO_COUNTS, PF,
+                n_cols, ws_ptr, ws_stride, slice_len, cnt_ptr, s_cnt, K, BLOCK, ZERO_COUNTS,
             )  # fmt: skip
     else:
         _split_count_row(
             tl.program_id(0), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols,
-            ws_ptr, ws_stride, slice_len, cnt_ptr, s_cnt, K, BLOCK, ZERO_COUNTS, PF,
+            ws_ptr, ws_stride, slice_len, cnt_ptr, s_cnt, K, BLOCK, ZERO_COUNTS,
         )  # fmt: skip
 
 
@@ -873,15 +888,13 @@ def _split_write_row(
     out_ptr, s_or, s_oc, cnt_ptr, s_cnt, bt_ptr, s_btr, s_btc, req_ptr, s_req, n_req, n_pages,
     block_size: tl.constexpr, stride_rows, K: tl.constexpr, BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr, S_POW2: tl.constexpr, FUSED: tl.constexpr, COUNTS: tl.constexpr,
-    PF: tl.constexpr, STAGE: tl.constexpr,
+    STAGE: tl.constexpr,
 ):  # fmt: skip
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     o_row = out_ptr + row.to(tl.int64) * s_or
     page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
-    if PF:  # the prefilter wrote every short row and every row it finished: -1, no work
-        length = tl.where(tl.load(ws_row + _WS_PF + 2) != 0, -1, length)
-    if length <= K:
+    if length <= K:  # never a row the prefilter lists
         if (sl == 0) & (length >= 0):
             nvalid = _emit_short_row(
                 o_row,
@@ -999,14 +1012,14 @@ def _split_write_kernel(
                 tl.load(fb_ptr + 1 + i), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len,
                 n_cols, ws_ptr, ws_stride, slice_len, n_splits, out_ptr, s_or, s_oc, cnt_ptr,
                 s_cnt, bt_ptr, s_btr, s_btc, req_ptr, s_req, n_req, n_pages, block_size,
-                stride_rows, K, BLOCK, BLOCK_K, S_POW2, FUSED, COUNTS, PF, STAGE,
+                stride_rows, K, BLOCK, BLOCK_K, S_POW2, FUSED, COUNTS, STAGE,
             )  # fmt: skip
     else:
         _split_write_row(
             tl.program_id(0), tl.program_id(1), x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols,
             ws_ptr, ws_stride, slice_len, n_splits, out_ptr, s_or, s_oc, cnt_ptr, s_cnt, bt_ptr,
             s_btr, s_btc, req_ptr, s_req, n_req, n_pages, block_size, stride_rows, K, BLOCK,
-            BLOCK_K, S_POW2, FUSED, COUNTS, PF, STAGE,
+            BLOCK_K, S_POW2, FUSED, COUNTS, STAGE,
         )  # fmt: skip
 
 
@@ -1016,14 +1029,17 @@ def _split_write_kernel(
 #
 # A sample of the row places a threshold key ``t`` that about TARGET keys reach
 # (K <= TARGET <= TILE). One pass over the row copies every key >= t with its position into
-# the row's candidate buffer (each at a slot from a per-element atomic: no scan, in no
-# particular order). If K < candidates <= TILE, the top k of the row are the top k of the
-# buffer: one program per row runs the radix select in registers on the buffer as it is,
-# then writes the k selected positions in order (a bitmap of them, popcounts and one scan
-# over its words give each its column). Otherwise (a flat or tie-heavy row, or an unlucky
-# sample) the row's done flag stays 0 and the row goes on a list at the end of the
-# workspace; the radix launches that follow work through that list only, each row spread
-# over many programs (an unlucky row at 128K once cost 85-215 us: a few programs per row).
+# the row's candidate buffer: each chunk of the row takes a run of slots with one atomic
+# and places its candidates in it by popcounts of a bitmap of the chunk (no scan; runs in
+# no particular order). If K < candidates <= TILE, the top k of the row are the top k of
+# the buffer: one program per row runs the radix select in registers on the buffer as it
+# is, then writes the k selected positions in order (a bitmap of them, popcounts and one
+# scan over its words give each its column). Otherwise (a flat or tie-heavy row, or an
+# unlucky sample) the gathering pass puts the row on a list at the end of the workspace
+# (the row's last gathering program sees the final count); the radix launches that follow
+# work through that list only, each row spread over many programs. The list is known
+# before the finish, so on a GPU the radix launches run on a side stream beside it: they
+# cost nothing on the critical path when no row falls back.
 
 
 @triton.jit
@@ -1050,8 +1066,8 @@ def _prefilter_sample_kernel(
 
     The r-th largest sampled key, r = TARGET * sampled / length, cut to its top bits
     (PASSES radix passes: 16 bits or more), so at least r sampled keys reach it. Zeroes
-    the candidate count and the position bitmap, and (program 0) the list of rows left to
-    the radix launches."""
+    the candidate count, arrivals, next slot and position bitmap, and (program 0) the list
+    of rows left to the radix launches."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
     if row == 0:
@@ -1067,23 +1083,34 @@ def _prefilter_sample_kernel(
     n_s = tl.minimum(length, SAMPLE)
     need = tl.minimum(tl.maximum((TARGET * n_s + length - 1) // tl.maximum(length, 1), 1), n_s)
     prefix, need, done = _tile_select(key, valid, need, RB, PASSES, SAMPLE)
-    tl.store(ws_row + _WS_PF, prefix.to(tl.int32, bitcast=True))
-    tl.store(ws_row + _WS_PF + 1, 0)
+    f = tl.arange(0, 8)
+    tl.store(ws_row + _WS_PF + f, tl.zeros([8], tl.int32), mask=(f < 2) | (f == 4))
+    tl.store(ws_row + _WS_PF + 3, prefix.to(tl.int32, bitcast=True))
     if length > K:
         w = tl.arange(0, WORDS)  # WORDS * 32 >= N
         tl.store(ws_row + _WS_PF_BMP + w, tl.zeros([WORDS], tl.int32), mask=w * 32 < length)
 
 
 @triton.jit
-def _prefilter_gather_keys(ws_row, offs, valid, key, thr, TILE: tl.constexpr):
-    """Copy the keys >= thr with their positions to the buffer, one atomic slot each
-    (candidates are a few percent of the keys). Returns whether the buffer overflowed."""
+def _prefilter_gather_chunk(ws_row, x, offs, valid, thr, TILE: tl.constexpr):
+    """Copy the chunk's keys >= thr with their positions to a run of the buffer taken with
+    one atomic; ``x``, ``offs``, ``valid``: ``[words, 32]`` tiles. Returns the chunk's
+    candidate count. A candidate's place in the run: the candidates of the words before its
+    word, then the set bits below its own in its word (popcounts, not a scan)."""
+    key = _keys(x)
     m = valid & (key >= thr)
-    slot = tl.atomic_add(ws_row + _WS_PF + 1 + offs * 0, 1, mask=m, sem="relaxed")
-    ok = m & (slot < TILE)  # past TILE the row falls back: nothing more to keep
-    tl.store(ws_row + _WS_PF_BUF + slot, key.to(tl.int32, bitcast=True), mask=ok)
-    tl.store(ws_row + _WS_PF_BUF + PF_CAP + slot, offs, mask=ok)
-    return tl.max(tl.where(m, slot, 0), 0) >= TILE
+    b = (offs % 32).to(tl.uint32)
+    words = tl.sum(m.to(tl.uint32) << b, 1)  # [words]
+    n_w = _popcount(words)
+    n = tl.sum(n_w, 0)
+    if n > 0:
+        run = tl.atomic_add(ws_row + _WS_PF + 4, n, sem="relaxed")
+        before = (run + tl.cumsum(n_w, 0) - n_w)[:, None]
+        slot = before + _popcount(words[:, None] & ((tl.full([], 1, tl.uint32) << b) - 1))
+        ok = m & (slot < TILE)  # past TILE the row falls back: nothing more to keep
+        tl.store(ws_row + _WS_PF_BUF + slot, key.to(tl.int32, bitcast=True), mask=ok)
+        tl.store(ws_row + _WS_PF_BUF + PF_CAP + slot, offs, mask=ok)
+    return n
 
 
 @triton.jit
@@ -1097,40 +1124,46 @@ def _prefilter_gather_kernel(
     ws_ptr,
     ws_stride,
     slice_len,
+    fb_ptr,
     K: tl.constexpr,
     TILE: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Every key >= the row's threshold, with its position, into the candidate buffer.
-
-    Slices run last first: no matter on the GPU, and under the interpreter (programs in
-    order) it leaves the buffer out of position order, as on the GPU. Each chunk's load is
-    issued one iteration ahead, so it overlaps the atomics of the chunk before."""
+    """Every key >= the row's threshold, with its position, into the candidate buffer, and
+    the row's count. One int64 atomic per program adds its count and its arrival; the
+    row's last program, seeing the final count, lists the row for the radix launches when
+    the finish cannot take it (count <= K or > TILE). Each chunk's load is issued one
+    iteration ahead, so it overlaps the atomic of the chunk before."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
-    lo = (tl.num_programs(1) - 1 - tl.program_id(1)) * slice_len
+    lo = tl.program_id(1) * slice_len
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     if (length > K) & (lo < length):
         ws_row = ws_ptr + row.to(tl.int64) * ws_stride
-        thr = tl.load(ws_row + _WS_PF).to(tl.uint32, bitcast=True)
+        thr = tl.load(ws_row + _WS_PF + 3).to(tl.uint32, bitcast=True)
         x_row = x_ptr + row.to(tl.int64) * s_xr
         hi = tl.minimum(lo + slice_len, length)
         full_end = lo + (hi - lo) // BLOCK * BLOCK
-        offs = lo + tl.arange(0, BLOCK)
-        x_next = tl.load(x_row + offs * s_xn, mask=offs < full_end, other=0.0)
-        # Once the buffer overflowed (the row falls back), this program stops taking slots:
-        # a flat row would otherwise queue one atomic per score on a single counter.
-        over = lo < 0
+        tile = tl.arange(0, BLOCK // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
+        x_next = tl.load(x_row + (lo + tile) * s_xn, mask=lo + tile < full_end, other=0.0)
+        cnt = tl.zeros([], tl.int32)
         for start in range(lo, full_end, BLOCK):
             x = x_next
-            offs = start + tl.arange(0, BLOCK)
+            offs = start + tile
             x_next = tl.load(x_row + (offs + BLOCK) * s_xn, mask=offs + BLOCK < full_end, other=0.0)
-            if not over:
-                over = _prefilter_gather_keys(ws_row, offs, offs >= 0, _keys(x), thr, TILE)
-        if (full_end < hi) & (not over):
-            offs, valid, key = _chunk(x_row, s_xn, full_end, hi, BLOCK, True)
-            _prefilter_gather_keys(ws_row, offs, valid, key, thr, TILE)
+            cnt += _prefilter_gather_chunk(ws_row, x, offs, offs >= 0, thr, TILE)
+        if full_end < hi:
+            offs = full_end + tile
+            valid = offs < hi
+            x = tl.load(x_row + offs * s_xn, mask=valid, other=0.0)
+            cnt += _prefilter_gather_chunk(ws_row, x, offs, valid, thr, TILE)
+        packed = (ws_row + _WS_PF).to(tl.pointer_type(tl.int64))
+        old = tl.atomic_add(packed, cnt.to(tl.int64) + (1 << 32), sem="relaxed")
+        if (old >> 32) + 1 == tl.cdiv(length, slice_len):
+            total = (old & 0xFFFFFFFF) + cnt
+            if (total <= K) | (total > TILE):
+                tl.store(fb_ptr + 1 + tl.atomic_add(fb_ptr, 1, sem="relaxed"), row)
 
 
 @triton.jit
@@ -1228,7 +1261,6 @@ def _prefilter_finish_kernel(
     n_cols,
     ws_ptr,
     ws_stride,
-    fb_ptr,
     out_ptr,
     s_or,
     s_oc,
@@ -1253,15 +1285,15 @@ def _prefilter_finish_kernel(
     GATHER: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Writes every row that is short or has K + 1..TILE candidates, and its done flag;
-    appends every other row to the list the radix launches work through."""
+    """Writes every row that is short or has K + 1..TILE candidates, and each row's done
+    flag (the gathering pass listed every other row for the radix launches)."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
     o_row = out_ptr + row.to(tl.int64) * s_or
     page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
-    total = tl.load(ws_row + _WS_PF + 1)
+    total = tl.load(ws_row + _WS_PF)  # the count, low word of the packed int64
     short = length <= K
     fits = short | ((total > K) & (total <= TILE))
     if fits:
@@ -1301,8 +1333,6 @@ def _prefilter_finish_kernel(
         if COUNTS:
             tl.store(cnt_ptr + row * s_cnt, nvalid)
     tl.store(ws_row + _WS_PF + 2, fits.to(tl.int32))
-    if (length > K) & ((total <= K) | (total > TILE)):
-        tl.store(fb_ptr + 1 + tl.atomic_add(fb_ptr, 1, sem="relaxed"), row)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1367,7 +1397,11 @@ def select_topk(
             from ``PREFILTER_MIN_SCORES`` scores per call (rows x N), where it measured
             faster in CUDA graphs (eagerly, on a host with slow launches, its three extra
             launches can cost more than it saves). True: wherever it applies (k <= 2048,
-            N <= 262144); False: never. Same results either way.
+            N <= 262144); False: never. Same results either way. On a GPU the prefilter
+            forks the radix launches for its listed rows onto a side stream (one per
+            device, made on the first call) and joins them back: the call stays ordered
+            on the current stream and captures into a CUDA graph as a fork and a join.
+            ``FALLBACK_SIDE_STREAM = False`` keeps every launch on the current stream.
 
     Returns:
         int32 ``[rows, k]`` positions (or slots), or ``(out, valid_counts)`` with
@@ -1512,6 +1546,7 @@ def select_topk(
             radix_common, radix_splits = (*common[:-1], fb_slice), fb_splits
         if pf and pdl["PDL"] and PDL_EARLY_PREFILTER:
             pdl["PDL"] = 1
+        side = None
         if pf:
             tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))
             _prefilter_sample_kernel[(rows,)](
@@ -1528,19 +1563,22 @@ def select_topk(
             )
             _prefilter_gather_kernel[grid](
                 *common,
+                fb,
                 K=k,
                 TILE=tile,
                 BLOCK=SPLIT_BLOCK,
                 num_warps=SPLIT_WARPS,
                 **pdl,
             )
+            side = _side_stream(device)
+            if side is not None:  # the radix launches need the list only, not the finish
+                side.wait_stream(torch.cuda.current_stream(device))
             _prefilter_finish_kernel[(rows,)](
                 lengths,
                 lengths.stride(0),
                 n,
                 ws,
                 WS_ROW_STRIDE,
-                fb,
                 *emit,
                 K=k,
                 TILE=tile,
@@ -1553,36 +1591,49 @@ def select_topk(
                 num_warps=PREFILTER_WARPS,
                 **pdl,
             )
-        for p in range(_NPASS):
-            _split_hist_kernel[radix_grid](
-                *radix_common, fb, K=k, P=p, BLOCK=SPLIT_BLOCK, PF=pf, num_warps=SPLIT_WARPS, **pdl
-            )
-        _split_count_kernel[radix_grid](
-            *radix_common,
-            fb,
-            cnt,
-            cnt.stride(0),
-            K=k,
-            BLOCK=SPLIT_BLOCK,
-            ZERO_COUNTS=want_counts and fused,
-            PF=pf,
-            num_warps=SPLIT_WARPS,
-            **pdl,
-        )
-        _split_write_kernel[radix_grid](
-            *radix_common,
-            fb,
-            radix_splits,
-            *emit,
-            K=k,
-            BLOCK=SPLIT_BLOCK,
-            BLOCK_K=block_k,
-            S_POW2=MAX_SPLITS,  # one compiled variant whatever the split count
-            FUSED=fused,
-            COUNTS=want_counts,
-            PF=pf,
-            STAGE=_stage_size(fused, radix_common[-1] + block_size, block_size, SPLIT_STAGE_MAX),
-            num_warps=SPLIT_WARPS,
-            **pdl,
-        )
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            _radix_launches(
+                radix_grid, radix_common, radix_splits, fb, emit, cnt, k, block_k, block_size,
+                fused, want_counts, pf, pdl,
+            )  # fmt: skip
+        if side is not None:
+            torch.cuda.current_stream(device).wait_stream(side)
     return (out, counts) if return_valid_counts else out
+
+
+def _radix_launches(
+    grid, common, splits, fb, emit, cnt, k, block_k, block_size, fused, want_counts, pf, pdl
+) -> None:
+    """The split path's six radix launches (over the prefilter's list when pf)."""
+    for p in range(_NPASS):
+        _split_hist_kernel[grid](
+            *common, fb, K=k, P=p, BLOCK=SPLIT_BLOCK, PF=pf, num_warps=SPLIT_WARPS, **pdl
+        )
+    _split_count_kernel[grid](
+        *common,
+        fb,
+        cnt,
+        cnt.stride(0),
+        K=k,
+        BLOCK=SPLIT_BLOCK,
+        ZERO_COUNTS=want_counts and fused,
+        PF=pf,
+        num_warps=SPLIT_WARPS,
+        **pdl,
+    )
+    _split_write_kernel[grid](
+        *common,
+        fb,
+        splits,
+        *emit,
+        K=k,
+        BLOCK=SPLIT_BLOCK,
+        BLOCK_K=block_k,
+        S_POW2=MAX_SPLITS,  # one compiled variant whatever the split count
+        FUSED=fused,
+        COUNTS=want_counts,
+        PF=pf,
+        STAGE=_stage_size(fused, common[-1] + block_size, block_size, SPLIT_STAGE_MAX),
+        num_warps=SPLIT_WARPS,
+        **pdl,
+    )
