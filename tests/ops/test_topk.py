@@ -419,7 +419,7 @@ def test_prefilter_finished_and_fallback_rows(
         x[2] = torch.where(sampled, 5.0 + torch.rand(n, generator=g), -1.0)  # too few
         x[3, ~sampled] += 3.0  # the sample sees the low part only: too many, or fits
         x = x.to(DEV)
-        lengths = i32([n, n, n - trial, n, 129 + trial, -1])
+        lengths = i32([n, n // 2, n - trial, n, 129 + trial, -1])  # row 1: fewer slices
         run_checked(x, lengths, k, num_splits=splits, prefilter=True, workspace=ws)
         pf = topk_mod.workspace_rows(ws, rows)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
         total, arrived, done = pf[:, 0].tolist(), pf[:, 1].tolist(), pf[:, 2].tolist()
@@ -455,15 +455,26 @@ def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPat
     assert listed[0] == 2 and sorted(listed[1:]) == [0, 1], listed
 
 
-def test_fallback_side_stream_only_on_cuda(monkeypatch: pytest.MonkeyPatch):
-    """The radix launches after the prefilter fork onto a side stream on CUDA devices only,
-    one per device, and not at all with FALLBACK_SIDE_STREAM off."""
-    assert topk_mod._side_stream(torch.device("cpu")) is None
-    if torch.device(DEV).type == "cuda":
-        first = topk_mod._side_stream(torch.device(DEV))
-        assert first is not None and topk_mod._side_stream(torch.device(DEV)) is first
-    monkeypatch.setattr(topk_mod, "FALLBACK_SIDE_STREAM", False)
-    assert topk_mod._side_stream(torch.device(DEV)) is None
+@pytest.mark.skipif(torch.device(DEV).type != "cuda", reason="side streams are CUDA streams")
+def test_fallback_side_stream_per_caller_stream(seed: int):
+    """The radix launches after the prefilter fork onto a side stream of the caller's
+    stream (one per caller stream, reused), and a call on another stream, whose rows fall
+    back, is exact and ordered on that stream."""
+    main = torch.cuda.current_stream()
+    side = topk_mod._side_stream(main)
+    assert topk_mod._side_stream(main) is side and side.stream_id != main.stream_id
+    other = torch.cuda.Stream()
+    assert topk_mod._side_stream(other) is not side
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 20000, generator=g)
+    x[1] = 0.5  # flat: listed for the radix launches
+    x = x.to(DEV)
+    lengths = i32([20000, 19000, 300])
+    other.wait_stream(main)
+    with torch.cuda.stream(other):
+        got = select_topk(x, lengths, k=256, prefilter=True, num_splits=4)
+        want = select_topk_reference(x, lengths, 256)
+        assert torch.equal(got, want)
 
 
 def test_prefilter_default_by_size(monkeypatch: pytest.MonkeyPatch):
@@ -539,6 +550,11 @@ def test_bad_inputs():
             dict(workspace=torch.zeros(10, dtype=torch.int32)),
             ValueError,
             "workspace must be a contiguous int32 tensor of at least",
+        ),
+        (
+            dict(workspace=torch.zeros(topk_workspace_numel(2) + 1, dtype=torch.int32)[1:]),
+            ValueError,
+            "workspace must start at an 8-byte aligned address",
         ),
         (dict(num_splits=0), ValueError, "num_splits must be >= 1"),
         (dict(num_splits=10_000), ValueError, "num_splits must be <= 256"),

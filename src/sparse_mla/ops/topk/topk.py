@@ -31,11 +31,12 @@ Launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
   each row (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)``
   keys reach; one pass copies the keys at or above it, with their positions, into the row's
   candidate buffer (``tile`` = ``prefilter_tile(k)`` entries) and lists every row whose
-  count does not fit; when k < candidates <= tile, one program per row selects in registers
-  (the top k of the row are the top k of the buffer) and writes the k positions in order
-  (a bitmap of them gives each its column). The listed rows (flat or tie-heavy scores, or
-  a sample that missed) go through the six radix launches, which run on a side stream
-  beside that finish on a GPU. Exact either way; only the speed depends on the scores.
+  count lies outside (k, tile]; when k < candidates <= tile, one program per row selects
+  in registers (the top k of the row are the top k of the buffer) and writes the k
+  positions in order (a bitmap of them gives each its column). The listed rows (flat or
+  tie-heavy scores, or a sample that missed) go through the six radix launches, which run
+  on a side stream beside that finish on a GPU. Exact either way; only the speed depends
+  on the scores.
 
 Radix passes over keys held in registers (the row kernel's single chunk, the prefilter)
 use narrower digits (``TILE_RADIX_BITS``): ``tl.histogram`` costs more per bit with more bins.
@@ -76,7 +77,8 @@ _NPASS = 4
 _STATE_OFF = _NPASS * _NBINS
 _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
 # Prefilter (see _prefilter_* kernels): candidate count and the gathering programs that
-# finished (one int64, count in the low word), "row done" flag, threshold key, the next
+# finished (one int64, count in the low word), "row done" flag (a diagnostic: no kernel
+# reads it), threshold key, the next
 # free buffer slot; a bitmap of the row's selected positions (without tl.gather, then the
 # running count before each word); the candidate buffer (keys, then positions). Any content
 # on entry: the sample launch zeroes what it must.
@@ -87,6 +89,7 @@ _PF_OFF = _CNT_OFF + 2 * MAX_SPLITS
 _PF_BMP = _PF_OFF + 8
 _PF_BUF = _PF_BMP + _PF_MAX_N // 32
 WS_ROW_STRIDE = _PF_BUF + 2 * _PF_CAP
+assert _PF_OFF % 2 == 0 and WS_ROW_STRIDE % 2 == 0  # each row's int64 counter stays aligned
 
 # The same numbers as kernel constants.
 NBINS = tl.constexpr(_NBINS)
@@ -185,19 +188,18 @@ def _stage_size(fused: bool, span: int, block_size: int, most: int) -> int:
     return pages if fused and HAS_GATHER and pages <= most else 0
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The stream of the radix launches that follow the prefilter on this GPU (None: they
-    run in order on the current stream). Made on the first call, so a warm-up call before
-    CUDA-graph capture (which engines make anyway, to compile the kernels) makes it."""
-    if not FALLBACK_SIDE_STREAM or device.type != "cuda":
-        return None
-    index = torch.cuda.current_device() if device.index is None else device.index
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
+def _side_stream(main: torch.cuda.Stream) -> torch.cuda.Stream:
+    """The side stream of the radix launches that follow the prefilter, one per caller
+    stream (so callers on different streams or threads, or a graph capture beside eager
+    work, never share one). Made on a stream's first call: a warm-up call before CUDA-graph
+    capture (which engines make anyway, to compile the kernels) makes it."""
+    key = (main.device_index, main.stream_id)
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=main.device_index)
+    return _SIDE_STREAMS[key]
 
 
 def choose_num_splits(rows: int, n: int, k: int, device: torch.device) -> int:
@@ -894,7 +896,7 @@ def _split_write_row(
     o_row = out_ptr + row.to(tl.int64) * s_or
     page_limit, bt_row = _req_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED)
     ws_row = ws_ptr + row.to(tl.int64) * ws_stride
-    if length <= K:  # never a row the prefilter lists
+    if length <= K:  # plain mode only: the prefilter lists no short row
         if (sl == 0) & (length >= 0):
             nvalid = _emit_short_row(
                 o_row,
@@ -1029,17 +1031,18 @@ def _split_write_kernel(
 #
 # A sample of the row places a threshold key ``t`` that about TARGET keys reach
 # (K <= TARGET <= TILE). One pass over the row copies every key >= t with its position into
-# the row's candidate buffer: each chunk of the row takes a run of slots with one atomic
-# and places its candidates in it by popcounts of a bitmap of the chunk (no scan; runs in
-# no particular order). If K < candidates <= TILE, the top k of the row are the top k of
-# the buffer: one program per row runs the radix select in registers on the buffer as it
-# is, then writes the k selected positions in order (a bitmap of them, popcounts and one
-# scan over its words give each its column). Otherwise (a flat or tie-heavy row, or an
-# unlucky sample) the gathering pass puts the row on a list at the end of the workspace
-# (the row's last gathering program sees the final count); the radix launches that follow
-# work through that list only, each row spread over many programs. The list is known
-# before the finish, so on a GPU the radix launches run on a side stream beside it: they
-# cost nothing on the critical path when no row falls back.
+# the row's candidate buffer: each chunk of the row with a candidate takes a run of slots
+# with one atomic and places its candidates in it by popcounts of a bitmap of the chunk
+# (a scan over its 32 word counts, none over the scores; runs in no particular order).
+# If K < candidates <= TILE, the top k of the row are the top k of the buffer: one program
+# per row runs the radix select in registers on the buffer as it is, then writes the k
+# selected positions in order (a bitmap of them, popcounts and one scan over its words
+# give each its column). Otherwise (a flat or tie-heavy row, or an unlucky sample) the
+# gathering pass puts the row on a list at the end of the workspace (the row's last
+# gathering program sees the final count); the radix launches that follow work through
+# that list only, each row spread over many programs. The list is known before the
+# finish, so on a GPU the radix launches run on a side stream beside it: they cost nothing
+# on the critical path when no row falls back.
 
 
 @triton.jit
@@ -1096,7 +1099,8 @@ def _prefilter_gather_chunk(ws_row, x, offs, valid, thr, TILE: tl.constexpr):
     """Copy the chunk's keys >= thr with their positions to a run of the buffer taken with
     one atomic; ``x``, ``offs``, ``valid``: ``[words, 32]`` tiles. Returns the chunk's
     candidate count. A candidate's place in the run: the candidates of the words before its
-    word, then the set bits below its own in its word (popcounts, not a scan)."""
+    word (a scan over the 32-ish word counts), then the set bits below its own in its word
+    (a popcount): no scan over the scores."""
     key = _keys(x)
     m = valid & (key >= thr)
     b = (offs % 32).to(tl.uint32)
@@ -1134,10 +1138,13 @@ def _prefilter_gather_kernel(
     the row's count. One int64 atomic per program adds its count and its arrival; the
     row's last program, seeing the final count, lists the row for the radix launches when
     the finish cannot take it (count <= K or > TILE). Each chunk's load is issued one
-    iteration ahead, so it overlaps the atomic of the chunk before."""
+    iteration ahead, so it overlaps the atomic of the chunk before.
+
+    Slices run last first: no matter on the GPU, and under the interpreter (programs in
+    order) it leaves the buffer out of position order, as on the GPU."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
-    lo = tl.program_id(1) * slice_len
+    lo = (tl.num_programs(1) - 1 - tl.program_id(1)) * slice_len
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
     if (length > K) & (lo < length):
         ws_row = ws_ptr + row.to(tl.int64) * ws_stride
@@ -1286,7 +1293,8 @@ def _prefilter_finish_kernel(
     PDL: tl.constexpr,
 ):
     """Writes every row that is short or has K + 1..TILE candidates, and each row's done
-    flag (the gathering pass listed every other row for the radix launches)."""
+    flag (a diagnostic for tests and benchmarks; the gathering pass listed every other row
+    for the radix launches)."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -1399,7 +1407,7 @@ def select_topk(
             launches can cost more than it saves). True: wherever it applies (k <= 2048,
             N <= 262144); False: never. Same results either way. On a GPU the prefilter
             forks the radix launches for its listed rows onto a side stream (one per
-            device, made on the first call) and joins them back: the call stays ordered
+            caller stream, made on its first call) and joins them back: the call stays ordered
             on the current stream and captures into a CUDA graph as a fork and a join.
             ``FALLBACK_SIDE_STREAM = False`` keeps every launch on the current stream.
 
@@ -1445,6 +1453,11 @@ def select_topk(
                 f"workspace must be a contiguous int32 tensor of at least "
                 f"{topk_workspace_numel(rows)} elements, got "
                 f"{workspace.numel()} (contiguous={workspace.is_contiguous()})"
+            )
+        if workspace.data_ptr() % 8:  # the prefilter's per-row counter is an int64
+            raise ValueError(
+                "workspace must start at an 8-byte aligned address (a view at an odd int32 "
+                f"offset is not), got data_ptr() % 8 = {workspace.data_ptr() % 8}"
             )
     if num_splits is not None:
         check_int("num_splits", num_splits, lo=1, hi=MAX_SPLITS)
@@ -1570,9 +1583,12 @@ def select_topk(
                 num_warps=SPLIT_WARPS,
                 **pdl,
             )
-            side = _side_stream(device)
-            if side is not None:  # the radix launches need the list only, not the finish
-                side.wait_stream(torch.cuda.current_stream(device))
+            if FALLBACK_SIDE_STREAM and device.type == "cuda":
+                # Triton launches on the current device's current stream: fork from it. The
+                # radix launches need the list only, not the finish.
+                main = torch.cuda.current_stream()
+                side = _side_stream(main)
+                side.wait_stream(main)
             _prefilter_finish_kernel[(rows,)](
                 lengths,
                 lengths.stride(0),
@@ -1591,13 +1607,15 @@ def select_topk(
                 num_warps=PREFILTER_WARPS,
                 **pdl,
             )
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            _radix_launches(
-                radix_grid, radix_common, radix_splits, fb, emit, cnt, k, block_k, block_size,
-                fused, want_counts, pf, pdl,
-            )  # fmt: skip
-        if side is not None:
-            torch.cuda.current_stream(device).wait_stream(side)
+        try:
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                _radix_launches(
+                    radix_grid, radix_common, radix_splits, fb, emit, cnt, k, block_k,
+                    block_size, fused, want_counts, pf, pdl,
+                )  # fmt: skip
+        finally:  # joined even if a launch fails (an open fork would break a capture)
+            if side is not None:
+                main.wait_stream(side)
     return (out, counts) if return_valid_counts else out
 
 
