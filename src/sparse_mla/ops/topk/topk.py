@@ -78,10 +78,10 @@ _STATE_OFF = _NPASS * _NBINS
 _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
 # Prefilter (see _prefilter_* kernels): candidate count and the gathering programs that
 # finished (one int64, count in the low word), "row done" flag (a diagnostic: no kernel
-# reads it), threshold key, the next
-# free buffer slot; a bitmap of the row's selected positions (without tl.gather, then the
-# running count before each word); the candidate buffer (keys, then positions). Any content
-# on entry: the sample launch zeroes what it must.
+# reads it), threshold key, the next free buffer slot; a bitmap of the row's selected
+# positions (without tl.gather, then the running count before each word); the candidate
+# buffer (keys, then positions). Any content on entry: the sample launch zeroes what it
+# must.
 # Layout constants (compiled into the kernels), not knobs.
 _PF_MAX_N = 262144  # longest rows the prefilter takes
 _PF_CAP = 4096  # candidates per row (the finishing tile); more: the radix passes
@@ -1099,7 +1099,7 @@ def _prefilter_gather_chunk(ws_row, x, offs, valid, thr, TILE: tl.constexpr):
     """Copy the chunk's keys >= thr with their positions to a run of the buffer taken with
     one atomic; ``x``, ``offs``, ``valid``: ``[words, 32]`` tiles. Returns the chunk's
     candidate count. A candidate's place in the run: the candidates of the words before its
-    word (a scan over the 32-ish word counts), then the set bits below its own in its word
+    word (a scan over the chunk's word counts), then the set bits below its own in its word
     (a popcount): no scan over the scores."""
     key = _keys(x)
     m = valid & (key >= thr)
@@ -1560,60 +1560,60 @@ def select_topk(
         if pf and pdl["PDL"] and PDL_EARLY_PREFILTER:
             pdl["PDL"] = 1
         side = None
-        if pf:
-            tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))
-            _prefilter_sample_kernel[(rows,)](
-                *common[:8],
-                fb,
-                K=k,
-                TARGET=math.isqrt(k * tile),
-                SAMPLE=PREFILTER_SAMPLE,
-                WORDS=words,
-                RB=TILE_RADIX_BITS,
-                PASSES=_tile_passes_for(16),
-                num_warps=PREFILTER_WARPS,
-                **pdl,
-            )
-            _prefilter_gather_kernel[grid](
-                *common,
-                fb,
-                K=k,
-                TILE=tile,
-                BLOCK=SPLIT_BLOCK,
-                num_warps=SPLIT_WARPS,
-                **pdl,
-            )
-            if FALLBACK_SIDE_STREAM and device.type == "cuda":
-                # Triton launches on the current device's current stream: fork from it. The
-                # radix launches need the list only, not the finish.
-                main = torch.cuda.current_stream()
-                side = _side_stream(main)
-                side.wait_stream(main)
-            _prefilter_finish_kernel[(rows,)](
-                lengths,
-                lengths.stride(0),
-                n,
-                ws,
-                WS_ROW_STRIDE,
-                *emit,
-                K=k,
-                TILE=tile,
-                WORDS=words,
-                BLOCK_K=block_k,
-                FUSED=fused,
-                COUNTS=want_counts,
-                RB=TILE_RADIX_BITS,
-                GATHER=HAS_GATHER,
-                num_warps=PREFILTER_WARPS,
-                **pdl,
-            )
-        try:
+        try:  # once forked, always joined (an open fork would break a capture)
+            if pf:
+                tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))
+                _prefilter_sample_kernel[(rows,)](
+                    *common[:8],
+                    fb,
+                    K=k,
+                    TARGET=math.isqrt(k * tile),
+                    SAMPLE=PREFILTER_SAMPLE,
+                    WORDS=words,
+                    RB=TILE_RADIX_BITS,
+                    PASSES=_tile_passes_for(16),
+                    num_warps=PREFILTER_WARPS,
+                    **pdl,
+                )
+                _prefilter_gather_kernel[grid](
+                    *common,
+                    fb,
+                    K=k,
+                    TILE=tile,
+                    BLOCK=SPLIT_BLOCK,
+                    num_warps=SPLIT_WARPS,
+                    **pdl,
+                )
+                if FALLBACK_SIDE_STREAM and device.type == "cuda":
+                    # Triton launches on the current device's current stream: fork from it. The
+                    # radix launches need the list only, not the finish.
+                    main = torch.cuda.current_stream()
+                    side = _side_stream(main)
+                    side.wait_stream(main)
+                _prefilter_finish_kernel[(rows,)](
+                    lengths,
+                    lengths.stride(0),
+                    n,
+                    ws,
+                    WS_ROW_STRIDE,
+                    *emit,
+                    K=k,
+                    TILE=tile,
+                    WORDS=words,
+                    BLOCK_K=block_k,
+                    FUSED=fused,
+                    COUNTS=want_counts,
+                    RB=TILE_RADIX_BITS,
+                    GATHER=HAS_GATHER,
+                    num_warps=PREFILTER_WARPS,
+                    **pdl,
+                )
             with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                 _radix_launches(
                     radix_grid, radix_common, radix_splits, fb, emit, cnt, k, block_k,
                     block_size, fused, want_counts, pf, pdl,
                 )  # fmt: skip
-        finally:  # joined even if a launch fails (an open fork would break a capture)
+        finally:
             if side is not None:
                 main.wait_stream(side)
     return (out, counts) if return_valid_counts else out
