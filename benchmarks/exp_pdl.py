@@ -7,7 +7,8 @@ calls rotating over input sets).
 Remap (K=2048/512/384, valid counts, random positions): the auto layout with PDL mode 0
 (off), 1 (trigger the next launch early, then wait) and 2 (only wait), beside the
 tiled-atomic baseline. Expansion (W = 2048): uniform data and ragged data of the same token
-count, with PDL mode 0, 1 and 2. (Earlier versions of this script also timed 1-8 output
+count, with PDL mode 0, 1 and 2, or with ``--expand-set copy`` the block-table columns per
+program (fixed at 512, 1024 or 2048). (Earlier versions of this script also timed 1-8 output
 rows per program and the previous one-program-per-row kernel: see the results page.)
 """
 
@@ -92,10 +93,17 @@ def remap_rows(be, quick: bool, bw: float) -> list[dict]:
     return rows
 
 
-def expand_rows(be, quick: bool) -> list[dict]:
+# Expansion knob sets: PDL modes, or (session 7) how the block-table copy is laid out.
+EXPAND_KNOBS = {
+    "pdl": [dict(USE_PDL=p) for p in (0, 1, 2)],
+    "copy": [{}] + [dict(MIN_COPY_CHUNK=c, MAX_COPY_CHUNK=c) for c in (512, 1024, 2048)],
+}
+
+
+def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
     dev = be.device
     rng = random.Random(0)
-    grid = [(4, 2)] if quick else [(b, n) for n in (2, 4, 8) for b in (64, 256, 512)]
+    grid = [(4, 2)] if quick else [(b, n) for n in (2, 3, 4, 8) for b in (64, 256, 512)]
     width, ctx = (64, 4096) if quick else (2048, 131072)
     rows = []
     for b, n in grid:
@@ -106,7 +114,7 @@ def expand_rows(be, quick: bool) -> list[dict]:
                 for _ in range(1 if quick else 4)
             ]
             total = sum(lens)
-            knobs = [dict(USE_PDL=p) for p in (0, 1, 2)]
+            knobs = EXPAND_KNOBS[knob_set]
             print(f"\nexpand B={b} n={n} {'ragged' if ragged else 'uniform'} ({len(lens)} req)")
             for knob in knobs:
                 old = {kk: getattr(expand_mod, kk) for kk in knob}
@@ -138,7 +146,7 @@ def expand_rows(be, quick: bool) -> list[dict]:
                 )
                 ok = all(torch.equal(g.cpu(), w) for g, w in zip(s["out"], want, strict=True))
                 us = timed([lambda s=s, call=call: call(s) for s in sets], be, quick)
-                name = ",".join(f"{kk}={v}" for kk, v in knob.items())
+                name = ",".join(f"{kk}={v}" for kk, v in knob.items()) or "default"
                 print(f"  {name:44} {us:8.2f} us{'' if ok else '  WRONG'}")
                 rows.append(dict(op="expand", b=b, n=n, ragged=ragged, name=name, us=us, ok=ok))
 
@@ -151,6 +159,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU interpreter smoke)")
     ap.add_argument("--ops", default="remap,expand")
+    ap.add_argument("--expand-set", default="pdl", choices=sorted(EXPAND_KNOBS))
     args = ap.parse_args()
     be = select_backend(allow_cpu=args.quick)
     bw = measure_copy_bandwidth(be, 1 << 20 if args.quick else 1 << 30)
@@ -159,7 +168,7 @@ def main() -> None:
     if "remap" in args.ops:
         rows += remap_rows(be, args.quick, bw)
     if "expand" in args.ops:
-        rows += expand_rows(be, args.quick)
+        rows += expand_rows(be, args.quick, args.expand_set)
     with open(os.path.join(args.out, "exp_pdl.json"), "w") as f:
         json.dump(rows, f, indent=1)
 

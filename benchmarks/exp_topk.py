@@ -118,29 +118,42 @@ SETS = {
             ("slots+counts, prefilter", {}, dict(fused=True, prefilter=True)),
         ],
     ),
+    # session 7: the fused epilogue at 4K (the one-program row kernel): slots and valid
+    # counts apart (the count-store designs tried are on the results page)
+    "fused4k": (
+        [(1, 4096), (8, 4096), (64, 4096)],
+        [
+            ("positions", {}, {}),
+            ("positions+counts", {}, dict(fused=True, slots=False)),
+            ("slots only", {}, dict(fused=True, counts=False)),
+            ("slots+counts", {}, dict(fused=True)),
+            ("slots+counts, no staging", dict(ROW_STAGE_MAX=0), dict(fused=True)),
+        ],
+    ),
 }
 
 
 class FusedCand(Cand):
     """A candidate writing slots (block table of random pages) and valid counts."""
 
-    def __init__(self, name: str, knob: dict, bt: torch.Tensor, **kw) -> None:
+    def __init__(
+        self, name: str, knob: dict, bt: torch.Tensor, counts: bool = True, slots: bool = True, **kw
+    ) -> None:
         super().__init__(name, knob, **kw)
         self.bt = bt
+        self.counts = counts
+        self.slots = slots
 
     def call(self, s: dict, k: int):
         rows = s["x"].shape[0]
-        kw = dict(
-            self.kw,
-            block_table=self.bt,
-            req_id=s.setdefault(
-                "req", torch.arange(rows, dtype=torch.int32, device=self.bt.device)
-            ),
-            block_size=BS,
-            valid_counts_out=s.setdefault(
-                "cnt", torch.empty(rows, dtype=torch.int32, device=self.bt.device)
-            ),
-        )
+        dev = self.bt.device
+        kw = dict(self.kw)
+        if self.slots:
+            req = s.setdefault("req", torch.arange(rows, dtype=torch.int32, device=dev))
+            kw.update(block_table=self.bt, req_id=req, block_size=BS)
+        cnt = s.setdefault("cnt", torch.full((rows,), k, dtype=torch.int32, device=dev))
+        if self.counts:
+            kw["valid_counts_out"] = cnt
         return Cand(self.name, self.knob, **kw).call(s, k)
 
 
@@ -194,9 +207,13 @@ def main() -> int:
                 us = None
                 try:
                     if isinstance(cand, FusedCand):
+                        fn = cand.call(s0, K)
                         s0["out"].fill_(-7777)
-                        cand.call(s0, K)()
-                        pos = slots_to_positions(s0["out"], bt)
+                        s0["cnt"].fill_(-7777 if cand.counts else K)
+                        fn()
+                        pos = s0["out"]
+                        if cand.slots:
+                            pos = slots_to_positions(pos, bt)
                         vals = s0["x"].gather(1, pos.long()).sort(dim=1, descending=True).values
                         if not torch.equal(vals, want_vals) or not bool((s0["cnt"] == K).all()):
                             err = "fused slots or counts wrong"

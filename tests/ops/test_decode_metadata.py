@@ -149,9 +149,24 @@ LAYOUTS = ["contiguous", "wide_rows", "column_step", "transposed"]
 DCP_CONFIGS = [(1, 1), (2, 1), (2, 16), (4, 1), (4, 16), (4, 64), (2, 64)]
 
 
+# Block-table columns per program of the expansion kernel: the default sizes, and 16
+# (several programs per request at the widths tested).
+COPY_CHUNKS = [None, 16]
+
+
+def force_copy_chunk(monkeypatch: pytest.MonkeyPatch, chunk: int | None) -> None:
+    if chunk is not None:
+        monkeypatch.setattr(expand_mod, "MIN_COPY_CHUNK", chunk)
+        monkeypatch.setattr(expand_mod, "MAX_COPY_CHUNK", chunk)
+
+
 @pytest.mark.parametrize("mode", ["uniform", "ragged_host", "ragged_device", "forced_ragged"])
 @pytest.mark.parametrize("case", range(6))
-def test_expand_random(mode: str, case: int, rng: random.Random, seed: int) -> None:
+def test_expand_random(
+    mode: str, case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunk = COPY_CHUNKS[case % len(COPY_CHUNKS)]
+    force_copy_chunk(monkeypatch, chunk)
     for trial in range(4):
         num_reqs = rng.choice([0, 1, 2, 3, 5, 7])
         width = rng.choice([0, 1, 3, 17, 64]) if trial < 3 else 1030  # > one copy chunk
@@ -184,7 +199,7 @@ def test_expand_random(mode: str, case: int, rng: random.Random, seed: int) -> N
             kwargs["uniform"] = False
         msg = (
             f"seed={seed} trial={trial} B={num_reqs} W={width} n={host} L={seq_lens.tolist()} "
-            f"N={num_tokens} dcp=({dcp_size},{dcp_rank},{interleave})"
+            f"N={num_tokens} dcp=({dcp_size},{dcp_rank},{interleave}) chunk={chunk}"
         )
         want = expand_decode_tokens_reference(
             seq_lens,
@@ -346,23 +361,29 @@ def test_zero_tokens_and_zero_width() -> None:
 
 
 @pytest.mark.parametrize("case", range(3))
-def test_graph_padding_rows(case: int, rng: random.Random, seed: int) -> None:
+def test_graph_padding_rows(
+    case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """CUDA-graph shapes: N = B * max_decode_len rows whatever the device lengths, so most
     rows may be padding, spread over the programs (one per request, or one when B = 0)."""
+    chunk = COPY_CHUNKS[case % len(COPY_CHUNKS)]
+    force_copy_chunk(monkeypatch, chunk)
     max_n = 4
     for trial in range(4):
         num_reqs = [0, 1, 2, 5][trial]
         host = [rng.choice([0, 0, 1, max_n]) for _ in range(num_reqs)]
         seq_lens = i32([rng.randint(0, 40) for _ in host])
-        bt = make_block_table(num_reqs, 3, rng.choice(LAYOUTS))
+        width = rng.choice([3, 40])  # 40: several chunks with the narrow copy layouts
+        bt = make_block_table(num_reqs, width, rng.choice(LAYOUTS))
         num_tokens = max(num_reqs, 1) * max_n + rng.choice([0, 3])
         want = expand_decode_tokens_reference(seq_lens, bt, host, num_tokens=num_tokens)
         for dl in (i32(host), host):
-            out = poisoned_out(num_tokens, 3, rng)
+            out = poisoned_out(num_tokens, width, rng)
             got = expand_decode_tokens(
                 seq_lens, bt, dl, max_decode_len=max_n, num_tokens=num_tokens, out=out
             )
-            assert_same(got, want, f"seed={seed} trial={trial} n={host} N={num_tokens}")
+            msg = f"seed={seed} trial={trial} n={host} N={num_tokens} chunk={chunk}"
+            assert_same(got, want, msg)
 
 
 def test_lengths_below_decode_len_clamp() -> None:

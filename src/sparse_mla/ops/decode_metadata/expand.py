@@ -29,9 +29,15 @@ _INT32_MAX = 2**31 - 1
 # Ragged programs load all B decode lengths at once; draft tiles are next_pow2(n) wide.
 MAX_REQUESTS_RAGGED = 1 << 16
 MAX_NEXT_N = 1024
-# Block-table columns copied per loop iteration (a 64-token page size and 128K context give
-# 2048-2560 columns: two or three iterations).
-_COPY_CHUNK = 1024
+# Block-table columns per program (grid = requests x chunks of a row): it loads them once
+# and stores them into each of its request's rows. The chunk is sized for about
+# COPY_PROGRAMS programs, within [MIN_COPY_CHUNK, MAX_COPY_CHUNK]: narrow chunks spread few
+# requests over the chip; wide ones keep the ragged kernel's per-program sums of all B
+# decode lengths few (benchmarks/exp_pdl.py --expand-set copy). A 64-token page size and a
+# 128K context give 2048 columns.
+COPY_PROGRAMS = 1024
+MIN_COPY_CHUNK = 512
+MAX_COPY_CHUNK = 2048
 # Programmatic dependent launch mode of every kernel here (see _runtime.pdl_prologue): wait
 # only. Letting the next launch start early as well was up to 1.7x slower for the expansion
 # from 256 requests (benchmarks/exp_pdl.py).
@@ -77,16 +83,6 @@ def _dcp_local_len(length, dcp_size, dcp_rank, interleave):
 
 
 @triton.jit
-def _copy_row(src, s_src, dst, s_dst, read_w, width, BLOCK_W: tl.constexpr):
-    """dst[:width] = src[:read_w] then zeros (width columns, in chunks of BLOCK_W)."""
-    cols = tl.arange(0, BLOCK_W)
-    for c0 in range(0, width, BLOCK_W):
-        c = (c0 + cols).to(tl.int64)
-        vals = tl.load(src + c * s_src, mask=c < read_w, other=0)
-        tl.store(dst + c * s_dst, vals, mask=c < width)
-
-
-@triton.jit
 def _expand_kernel(
     seq_lens_ptr,
     sl_stride,
@@ -120,13 +116,24 @@ def _expand_kernel(
     BLOCK_W: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # One program per request: its n rows, then its share of the padding rows. Where its
-    # rows start is a masked sum of the decode lengths before it: no scan (one program per
-    # output row had to scan all B lengths to find its request).
+    # One program per (request, chunk of block-table columns): its chunk of the request's
+    # n rows, then of its share of the padding rows. Where the rows start is a masked sum of
+    # the decode lengths before it: no scan (one program per output row had to scan all B
+    # lengths to find its request).
     pdl_prologue(PDL)
     b = tl.program_id(0)
     has_req = b < num_reqs
     b = tl.where(has_req, b, 0)  # program 0 still runs when B = 0 (padding only)
+    # The chunk is read first, so the read overlaps the sums below; then it is stored n
+    # times with no load in between.
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    c64 = cols.to(tl.int64)
+    in_w = cols < width
+    vals = tl.load(
+        bt_ptr + b.to(tl.int64) * bt_s0 + c64 * bt_s1,
+        mask=cols < tl.where(has_req, width, 0),  # B = 0: no table to read
+        other=0,
+    )
     seq_len = tl.load(seq_lens_ptr + b.to(tl.int64) * sl_stride, mask=has_req, other=0)
     if UNIFORM:
         n = tl.where(has_req, uniform_n, 0)
@@ -142,32 +149,34 @@ def _expand_kernel(
         start = tl.sum(tl.where(offs < b, dls, 0), axis=0)
         total = tl.sum(dls, axis=0)
 
-    # Per-token outputs of the request's rows (rows past num_rows are not written).
-    j = tl.arange(0, BLOCK_N)
-    rows = start + j
-    mine = (j < n) & (rows < num_rows)
-    # Clamp before subtracting so a hostile negative length cannot wrap around.
-    length = tl.maximum(tl.maximum(seq_len, 0) - n + j + 1, 0)
-    if DCP:
-        length = _dcp_local_len(length, dcp_size, dcp_rank, dcp_interleave)
-    rows64 = rows.to(tl.int64)
-    tl.store(out_sl_ptr + rows64 * out_sl_stride, length, mask=mine)
-    tl.store(out_dl_ptr + rows64 * out_dl_stride, j * 0 + 1, mask=mine)
-    tl.store(out_rid_ptr + rows64 * out_rid_stride, j * 0 + b, mask=mine)
-    # Its block-table row into each of them (cache hits after the first).
-    src = bt_ptr + b.to(tl.int64) * bt_s0
     for i in range(0, tl.minimum(n, num_rows - start)):
         dst = out_bt_ptr + (start + i).to(tl.int64) * out_bt_s0
-        _copy_row(src, bt_s1, dst, out_bt_s1, width, width, BLOCK_W)
-
-    # Padding rows [total, num_rows): seq_len 0, decode_len 1, req_id 0, a zero row.
+        tl.store(dst + c64 * out_bt_s1, vals, mask=in_w)
+    # Padding rows [total, num_rows): a zero row (and below: seq_len 0, decode_len 1, req_id 0).
     pad0 = total + tl.program_id(0) * pad_per_program
-    for i in range(0, tl.minimum(pad_per_program, num_rows - pad0)):
-        r64 = (pad0 + i).to(tl.int64)
-        tl.store(out_sl_ptr + r64 * out_sl_stride, 0)
-        tl.store(out_dl_ptr + r64 * out_dl_stride, 1)
-        tl.store(out_rid_ptr + r64 * out_rid_stride, 0)
-        _copy_row(src, bt_s1, out_bt_ptr + r64 * out_bt_s0, out_bt_s1, 0, width, BLOCK_W)
+    n_pad = tl.minimum(pad_per_program, num_rows - pad0)
+    for i in range(0, n_pad):
+        dst = out_bt_ptr + (pad0 + i).to(tl.int64) * out_bt_s0
+        tl.store(dst + c64 * out_bt_s1, cols * 0, mask=in_w)
+
+    if tl.program_id(1) == 0:  # the per-token outputs, once per request
+        # The request's rows (rows past num_rows are not written).
+        j = tl.arange(0, BLOCK_N)
+        rows = start + j
+        mine = (j < n) & (rows < num_rows)
+        # Clamp before subtracting so a hostile negative length cannot wrap around.
+        length = tl.maximum(tl.maximum(seq_len, 0) - n + j + 1, 0)
+        if DCP:
+            length = _dcp_local_len(length, dcp_size, dcp_rank, dcp_interleave)
+        rows64 = rows.to(tl.int64)
+        tl.store(out_sl_ptr + rows64 * out_sl_stride, length, mask=mine)
+        tl.store(out_dl_ptr + rows64 * out_dl_stride, j * 0 + 1, mask=mine)
+        tl.store(out_rid_ptr + rows64 * out_rid_stride, j * 0 + b, mask=mine)
+        for i in range(0, n_pad):
+            r64 = (pad0 + i).to(tl.int64)
+            tl.store(out_sl_ptr + r64 * out_sl_stride, 0)
+            tl.store(out_dl_ptr + r64 * out_dl_stride, 1)
+            tl.store(out_rid_ptr + r64 * out_rid_stride, 0)
 
 
 @triton.jit
@@ -338,9 +347,10 @@ def _launch_expand(
         dl, dl_stride = seq_lens, 0  # unused by the uniform kernel
     else:
         dl, dl_stride = device_decode_lens, device_decode_lens.stride(0)
-    block_w = min(_COPY_CHUNK, max(16, next_pow2(width)))
+    block_w = next_pow2(cdiv(width * num_reqs, COPY_PROGRAMS))
+    block_w = min(max(block_w, MIN_COPY_CHUNK), MAX_COPY_CHUNK, max(16, next_pow2(width)))
     grid = max(num_reqs, 1)
-    _expand_kernel[(grid,)](
+    _expand_kernel[(grid, max(cdiv(width, block_w), 1))](
         seq_lens,
         seq_lens.stride(0),
         block_table,
