@@ -241,15 +241,18 @@ def test_torch_ops_device_lens(rng: random.Random, seed: int) -> None:
         expand_decode_tokens_torch_ops(seq_lens, bt, i32(host))
 
 
-@pytest.mark.parametrize("case", range(3))
-def test_device_decode_lens_adversarial(case: int, rng: random.Random, seed: int) -> None:
+@pytest.mark.parametrize("case", range(4))
+def test_device_decode_lens_adversarial(
+    case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Hostile device lengths: negative, above max_decode_len, sum beyond num_tokens."""
+    force_copy_chunk(monkeypatch, COPY_CHUNKS[case % len(COPY_CHUNKS)])
     max_n = 3
     for trial in range(3):
         num_reqs = rng.randint(1, 6)
         host = [rng.choice([-(2**31), -5, -1, 0, 1, 3, 4, 100, 2**31 - 1]) for _ in range(num_reqs)]
         seq_lens = i32([rng.choice([-(2**31), -3, 0, 2, 40, 2**31 - 1]) for _ in host])
-        bt = make_block_table(num_reqs, rng.choice([1, 5]), rng.choice(LAYOUTS))
+        bt = make_block_table(num_reqs, rng.choice([1, 5, 40]), rng.choice(LAYOUTS))
         clamped_total = sum(min(max(n, 0), max_n) for n in host)
         num_tokens = rng.randint(0, clamped_total + 2)
         dcp_size, interleave = rng.choice(DCP_CONFIGS)
@@ -365,7 +368,8 @@ def test_graph_padding_rows(
     case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CUDA-graph shapes: N = B * max_decode_len rows whatever the device lengths, so most
-    rows may be padding, spread over the programs (one per request, or one when B = 0)."""
+    rows may be padding, spread over the programs (one per request and block-table chunk;
+    one request's worth when B = 0)."""
     chunk = COPY_CHUNKS[case % len(COPY_CHUNKS)]
     force_copy_chunk(monkeypatch, chunk)
     max_n = 4
@@ -373,7 +377,7 @@ def test_graph_padding_rows(
         num_reqs = [0, 1, 2, 5][trial]
         host = [rng.choice([0, 0, 1, max_n]) for _ in range(num_reqs)]
         seq_lens = i32([rng.randint(0, 40) for _ in host])
-        width = rng.choice([3, 40])  # 40: several chunks with the narrow copy layouts
+        width = rng.choice([3, 40])  # 40: several chunks when they are 16 columns
         bt = make_block_table(num_reqs, width, rng.choice(LAYOUTS))
         num_tokens = max(num_reqs, 1) * max_n + rng.choice([0, 3])
         want = expand_decode_tokens_reference(seq_lens, bt, host, num_tokens=num_tokens)
@@ -484,8 +488,11 @@ class _NoLaunch:
     def __init__(self) -> None:
         self.launches = 0
         self.constexprs: list[dict] = []
+        self.grids: list[tuple] = []
 
     def __getitem__(self, grid):
+        self.grids.append(tuple(grid))
+
         def launch(*args, **kwargs):
             self.launches += 1
             self.constexprs.append(kwargs)
@@ -526,6 +533,26 @@ def test_builder_views_no_alloc(monkeypatch: pytest.MonkeyPatch) -> None:
             b.build(seq_lens, bt, dl, num_tokens=12)
         assert rec.created == [], f"{name}: {rec.created}"
     assert (fake_expand.launches, fake_native.launches) == (2, 1)
+
+
+def test_copy_chunk_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Block-table columns per program: about COPY_PROGRAMS programs, within the bounds,
+    never wider than the (power-of-two rounded) row."""
+    fake = _NoLaunch()
+    monkeypatch.setattr(expand_mod, "_expand_kernel", fake)
+    for num_reqs, width, want in [
+        (1, 2048, 512),
+        (256, 2048, 512),
+        (1024, 2048, 2048),
+        (600, 2048, 2048),
+        (4096, 2560, 2048),
+        (3, 100, 128),
+        (2, 0, 16),
+    ]:
+        bt = torch.zeros(num_reqs, width, dtype=torch.int32, device=DEV)
+        expand_decode_tokens(i32([5] * num_reqs), bt, 2, max_decode_len=2)
+        assert fake.constexprs[-1]["BLOCK_W"] == want, (num_reqs, width)
+        assert fake.grids[-1] == (num_reqs, max(-(-width // want), 1)), (num_reqs, width)
 
 
 def test_expand_with_out_no_alloc(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -322,7 +322,7 @@ def test_fused_matches_two_step(
     k, rows, n = 128, 8, rng.randint(1000, 1300)
     x = adversarial("ties_at_threshold", rows, n, g).to(DEV)
     x[::2] = torch.randn(rows // 2, n, generator=g).to(DEV)
-    x[1::2, 0] = 1e30  # position 0 selected (row 1: its tail lies past the block table)
+    x[1::2, 0] = 1e30  # position 0 selected (row 1 lies past the block table)
     num_req = 5
     # Too few pages for the longest rows: their tail maps to -1 (page outside [0, W)).
     width = (n * 2 // 3) // block_size + 1
@@ -331,7 +331,11 @@ def test_fused_matches_two_step(
     bt = bt_wide.to(DEV)[:, :width]
     req = i32([0, 1, 2, -1, 4, num_req, 3, 0])
     lengths = edge_lengths(n, k, rows, rng)
-    lengths[1] = n  # a full row of a valid request: its tail lies past the block table
+    # Valid requests at the block table's edge: covered rows (counted without a sum), and
+    # rows whose tail lies past it (counted slot by slot).
+    span = width * block_size  # positions the block table covers
+    lengths[0], lengths[1], lengths[2] = span, n, span + 1
+    lengths[6], lengths[7] = span - 1, k + 5
     out = torch.full((rows, k), POISON, dtype=torch.int32, device=DEV)
     counts = torch.full((rows, 3), POISON, dtype=torch.int32, device=DEV)[:, 2]
     got, got_counts = select_topk(

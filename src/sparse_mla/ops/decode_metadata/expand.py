@@ -33,8 +33,8 @@ MAX_NEXT_N = 1024
 # and stores them into each of its request's rows. The chunk is sized for about
 # COPY_PROGRAMS programs, within [MIN_COPY_CHUNK, MAX_COPY_CHUNK]: narrow chunks spread few
 # requests over the chip; wide ones keep the ragged kernel's per-program sums of all B
-# decode lengths few (benchmarks/exp_pdl.py --expand-set copy). A 64-token page size and a
-# 128K context give 2048 columns.
+# decode lengths few (benchmarks/exp_pdl.py --expand-set copy). Powers of two. A 64-token
+# page size and a 128K context give 2048 columns.
 COPY_PROGRAMS = 1024
 MIN_COPY_CHUNK = 512
 MAX_COPY_CHUNK = 2048
@@ -123,7 +123,7 @@ def _expand_kernel(
     pdl_prologue(PDL)
     b = tl.program_id(0)
     has_req = b < num_reqs
-    b = tl.where(has_req, b, 0)  # program 0 still runs when B = 0 (padding only)
+    b = tl.where(has_req, b, 0)  # programs (0, c) still run when B = 0 (padding only)
     # The chunk is read first, so the read overlaps the sums below; then it is stored n
     # times with no load in between.
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)

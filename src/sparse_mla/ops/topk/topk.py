@@ -471,7 +471,7 @@ def _emit(
     STAGE > 0: the pages of the stored positions lie in [page0, page0 + STAGE), whose
     entries ``staged`` holds (``_stage_pages``); with STAGE = 0 both are unused (callers
     pass any scalar). Returns which stored entries are valid (slots: those that pass the
-    remap's rules); ``_valid_count`` counts them."""
+    remap's rules) for the caller to count (``_valid_count``)."""
     if FUSED:
         page = pos // block_size
         ok = m & (pos >= 0) & (page < page_limit)
@@ -746,7 +746,7 @@ def _topk_row_kernel(
             if COUNTS and FUSED:  # noqa: SIM102  (compile-time test apart)
                 if (length - 1) // block_size >= page_limit:
                     tl.debug_barrier()  # the 0 above lands before the atomics
-                    tl.atomic_add(cnt_ptr + row * s_cnt + offs * 0, 1, mask=ok)
+                    tl.atomic_add(cnt_ptr + row * s_cnt + offs * 0, 1, mask=ok, sem="relaxed")
         else:
             for P in tl.static_range(NPASS):
                 if done == 0:
