@@ -40,6 +40,17 @@ def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
+def check_output(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
+    """An output buffer of this shape whose elements are distinct: in a broadcast view (stride
+    0 along a dimension of more than one element) several programs would write one element."""
+    check_shape(name, t, shape)
+    if any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape, strict=True)):
+        raise ValueError(
+            f"{name} must not be a broadcast view (shape {tuple(t.shape)}, strides "
+            f"{t.stride()}): each element is written, so each needs its own memory"
+        )
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     """All given tensors on one device, the one kernels run on (CUDA, or the CPU under the
     interpreter); returns it."""

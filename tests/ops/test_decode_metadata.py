@@ -638,6 +638,8 @@ def test_expand_bad_input(change: dict, exc: type, match: str) -> None:
         ("seq_lens", torch.zeros(5, dtype=torch.int32), ValueError),
         ("seq_lens", torch.zeros(4, dtype=torch.int64), TypeError),
         ("block_table", torch.zeros(4, 3, dtype=torch.int32), ValueError),
+        ("block_table", torch.zeros(1, 2, dtype=torch.int32).expand(4, 2), ValueError),
+        ("req_id", torch.zeros(1, dtype=torch.int32).expand(4), ValueError),
         ("block_table", torch.zeros(4, 2, dtype=torch.int32, device="meta"), ValueError),
         ("decode_lens", torch.zeros(4, 1, dtype=torch.int32), ValueError),
         ("req_id", torch.zeros(4, dtype=torch.float32), TypeError),
@@ -662,6 +664,9 @@ def test_native_and_dcp_bad_input() -> None:
         native_decode_seq_lens(seq_lens, next_n=2, out=torch.zeros(2, 3, dtype=torch.int32))
     with pytest.raises(TypeError, match="out"):
         native_decode_seq_lens(seq_lens, next_n=2, out=torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="out must not be a broadcast view"):
+        out = torch.zeros(1, 2, dtype=torch.int32, device=DEV).expand(2, 2)
+        native_decode_seq_lens(seq_lens, next_n=2, out=out)
     with pytest.raises(ValueError, match="dcp_rank"):
         native_decode_seq_lens(seq_lens, next_n=2, dcp_size=2, dcp_rank=3)
     with pytest.raises(TypeError, match="seq_lens"):

@@ -276,6 +276,11 @@ def test_bad_inputs():
         index_logits(
             q, w, cache, lens, bt, next_n=2, max_len=50, out=torch.empty(4, 49, device=DEV)
         )
+    with pytest.raises(ValueError, match="out must not be a broadcast view"):
+        index_logits(
+            q, w, cache, lens, bt, next_n=2, max_len=50,
+            out=torch.empty(1, 50, device=DEV).expand(4, 50),
+        )  # fmt: skip
     with pytest.raises(ValueError, match="on meta"):
         index_logits(q, w, cache, lens.to("meta"), bt, next_n=2)
     with pytest.raises(ValueError, match="block_s must be a power of two"):

@@ -450,6 +450,11 @@ def test_bad_input_messages():
         conv(req, bt, idx, out=torch.empty(4, 64, dtype=torch.int32, device=DEV))
     with pytest.raises(TypeError, match="out must have dtype"):
         conv(req, bt, idx, out=torch.empty(4, 128, dtype=torch.int64, device=DEV))
+    broadcast = torch.empty(1, 128, dtype=torch.int32, device=DEV).expand(4, 128)
+    with pytest.raises(ValueError, match="out must not be a broadcast view"):
+        conv(req, bt, idx, out=broadcast)
+    with pytest.raises(ValueError, match="valid_counts_out must not be a broadcast view"):
+        conv(req, bt, idx, valid_counts_out=broadcast[:, 0], return_valid_counts=True)
     with pytest.raises(ValueError, match="valid_counts_out must have shape"):
         conv(
             req,

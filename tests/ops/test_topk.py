@@ -526,6 +526,16 @@ def test_bad_inputs():
             TypeError,
             "out must have dtype torch.int32",
         ),
+        (
+            dict(out=torch.empty(1, 128, dtype=torch.int32).expand(2, 128)),
+            ValueError,
+            "out must not be a broadcast view",
+        ),
+        (
+            dict(valid_counts_out=torch.empty(1, dtype=torch.int32).expand(2)),
+            ValueError,
+            "valid_counts_out must not be a broadcast view",
+        ),
         (dict(block_table=bt), ValueError, "block_table and req_id must be given together"),
         (dict(req_id=req), ValueError, "block_table and req_id must be given together"),
         (

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import check_int, check_same_device, check_shape, check_tensor
+from ..._checks import check_int, check_output, check_same_device, check_tensor
 from ..._runtime import INTERPRETER, cdiv, next_pow2, num_sms
 from ..kv_cache.kv_cache import indexer_k_cache_layout
 
@@ -310,7 +310,7 @@ def index_logits(
         out = torch.empty((rows, max_len), dtype=torch.float32, device=device)
     else:
         check_tensor("out", out, dtype=torch.float32, ndim=2)
-        check_shape("out", out, (rows, max_len))
+        check_output("out", out, (rows, max_len))
     if rows == 0 or max_len == 0:
         return out
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import check_int, check_same_device, check_shape, check_tensor
+from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
 from ..._runtime import next_pow2, pdl_launch, pdl_prologue
 from .layout import RemapLayout, choose_remap_layout, validate_layout
 
@@ -228,14 +228,14 @@ def _launch(
         out = torch.empty((num_tokens, num_cols), dtype=torch.int32, device=device)
     else:
         check_tensor("out", out, dtype=torch.int32, ndim=2)
-        check_shape("out", out, (num_tokens, num_cols))
+        check_output("out", out, (num_tokens, num_cols))
     counts = None
     if count:
         if valid_counts_out is None:
             counts = torch.empty(num_tokens, dtype=torch.int32, device=device)
         else:
             check_tensor("valid_counts_out", valid_counts_out, dtype=torch.int32, ndim=1)
-            check_shape("valid_counts_out", valid_counts_out, (num_tokens,))
+            check_output("valid_counts_out", valid_counts_out, (num_tokens,))
             counts = valid_counts_out
         if layout.atomic:
             counts.zero_()

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from ... import _runtime
-from ..._checks import check_int, check_same_device, check_shape, check_tensor
+from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
 from ..._runtime import HAS_GATHER, cdiv, next_pow2, num_sms, pdl_launch, pdl_prologue
 
 __all__ = [
@@ -1455,10 +1455,10 @@ def select_topk(
         stride_rows = block_size = 1  # unused; one compiled variant
     if out is not None:
         check_tensor("out", out, dtype=torch.int32, ndim=2)
-        check_shape("out", out, (rows, k))
+        check_output("out", out, (rows, k))
     if valid_counts_out is not None:
         check_tensor("valid_counts_out", valid_counts_out, dtype=torch.int32, ndim=1)
-        check_shape("valid_counts_out", valid_counts_out, (rows,))
+        check_output("valid_counts_out", valid_counts_out, (rows,))
     if workspace is not None:
         check_tensor("workspace", workspace, dtype=torch.int32, ndim=1)
         if not workspace.is_contiguous() or workspace.numel() < topk_workspace_numel(rows):
