@@ -726,6 +726,14 @@ def test_builder_bad_input() -> None:
         b.build(seq_lens.to("meta"), bt.to("meta"), [1, 1])
 
 
+def test_block_table_too_wide_for_the_grid() -> None:
+    # More column chunks than CUDA's grid allows: rejected before any launch (no memory:
+    # a broadcast view of one column).
+    wide = torch.zeros(1, 1, dtype=torch.int32, device=DEV).expand(1, 65535 * 2048 + 1)
+    with pytest.raises(ValueError, match="block_table has .* columns; the expansion takes at most"):
+        expand_decode_tokens(i32([5]), wide, 1, max_decode_len=1)
+
+
 def test_host_bounds_of_the_kernels() -> None:
     from sparse_mla.ops.decode_metadata import native_decode_seq_lens
     from sparse_mla.ops.decode_metadata.expand import MAX_NEXT_N, MAX_REQUESTS_RAGGED

@@ -26,6 +26,7 @@ from ..._checks import check_int, check_output, check_same_device, check_shape, 
 from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
 
 _INT32_MAX = 2**31 - 1
+_MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 # Ragged programs load all B decode lengths at once; draft tiles are next_pow2(n) wide.
 MAX_REQUESTS_RAGGED = 1 << 16
 MAX_NEXT_N = 1024
@@ -252,6 +253,19 @@ def _check_dcp(dcp_size: int, dcp_rank: int, dcp_interleave: int) -> None:
         )
 
 
+def _copy_layout(num_reqs: int, width: int) -> tuple[int, int]:
+    """Block-table columns per program of the expansion, and programs per request."""
+    block_w = next_pow2(cdiv(width * num_reqs, COPY_PROGRAMS))
+    block_w = min(max(block_w, MIN_COPY_CHUNK), MAX_COPY_CHUNK, max(16, next_pow2(width)))
+    col_programs = max(cdiv(width, block_w), 1)
+    if col_programs > _MAX_GRID_Y:
+        raise ValueError(
+            f"block_table has {width} columns; the expansion takes at most "
+            f"{_MAX_GRID_Y * block_w} (one program per {block_w} columns, {_MAX_GRID_Y} at most)"
+        )
+    return block_w, col_programs
+
+
 def _check_seq_lens_block_table(
     seq_lens: object, block_table: object
 ) -> tuple[torch.Tensor, torch.Tensor, torch.device]:
@@ -263,6 +277,7 @@ def _check_seq_lens_block_table(
             f"block_table must have one row per request ({seq_lens.shape[0]} = len(seq_lens)), "
             f"got shape {tuple(block_table.shape)}"
         )
+    _copy_layout(*block_table.shape)  # a grid the launch can take
     return seq_lens, block_table, device
 
 
@@ -347,10 +362,9 @@ def _launch_expand(
         dl, dl_stride = seq_lens, 0  # unused by the uniform kernel
     else:
         dl, dl_stride = device_decode_lens, device_decode_lens.stride(0)
-    block_w = next_pow2(cdiv(width * num_reqs, COPY_PROGRAMS))
-    block_w = min(max(block_w, MIN_COPY_CHUNK), MAX_COPY_CHUNK, max(16, next_pow2(width)))
+    block_w, col_programs = _copy_layout(num_reqs, width)
     grid = max(num_reqs, 1)
-    _expand_kernel[(grid, max(cdiv(width, block_w), 1))](
+    _expand_kernel[(grid, col_programs)](
         seq_lens,
         seq_lens.stride(0),
         block_table,
