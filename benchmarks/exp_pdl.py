@@ -97,6 +97,18 @@ def remap_rows(be, quick: bool, bw: float) -> list[dict]:
 EXPAND_KNOBS = {
     "pdl": [dict(USE_PDL=p) for p in (0, 1, 2)],
     "copy": [{}] + [dict(MIN_COPY_CHUNK=c, MAX_COPY_CHUNK=c) for c in (512, 1024, 2048)],
+    # session 8: the evict-first hint on the stores (default now; "" = without), ragged
+    # data given as query_start_loc (no per-program sums of all decode lengths), chunks for
+    # about 1024 programs (the default before) or always 2048 columns. (8 warps, tried
+    # first, were 0.1-0.9 us slower in most cells.)
+    "s8": [
+        {},
+        dict(STORE_EVICT=""),
+        dict(qsl=True),
+        dict(COPY_PROGRAMS=1024),
+        dict(qsl=True, COPY_PROGRAMS=1024),
+        dict(MIN_COPY_CHUNK=2048, MAX_COPY_CHUNK=2048),
+    ],
 }
 
 
@@ -104,6 +116,8 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
     dev = be.device
     rng = random.Random(0)
     grid = [(4, 2)] if quick else [(b, n) for n in (2, 3, 4, 8) for b in (64, 256, 512)]
+    if knob_set == "s8" and not quick:
+        grid = [(1, 4), (8, 4), (64, 2), (256, 4), (256, 8), (512, 3), (512, 4), (512, 8)]
     width, ctx = (64, 4096) if quick else (2048, 131072)
     rows = []
     for b, n in grid:
@@ -117,16 +131,26 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
             knobs = EXPAND_KNOBS[knob_set]
             print(f"\nexpand B={b} n={n} {'ragged' if ragged else 'uniform'} ({len(lens)} req)")
             for knob in knobs:
-                old = {kk: getattr(expand_mod, kk) for kk in knob}
+                if knob.get("qsl") and not ragged:
+                    continue
+                old = {kk: getattr(expand_mod, kk) for kk in knob if kk != "qsl"}
+                for ss in sets:
+                    if knob.get("qsl") and "qsl" not in ss:
+                        cum = torch.cumsum(ss["decode_lens"], 0, dtype=torch.int32)
+                        ss["qsl"] = torch.cat([cum.new_zeros(1), cum])
 
                 def call(s, knob=knob, old=old, ragged=ragged, n=n, total=total):
-                    for kk, v in knob.items():
-                        setattr(expand_mod, kk, v)
+                    for kk in old:
+                        setattr(expand_mod, kk, knob[kk])
                     try:
                         dl = s["decode_lens"] if ragged else n
+                        if knob.get("qsl"):
+                            kw = dict(query_start_loc=s["qsl"])
+                        else:
+                            kw = dict(decode_lens=dl, uniform=not ragged)
                         expand_decode_tokens(
-                            s["seq_lens"], s["block_table"], dl, max_decode_len=n,
-                            num_tokens=total, uniform=not ragged, out=s["out"],
+                            s["seq_lens"], s["block_table"], max_decode_len=n,
+                            num_tokens=total, out=s["out"], **kw,
                         )  # fmt: skip
                     finally:
                         for kk, v in old.items():

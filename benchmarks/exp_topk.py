@@ -118,6 +118,20 @@ SETS = {
             ("slots+counts, prefilter", {}, dict(fused=True, prefilter=True)),
         ],
     ),
+    # session 8: the prefilter at 64 rows (the cells at the 3x edge). First lease: the
+    # sample's and the finish's warps (8 or 32 were slower than 16 everywhere, the finish
+    # at 8 by 4-5 us), the radix launches over the (usually empty) list in a grid of 16 or
+    # 4 rows (within noise), a sample of 2048 (1.6-2.3 us faster up to 64K; rows of 128K
+    # fell back). Now the sample scales with the width, capped at 4096 and at least 2048.
+    "s8": (
+        [(64, 16384), (64, 32768), (64, 65536), (64, 131072), (8, 65536), (8, 131072)],
+        [
+            ("prefilter", {}, dict(prefilter=True)),
+            ("prefilter, sample 4096", dict(PREFILTER_MIN_SAMPLE=4096), dict(prefilter=True)),
+            ("no radix launches", NO_RADIX, dict(prefilter=True)),
+            ("prefilter again", {}, dict(prefilter=True)),
+        ],
+    ),
     # session 7: the fused epilogue at 4K (the one-program row kernel): slots and valid
     # counts apart (the count-store designs tried are on the results page)
     "fused4k": (

@@ -6,7 +6,8 @@ PyTorch reference. Kinds:
 * ``remap``, ``dcp``: the index remap and the DCP filter, also against the tiled-atomic layout
   (the upstream A/B baseline); bit-identical (compacted DCP rows of the atomic layout are
   compared as sets, since its prefix order is arbitrary).
-* ``expand``: speculative-decode expansion (uniform and ragged kernels), bit-identical.
+* ``expand``: speculative-decode expansion (uniform and ragged kernels; decode lengths on the
+  host, on the device, or as row offsets), bit-identical.
 * ``topk``: exact top-k under adversarial score distributions (normal, all equal, ties at the
   threshold, two-valued, -inf runs, NaN, huge/tiny magnitudes, signed zeros) and lengths
   0 / < k / = k / > k, on the row, split (prefilter on, off or by default) and automatic
@@ -332,12 +333,20 @@ def _run_expand(case: Case, g: torch.Generator, dev: torch.device) -> str | None
     rank = int(torch.randint(0, p["dcp"], (), generator=g))
     kw = dict(max_decode_len=n, num_tokens=num_tokens, dcp_size=p["dcp"], dcp_rank=rank)
     ref = expand_decode_tokens_reference(seq_lens, bt, decode_lens, **kw)
-    for uniform, lens in ((False, decode_lens.to(dev)), (None, decode_lens.tolist())):
-        got = expand_decode_tokens(seq_lens.to(dev), bt.to(dev), lens, uniform=uniform, **kw)
+    # Device lengths (each program sums them), host-known ones (the uniform kernel, or the
+    # ragged one given row offsets), and device row offsets (query_start_loc).
+    offsets = torch.cumsum(torch.cat([decode_lens.new_zeros(1), decode_lens]), 0).int()
+    forms = (
+        ("device decode_lens", dict(decode_lens=decode_lens.to(dev), uniform=False)),
+        ("host decode_lens", dict(decode_lens=decode_lens.tolist())),
+        ("query_start_loc", dict(query_start_loc=offsets.to(dev))),
+    )
+    for form, lens in forms:
+        got = expand_decode_tokens(seq_lens.to(dev), bt.to(dev), **lens, **kw)
         for name in ("seq_lens", "block_table", "decode_lens", "req_id"):
             a, b = getattr(got, name).cpu(), getattr(ref, name)
             if not torch.equal(a, b):
-                return f"uniform={uniform} {name}: {_first_diff(a, b)}"
+                return f"{form} {name}: {_first_diff(a, b)}"
     return None
 
 

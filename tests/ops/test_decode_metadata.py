@@ -101,12 +101,15 @@ def test_uniform_example(form: str) -> None:
     assert out.block_table.tolist() == [[1, 2, 3]] * 3 + [[4, 5, 6]] * 3
 
 
-@pytest.mark.parametrize("device_data", [False, True])
-def test_ragged_example(device_data: bool) -> None:
+@pytest.mark.parametrize("form", ["host", "device", "query_start_loc"])
+def test_ragged_example(form: str) -> None:
     seq_lens = i32([10, 7, 12, 0])
     bt = i32(list(range(8)), 4, 2)
-    dl = i32([3, 1, 4, 0]) if device_data else [3, 1, 4, 0]
-    out = expand_decode_tokens(seq_lens, bt, dl, max_decode_len=4, num_tokens=10)
+    if form == "query_start_loc":  # offsets of a larger batch: these requests start at 5
+        kw = {"query_start_loc": i32([5, 8, 9, 13, 13])}
+    else:
+        kw = {"decode_lens": i32([3, 1, 4, 0]) if form == "device" else [3, 1, 4, 0]}
+    out = expand_decode_tokens(seq_lens, bt, max_decode_len=4, num_tokens=10, **kw)
     assert out.seq_lens.tolist() == [8, 9, 10, 7, 9, 10, 11, 12, 0, 0]
     assert out.req_id.tolist() == [0, 0, 0, 1, 2, 2, 2, 2, 0, 0]
     assert out.block_table.tolist() == [[0, 1]] * 3 + [[2, 3]] + [[4, 5]] * 4 + [[0, 0]] * 2
@@ -160,7 +163,21 @@ def force_copy_chunk(monkeypatch: pytest.MonkeyPatch, chunk: int | None) -> None
         monkeypatch.setattr(expand_mod, "MAX_COPY_CHUNK", chunk)
 
 
-@pytest.mark.parametrize("mode", ["uniform", "ragged_host", "ragged_device", "forced_ragged"])
+def as_query_start_loc(host: list[int], rng: random.Random) -> torch.Tensor:
+    """``host`` as cumulative offsets from a random first offset, sometimes a strided view."""
+    offs = [rng.choice([0, rng.randint(1, 1000)])]
+    for n in host:
+        offs.append(offs[-1] + n)
+    if rng.random() < 0.5:
+        return i32(offs)
+    big = torch.full((2 * len(offs),), POISON, dtype=torch.int32, device=DEV)
+    big[::2] = i32(offs)
+    return big[::2]
+
+
+@pytest.mark.parametrize(
+    "mode", ["uniform", "ragged_host", "ragged_device", "forced_ragged", "query_start_loc"]
+)
 @pytest.mark.parametrize("case", range(6))
 def test_expand_random(
     mode: str, case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
@@ -197,6 +214,9 @@ def test_expand_random(
             decode_lens = i32(host)
         if mode == "forced_ragged":
             kwargs["uniform"] = False
+        if mode == "query_start_loc":
+            kwargs["query_start_loc"] = as_query_start_loc(host, rng)
+            decode_lens = None
         msg = (
             f"seed={seed} trial={trial} B={num_reqs} W={width} n={host} L={seq_lens.tolist()} "
             f"N={num_tokens} dcp=({dcp_size},{dcp_rank},{interleave}) chunk={chunk}"
@@ -542,8 +562,9 @@ def test_copy_chunk_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(expand_mod, "_expand_kernel", fake)
     for num_reqs, width, want in [
         (1, 2048, 512),
-        (256, 2048, 512),
-        (1024, 2048, 2048),
+        (64, 2048, 512),
+        (128, 2048, 1024),
+        (256, 2048, 2048),
         (600, 2048, 2048),
         (4096, 2560, 2048),
         (3, 100, 128),
@@ -553,6 +574,12 @@ def test_copy_chunk_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
         expand_decode_tokens(i32([5] * num_reqs), bt, 2, max_decode_len=2)
         assert fake.constexprs[-1]["BLOCK_W"] == want, (num_reqs, width)
         assert fake.grids[-1] == (num_reqs, max(-(-width // want), 1)), (num_reqs, width)
+    # Rows given as offsets: chunks for about COPY_PROGRAMS_OFFSETS programs.
+    for num_reqs, width, want in [(64, 2048, 512), (256, 2048, 512), (512, 2048, 1024)]:
+        bt = torch.zeros(num_reqs, width, dtype=torch.int32, device=DEV)
+        qsl = torch.arange(num_reqs + 1, dtype=torch.int32, device=DEV)
+        expand_decode_tokens(i32([5] * num_reqs), bt, query_start_loc=qsl, max_decode_len=2)
+        assert fake.constexprs[-1]["BLOCK_W"] == want, (num_reqs, width)
 
 
 def test_expand_with_out_no_alloc(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -572,6 +599,65 @@ def test_expand_with_out_no_alloc(monkeypatch: pytest.MonkeyPatch) -> None:
 # ----------------------------------------------------------------------------------------------
 # Bad input
 # ----------------------------------------------------------------------------------------------
+
+
+def query_start_loc_model(
+    seq_lens: list[int], bt: torch.Tensor, q: list[int], max_n: int, num_tokens: int
+) -> tuple[dict, set]:
+    """What the docstring promises for any ``query_start_loc``: each row's expected
+    (seq_len, block-table row, req_id), and the rows claimed twice (any claimant's values)."""
+    clamp = lambda v, lo, hi: min(max(v, lo), hi)  # noqa: E731
+    rows: dict[int, list] = {}
+    total = clamp(q[-1] - q[0], 0, num_tokens)
+    for r in range(total, num_tokens):  # padding
+        rows.setdefault(r, []).append((0, [0] * bt.shape[1], 0))
+    for b, length in enumerate(seq_lens):
+        start = clamp(q[b] - q[0], 0, num_tokens)
+        n = clamp(q[b + 1] - q[0] - start, 0, max_n)
+        for j in range(n):
+            if start + j < num_tokens:
+                seq = max(max(length, 0) - n + j + 1, 0)
+                rows.setdefault(start + j, []).append((seq, bt[b].tolist(), b))
+    return rows, {r for r, c in rows.items() if len(c) > 1}
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_query_start_loc_adversarial(
+    case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out-of-order, negative, huge and too-far-apart offsets stay inside the N rows: rows
+    one request claims hold its values, rows several claim hold entries of theirs, rows none
+    claims keep what was there."""
+    force_copy_chunk(monkeypatch, COPY_CHUNKS[case % len(COPY_CHUNKS)])
+    max_n = 3
+    for trial in range(4):
+        num_reqs = rng.randint(1, 6)
+        base = rng.choice([0, 7, -(2**31), 2**31 - 1])
+        q = [base]
+        for _ in range(num_reqs):
+            step = rng.choice([0, 1, 2, 3, 5, -2, -(2**31), 2**31 - 1])
+            q.append(max(min(q[-1] + step, 2**31 - 1), -(2**31)))
+        seq_lens = [rng.choice([-(2**31), -3, 0, 2, 40, 2**31 - 1]) for _ in range(num_reqs)]
+        bt = make_block_table(num_reqs, rng.choice([1, 5, 40]), rng.choice(LAYOUTS))
+        num_tokens = rng.randint(0, num_reqs * max_n + 2)
+        out = poisoned_out(num_tokens, bt.shape[1], rng)
+        got = expand_decode_tokens(
+            i32(seq_lens), bt, query_start_loc=i32(q), max_decode_len=max_n,
+            num_tokens=num_tokens, out=out,
+        )  # fmt: skip
+        rows, twice = query_start_loc_model(seq_lens, bt, q, max_n, num_tokens)
+        msg = f"seed={seed} trial={trial} q={q} L={seq_lens} N={num_tokens}"
+        for r in range(num_tokens):
+            row = (got.seq_lens[r].item(), got.block_table[r].tolist(), got.req_id[r].item())
+            if r not in rows:
+                assert row[0] == POISON and got.decode_lens[r].item() == POISON, f"row {r} {msg}"
+            elif r in twice:  # each entry from one of the claimants (programs race)
+                for field, got_v in enumerate((row[0], *row[1], row[2])):
+                    options = {(c[0], *c[1], c[2])[field] for c in rows[r]}
+                    assert got_v in options, f"row {r} entry {field}: {got_v} ({msg})"
+            else:
+                assert row == rows[r][0], f"row {r}: {row} != {rows[r][0]} ({msg})"
+                assert got.decode_lens[r].item() == 1, f"row {r} ({msg})"
 
 
 def _good() -> tuple[torch.Tensor, torch.Tensor]:
@@ -618,6 +704,24 @@ def _good() -> tuple[torch.Tensor, torch.Tensor]:
         ({"uniform": 1}, TypeError, "uniform"),
         ({"uniform": True, "decode_lens": [1, 2]}, ValueError, "uniform"),
         ({"uniform": True, "decode_lens": "device"}, ValueError, "uniform"),
+        ({"decode_lens": None}, ValueError, "exactly one of decode_lens and query_start_loc"),
+        ({"query_start_loc": "qsl"}, ValueError, "exactly one of decode_lens and query_start_loc"),
+        ({"decode_lens": None, "query_start_loc": i32([0, 2])}, ValueError, "query_start_loc"),
+        (
+            {"decode_lens": None, "query_start_loc": torch.tensor([0, 2, 4])},
+            TypeError,
+            "query_start_loc",
+        ),
+        (
+            {"decode_lens": None, "query_start_loc": i32([0, 2, 4]).to("meta")},
+            ValueError,
+            "query_start_loc",
+        ),
+        (
+            {"decode_lens": None, "query_start_loc": "qsl", "uniform": True},
+            ValueError,
+            "uniform",
+        ),
     ],
 )
 def test_expand_bad_input(change: dict, exc: type, match: str) -> None:
@@ -626,6 +730,8 @@ def test_expand_bad_input(change: dict, exc: type, match: str) -> None:
     args.update(change)
     if isinstance(args["decode_lens"], str) and args["decode_lens"] == "device":
         args["decode_lens"] = i32([2, 2])
+    if args.get("query_start_loc") == "qsl":
+        args["query_start_loc"] = i32([0, 2, 4])
     with pytest.raises(exc, match=match):
         expand_decode_tokens(
             args.pop("seq_lens"), args.pop("block_table"), args.pop("decode_lens"), **args

@@ -4,13 +4,15 @@ For each (B requests, n tokens per request):
 
 * uniform data (every n_b = n, T = B*n tokens): ``triton-uniform`` (uniform=True, host-known
   n), ``triton-ragged`` (the ragged kernel forced with uniform=False on the same data: reads
-  "ragged within 1.3x of uniform at the same token count" directly) and ``torch-ops``;
+  "ragged within 1.3x of uniform at the same token count" directly), ``triton-qsl`` (the
+  ragged kernel given the same data as ``query_start_loc``) and ``torch-ops``;
 * ragged data with the SAME token count T: n_b uniform in [1, n], drawn until the lengths sum
-  to T (the last one trimmed), so it has more requests than B: ``triton-ragged`` and
-  ``torch-ops``.
+  to T (the last one trimmed), so it has more requests than B: ``triton-ragged``,
+  ``triton-qsl`` and ``torch-ops``.
 
 The Triton kernels write into pre-sized ``out`` buffers (as engines do); the ragged kernel
-reads device decode lengths. The PyTorch-ops path is upstream's ragged fallback
+reads device decode lengths (``triton-ragged``: each program sums them) or device row offsets
+(``triton-qsl``: two loads). The PyTorch-ops path is upstream's ragged fallback
 (repeat_interleave with the host-known total), fed the device decode lengths and the total so
 that it is CUDA-graph capturable. Context lengths L_b are uniform in [n_b, 131072]; the block
 table has W = 2048 random page ids per request (128K context at page 64).
@@ -79,6 +81,7 @@ def make_expand_set(lens: Sequence[int], *, width: int, ctx: int, device: torch.
         "seq_lens": seq_lens.to(device),
         "block_table": torch.randint(0, 1 << 24, (b, width), dtype=torch.int32, device=device),
         "decode_lens": dl.to(device),
+        "query_start_loc": torch.cumsum(torch.cat([dl.new_zeros(1), dl]), 0).int().to(device),
         "lens_host": list(lens),
         "total": int(sum(lens)),
         "out": None,  # sized by the first Triton variant bound to this set
@@ -91,18 +94,23 @@ def _poison(s: InputSet) -> None:
 
 
 def _triton_variant(
-    fn: Any, name: str, uniform: bool, n: int, knobs: Any = None, pdl: bool = True
+    fn: Any, name: str, form: str, n: int, knobs: Any = None, pdl: bool = True
 ) -> Variant:
-    """``knobs``: the module holding ``USE_PDL``; ``pdl=False`` launches with it off."""
+    """``form``: how the decode lengths are given: ``uniform`` (host-known n, an int),
+    ``ragged`` (device decode lengths) or ``qsl`` (device row offsets); the ragged forms
+    allocate nothing and do not synchronise, also on uniform data. ``knobs``: the module
+    holding ``USE_PDL``; ``pdl=False`` launches with it off."""
     keep = kwargs_filter(fn)
     has_out = "out" in keep({"out": None})
 
     def bind(s: InputSet):
-        # Uniform: host-known n (an int). Ragged kernel: device decode lengths (no allocation,
-        # no synchronisation), also on uniform data.
-        dl = n if uniform else s["decode_lens"]
-        kw = keep(dict(max_decode_len=n, num_tokens=s["total"], uniform=uniform))
-        args = (s["seq_lens"], s["block_table"], dl)
+        kw = dict(max_decode_len=n, num_tokens=s["total"], uniform=form == "uniform")
+        if form == "qsl":
+            kw = dict(kw, uniform=None, query_start_loc=s["query_start_loc"])
+        kw = keep(kw)
+        args = (s["seq_lens"], s["block_table"])
+        if form != "qsl":
+            args += (n if form == "uniform" else s["decode_lens"],)
         if s["out"] is None:
             s["out"] = fn(*args, **kw)
         kw_call = dict(kw, out=s["out"]) if has_out else kw
@@ -156,15 +164,16 @@ def build(grid: str, device: torch.device) -> list[Case]:
     def case(n: int, b: int, lens: list[int], ragged: bool) -> Case:
         """One expansion case: uniform data runs both kernels, ragged data the ragged one."""
         t, br = sum(lens), len(lens)
-        kernels = [_triton_variant(ops.expand, "triton-ragged", False, n)]
+        kernels = [_triton_variant(ops.expand, "triton-ragged", "ragged", n)]
         if not ragged:
-            kernels.insert(0, _triton_variant(ops.expand, "triton-uniform", True, n))
+            kernels.insert(0, _triton_variant(ops.expand, "triton-uniform", "uniform", n))
         knobs = getattr(ops, "knobs", None)  # test stand-ins have none
         if knobs is not None:
+            kernels.append(_triton_variant(ops.expand, "triton-qsl", "qsl", n))
             kernels.append(
-                _triton_variant(ops.expand, "ragged-nopdl", False, n, knobs, pdl=False)
+                _triton_variant(ops.expand, "ragged-nopdl", "ragged", n, knobs, pdl=False)
                 if ragged
-                else _triton_variant(ops.expand, "uniform-nopdl", True, n, knobs, pdl=False)
+                else _triton_variant(ops.expand, "uniform-nopdl", "uniform", n, knobs, pdl=False)
             )
         return Case(
             op="expand",
@@ -207,6 +216,7 @@ def summaries(results: list[Result]) -> list[Table]:
         u = rs.get((b, n, "uniform", "triton-uniform"))
         ru = rs.get((b, n, "uniform", "triton-ragged"))
         rr = rs.get((b, n, "ragged", "triton-ragged"))
+        rq = rs.get((b, n, "ragged", "triton-qsl"))
         tu = rs.get((b, n, "uniform", "torch-ops"))
         tr = rs.get((b, n, "ragged", "torch-ops"))
 
@@ -227,6 +237,8 @@ def summaries(results: list[Result]) -> list[Table]:
                 ratio(ru, u),
                 fmt_us(us(rr)),
                 ratio(rr, u),
+                fmt_us(us(rq)),
+                ratio(rq, u),
                 fmt_us(us(tu)),
                 fmt_us(us(tr)),
             ]
@@ -241,6 +253,8 @@ def summaries(results: list[Result]) -> list[Table]:
         "ragged kernel, uniform data us",
         "/uniform",
         "ragged kernel, ragged data us",
+        "/uniform",
+        "ragged kernel, ragged data as offsets us",
         "/uniform",
         "torch-ops uniform us",
         "torch-ops ragged us",
@@ -262,7 +276,8 @@ register_op(
         notes=[
             EXPAND_BYTES_RULE,
             "variants: triton-uniform (uniform=True, host-known n), triton-ragged "
-            "(uniform=False, device decode lengths; also on uniform data), torch-ops "
+            "(uniform=False, device decode lengths; also on uniform data), triton-qsl (the "
+            "ragged kernel given device row offsets, query_start_loc), torch-ops "
             "(upstream's ragged fallback: repeat_interleave with the host-known total); "
             "uniform-nopdl / ragged-nopdl: ours with programmatic dependent launch off. "
             "Ragged data has the same token count as the uniform case, n_b in [1, n].",

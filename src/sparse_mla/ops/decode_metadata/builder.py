@@ -19,7 +19,7 @@ from .expand import (
     _launch_native,
 )
 
-# Pinned staging slots for the host->device copy of ragged decode lengths. A slot is reused
+# Pinned staging slots for the host->device copy of ragged row offsets. A slot is reused
 # only after the copy issued from it two builds earlier has completed (checked by an event).
 _STAGING_SLOTS = 2
 
@@ -69,10 +69,11 @@ class DecodeMetadataBuilder:
 
     :meth:`build` allocates no device memory, launches exactly one kernel and never reads
     device data back: decode lengths are host-known, and when the ragged kernel needs them on
-    the device they travel through a pinned staging buffer with a non-blocking copy. (Two
-    staging slots alternate; reusing one waits on its copy from two builds earlier, which has
-    normally long finished.) Call it outside CUDA-graph capture; the kernels it launches read
-    and write only the persistent buffers, so captured consumers see each build's results.
+    the device their offsets (``query_start_loc``) travel through a pinned staging buffer
+    with a non-blocking copy. (Two staging slots alternate; reusing one waits on its copy
+    from two builds earlier, which has normally long finished.) Call it outside CUDA-graph
+    capture; the kernels it launches read and write only the persistent buffers, so captured
+    consumers see each build's results.
     """
 
     def __init__(
@@ -118,42 +119,46 @@ class DecodeMetadataBuilder:
         # Native outputs; req_id is 0..B-1 whatever the step, so it is filled once here.
         max_native = max(native, default=0)
         self._native_seq_lens = buf(max_num_requests * max_native)
-        self._req_decode_lens = buf(max_num_requests)  # ragged-kernel input / native output
+        self._req_decode_lens = buf(max_num_requests)  # native output
+        self._req_starts = buf(max_num_requests + 1)  # ragged-kernel input
         self._arange = torch.arange(max_num_requests, dtype=torch.int32, device=self.device)
 
         # Host staging for the ragged case; pinned only where there is a CUDA device to copy to.
         self._pinned = self.device.type == "cuda"
         self._staging = [
-            torch.zeros(max_num_requests, dtype=torch.int32, pin_memory=self._pinned)
+            torch.zeros(max_num_requests + 1, dtype=torch.int32, pin_memory=self._pinned)
             for _ in range(_STAGING_SLOTS)
         ]
         self._staging_events: list[torch.cuda.Event | None] = [None] * _STAGING_SLOTS
         self._slot = 0
 
-    def _stage_decode_lens(self, values: Sequence[int] | torch.Tensor, num_reqs: int) -> None:
-        """Copy host decode lengths into ``self._req_decode_lens[:num_reqs]`` without a sync."""
-        dst = self._req_decode_lens[:num_reqs]
-        if not self._pinned:
-            # CPU (interpreter) or a non-CUDA device: a plain copy.
-            src = values if isinstance(values, torch.Tensor) else torch.tensor(values)
-            dst.copy_(src)
-            return
-        slot = self._slot
-        self._slot = (slot + 1) % _STAGING_SLOTS
-        event = self._staging_events[slot]
-        if event is not None:
-            # The copy from this slot was issued _STAGING_SLOTS builds ago; normally done.
-            event.synchronize()
-        stage = self._staging[slot][:num_reqs]
-        if isinstance(values, torch.Tensor):
-            stage.copy_(values)
-        else:
-            stage.copy_(torch.tensor(values, dtype=torch.int32))
-        dst.copy_(stage, non_blocking=True)
-        if event is None:
-            event = torch.cuda.Event()
-            self._staging_events[slot] = event
-        event.record()
+    def _stage_starts(
+        self, decode_lens: Sequence[int] | torch.Tensor, num_reqs: int
+    ) -> torch.Tensor:
+        """The requests' row offsets ``[0, n_0, n_0 + n_1, ...]`` (``[B + 1]``), computed on
+        the host and copied into ``self._req_starts`` without a sync."""
+        src = decode_lens
+        if not isinstance(src, torch.Tensor):
+            src = torch.tensor(src, dtype=torch.int32)
+        dst = self._req_starts[: num_reqs + 1]
+        stage = dst  # CPU (interpreter) or a non-CUDA device: straight into the buffer
+        if self._pinned:
+            slot = self._slot
+            self._slot = (slot + 1) % _STAGING_SLOTS
+            event = self._staging_events[slot]
+            if event is not None:
+                # The copy from this slot was issued _STAGING_SLOTS builds ago; normally done.
+                event.synchronize()
+            stage = self._staging[slot][: num_reqs + 1]
+        stage[:1].zero_()
+        torch.cumsum(src, 0, dtype=torch.int32, out=stage[1:])
+        if self._pinned:
+            dst.copy_(stage, non_blocking=True)
+            if event is None:
+                event = torch.cuda.Event()
+                self._staging_events[slot] = event
+            event.record()
+        return dst
 
     def build(
         self,
@@ -245,14 +250,11 @@ class DecodeMetadataBuilder:
             req_id=self._req_id[:num_tokens],
         )
         if requires_padding:
-            staged = decode_lens if isinstance(decode_lens, torch.Tensor) else host
-            self._stage_decode_lens(staged, num_reqs)
             _launch_expand(
                 seq_lens,
                 block_table,
                 out,
-                uniform_n=None,
-                device_decode_lens=self._req_decode_lens[:num_reqs],
+                query_start_loc=self._stage_starts(decode_lens, num_reqs),
                 max_decode_len=self.max_decode_len,
                 **dcp,
             )
@@ -262,7 +264,6 @@ class DecodeMetadataBuilder:
                 block_table,
                 out,
                 uniform_n=host[0] if host else 0,
-                device_decode_lens=None,
                 max_decode_len=self.max_decode_len,
                 **dcp,
             )

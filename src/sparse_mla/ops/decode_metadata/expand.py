@@ -16,6 +16,7 @@ All three share :func:`_dcp_local_len`, so DCP localisation is identical everywh
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -27,22 +28,31 @@ from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
 
 _INT32_MAX = 2**31 - 1
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
-# Ragged programs load all B decode lengths at once; draft tiles are next_pow2(n) wide.
+# Ragged programs given device decode lengths load all B at once; draft tiles are
+# next_pow2(n) wide.
 MAX_REQUESTS_RAGGED = 1 << 16
 MAX_NEXT_N = 1024
 # Block-table columns per program (grid = requests x chunks of a row): it loads them once
 # and stores them into each of its request's rows. The chunk is sized for about
-# COPY_PROGRAMS programs, within [MIN_COPY_CHUNK, MAX_COPY_CHUNK]: narrow chunks spread few
-# requests over the chip; wide ones keep the ragged kernel's per-program sums of all B
-# decode lengths few (benchmarks/exp_pdl.py --expand-set copy). Powers of two. A 64-token
-# page size and a 128K context give 2048 columns.
-COPY_PROGRAMS = 1024
+# COPY_PROGRAMS programs (COPY_PROGRAMS_OFFSETS for ragged rows given as offsets), within
+# [MIN_COPY_CHUNK, MAX_COPY_CHUNK]: narrow chunks spread few requests over the chip; wide
+# ones write faster with evict-first stores (uniform B = 256-512: 3-14% faster at 256
+# programs than at 1024) and keep down the sums of all B decode lengths that each ragged
+# program given device decode lengths makes. Ragged rows given as offsets make no sums and
+# were 1-10% faster at 1024 programs (benchmarks/exp_pdl.py --expand-set copy and s8).
+# Powers of two. A 64-token page size and a 128K context give 2048 columns.
+COPY_PROGRAMS = 256
+COPY_PROGRAMS_OFFSETS = 1024
 MIN_COPY_CHUNK = 512
 MAX_COPY_CHUNK = 2048
 # Programmatic dependent launch mode of every kernel here (see _runtime.pdl_prologue): wait
 # only. Letting the next launch start early as well was up to 1.7x slower for the expansion
 # from 256 requests (benchmarks/exp_pdl.py).
 USE_PDL = 2
+# The output rows are written once and read by a later kernel: an evict-first hint on their
+# stores was 4-12% faster from 256 requests (B = 512, n = 8: 9.45 against 10.22 us),
+# neutral at 64 (benchmarks/exp_pdl.py --expand-set s8).
+STORE_EVICT = "evict_first"
 
 DecodeLens = int | Sequence[int] | torch.Tensor
 
@@ -111,10 +121,12 @@ def _expand_kernel(
     dcp_rank,
     dcp_interleave,
     UNIFORM: tl.constexpr,
+    QSL: tl.constexpr,
     DCP: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    EVICT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # One program per (request, chunk of block-table columns): its chunk of the request's
@@ -140,6 +152,19 @@ def _expand_kernel(
         n = tl.where(has_req, uniform_n, 0)
         start = b * uniform_n
         total = num_reqs * uniform_n
+    elif QSL:
+        # Cumulative starts (an engine's query_start_loc, [B + 1]): two loads, no sums.
+        # Device data: clamped so rows stay inside [0, num_rows) whatever the values.
+        # Differences in int64, so hostile values cannot wrap around.
+        q0 = tl.load(dl_ptr).to(tl.int64)
+        start = tl.load(dl_ptr + b * dl_stride, mask=has_req, other=0) - q0
+        end = tl.load(dl_ptr + (b + 1) * dl_stride, mask=has_req, other=0) - q0
+        start = tl.minimum(tl.maximum(start, 0), num_rows)
+        n = tl.where(has_req, tl.minimum(tl.maximum(end - start, 0), max_decode_len), 0)
+        total = tl.load(dl_ptr + num_reqs * dl_stride) - q0
+        start = start.to(tl.int32)
+        n = n.to(tl.int32)
+        total = tl.minimum(tl.maximum(total, 0), num_rows).to(tl.int32)
     else:
         # Device data, so clamped to [0, max_decode_len] (that also keeps the int32 sums
         # from overflowing).
@@ -152,13 +177,13 @@ def _expand_kernel(
 
     for i in range(0, tl.minimum(n, num_rows - start)):
         dst = out_bt_ptr + (start + i).to(tl.int64) * out_bt_s0
-        tl.store(dst + c64 * out_bt_s1, vals, mask=in_w)
+        tl.store(dst + c64 * out_bt_s1, vals, mask=in_w, eviction_policy=EVICT)
     # Padding rows [total, num_rows): a zero row (and below: seq_len 0, decode_len 1, req_id 0).
     pad0 = total + tl.program_id(0) * pad_per_program
     n_pad = tl.minimum(pad_per_program, num_rows - pad0)
     for i in range(0, n_pad):
         dst = out_bt_ptr + (pad0 + i).to(tl.int64) * out_bt_s0
-        tl.store(dst + c64 * out_bt_s1, cols * 0, mask=in_w)
+        tl.store(dst + c64 * out_bt_s1, cols * 0, mask=in_w, eviction_policy=EVICT)
 
     if tl.program_id(1) == 0:  # the per-token outputs, once per request
         # The request's rows (rows past num_rows are not written).
@@ -253,9 +278,10 @@ def _check_dcp(dcp_size: int, dcp_rank: int, dcp_interleave: int) -> None:
         )
 
 
-def _copy_layout(num_reqs: int, width: int) -> tuple[int, int]:
+def _copy_layout(num_reqs: int, width: int, offsets: bool = False) -> tuple[int, int]:
     """Block-table columns per program of the expansion, and programs per request."""
-    block_w = next_pow2(cdiv(width * num_reqs, COPY_PROGRAMS))
+    programs = COPY_PROGRAMS_OFFSETS if offsets else COPY_PROGRAMS
+    block_w = next_pow2(cdiv(width * num_reqs, programs))
     block_w = min(max(block_w, MIN_COPY_CHUNK), MAX_COPY_CHUNK, max(16, next_pow2(width)))
     col_programs = max(cdiv(width, block_w), 1)
     if col_programs > _MAX_GRID_Y:
@@ -277,7 +303,8 @@ def _check_seq_lens_block_table(
             f"block_table must have one row per request ({seq_lens.shape[0]} = len(seq_lens)), "
             f"got shape {tuple(block_table.shape)}"
         )
-    _copy_layout(*block_table.shape)  # a grid the launch can take
+    for offsets in (False, True):  # a grid the launch can take, whichever form it is
+        _copy_layout(*block_table.shape, offsets)
     return seq_lens, block_table, device
 
 
@@ -345,24 +372,27 @@ def _launch_expand(
     block_table: torch.Tensor,
     out: ExpandedDecodeTokens,
     *,
-    uniform_n: int | None,
-    device_decode_lens: torch.Tensor | None,
     max_decode_len: int,
     dcp_size: int,
     dcp_rank: int,
     dcp_interleave: int,
+    uniform_n: int | None = None,
+    device_decode_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
 ) -> None:
+    """Exactly one of ``uniform_n`` (uniform kernel), ``query_start_loc`` (row starts, two
+    loads a program) or ``device_decode_lens`` (each program sums all B lengths)."""
     num_tokens = out.seq_lens.shape[0]
     if num_tokens == 0:
         return
     num_reqs, width = block_table.shape
-    uniform = device_decode_lens is None
+    uniform = uniform_n is not None
+    qsl = query_start_loc is not None
+    dl = query_start_loc if qsl else device_decode_lens
     if uniform:
-        assert uniform_n is not None
-        dl, dl_stride = seq_lens, 0  # unused by the uniform kernel
-    else:
-        dl, dl_stride = device_decode_lens, device_decode_lens.stride(0)
-    block_w, col_programs = _copy_layout(num_reqs, width)
+        dl = seq_lens  # unused by the uniform kernel
+    assert dl is not None and uniform + qsl + (device_decode_lens is not None) == 1
+    block_w, col_programs = _copy_layout(num_reqs, width, qsl)
     grid = max(num_reqs, 1)
     _expand_kernel[(grid, col_programs)](
         seq_lens,
@@ -371,7 +401,7 @@ def _launch_expand(
         block_table.stride(0),
         block_table.stride(1),
         dl,
-        dl_stride,
+        dl.stride(0),
         out.seq_lens,
         out.seq_lens.stride(0),
         out.block_table,
@@ -391,10 +421,12 @@ def _launch_expand(
         dcp_rank,
         dcp_interleave,
         UNIFORM=uniform,
+        QSL=qsl,
         DCP=dcp_size > 1,
-        BLOCK_B=1 if uniform else next_pow2(num_reqs),  # the uniform kernel reads no lengths
+        BLOCK_B=next_pow2(num_reqs) if device_decode_lens is not None else 1,  # for the sums
         BLOCK_N=next_pow2(max(uniform_n if uniform else max_decode_len, 1)),
         BLOCK_W=block_w,
+        EVICT=STORE_EVICT,
         num_warps=4,
         **pdl_launch(seq_lens.device, USE_PDL),
     )
@@ -446,11 +478,12 @@ def _launch_native(
 def expand_decode_tokens(
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
-    decode_lens: DecodeLens,
+    decode_lens: DecodeLens | None = None,
     *,
     max_decode_len: int,
     num_tokens: int | None = None,
     uniform: bool | None = None,
+    query_start_loc: torch.Tensor | None = None,
     dcp_size: int = 1,
     dcp_rank: int = 0,
     dcp_interleave: int = 1,
@@ -463,7 +496,8 @@ def expand_decode_tokens(
             (including its ``n_b`` query tokens). Negative values are treated as 0.
         block_table: int32 ``[B, W]`` on the same device, each request's page ids; any strides
             (a row stride larger than ``W`` or a non-contiguous view is fine).
-        decode_lens: number of query tokens ``n_b`` of each request, in one of three forms:
+        decode_lens: number of query tokens ``n_b`` of each request, in one of three forms
+            (or ``None`` with ``query_start_loc``):
 
             * a Python ``int``: every request has that many (uniform);
             * host-known: a sequence of ints or a CPU int32/int64 tensor ``[B]`` (when the
@@ -480,13 +514,23 @@ def expand_decode_tokens(
             ``N`` the tokens past row ``N`` are simply not written.
         uniform: ``None`` picks the uniform kernel when ``decode_lens`` is host-known and all
             equal; ``True`` demands that; ``False`` forces the ragged kernel (host-known
-            ``decode_lens`` are then copied to the device first, which allocates).
+            ``decode_lens`` then go to the device as offsets first, which allocates).
+        query_start_loc: int32 ``[B + 1]`` on the kernel device, in place of ``decode_lens``:
+            the first row of each request, as the cumulative query offsets engines keep
+            (vLLM's ``query_start_loc``): ``n_b = q[b + 1] - q[b]``, rows of request ``b``
+            from ``q[b] - q[0]`` (so a slice of a larger batch's offsets serves). The fastest
+            ragged form: each program reads two offsets instead of summing all ``B`` decode
+            lengths. Device data, never read on the host; out of order values cannot write
+            outside the ``N`` rows: the start ``s_b = q[b] - q[0]`` and the total
+            ``q[B] - q[0]`` are clamped to ``[0, N]``, ``n_b = q[b + 1] - q[0] - s_b`` to
+            ``[0, max_decode_len]``. Where requests' rows then overlap, each entry of such
+            a row comes from one of them; rows none claims below the total are not written.
         dcp_size, dcp_rank, dcp_interleave: decode context parallelism. With ``dcp_size > 1``
             each per-token length is replaced, after expansion, by the number of positions
             ``p < len`` this rank owns, ``owner(p) = (p // dcp_interleave) % dcp_size``.
         out: optional pre-sized buffers with the shapes below (any strides); must not overlap
-            the inputs. With ``out`` and device ``decode_lens`` the call allocates nothing and
-            does not synchronise (CUDA-graph safe).
+            the inputs. With ``out`` and device ``decode_lens`` or ``query_start_loc`` the call
+            allocates nothing and does not synchronise (CUDA-graph safe).
 
     Returns:
         :class:`ExpandedDecodeTokens` (``out`` itself when given): ``seq_lens`` int32 ``[N]``,
@@ -499,11 +543,16 @@ def expand_decode_tokens(
     _check_dcp(dcp_size, dcp_rank, dcp_interleave)
     if uniform is not None and not isinstance(uniform, bool):
         raise TypeError(f"uniform must be None or a bool, got {type(uniform).__name__}")
+    if (decode_lens is None) == (query_start_loc is None):
+        raise ValueError("give exactly one of decode_lens and query_start_loc")
 
     # Classify decode_lens: host-known values, or device data.
     host: list[int] | None = None
     device_dl: torch.Tensor | None = None
-    if isinstance(decode_lens, int) and not isinstance(decode_lens, bool):
+    if query_start_loc is not None:
+        check_tensor("query_start_loc", query_start_loc, dtype=torch.int32, ndim=1, device=device)
+        check_shape("query_start_loc", query_start_loc, (num_reqs + 1,))
+    elif isinstance(decode_lens, int) and not isinstance(decode_lens, bool):
         check_int("decode_lens", decode_lens, lo=0, hi=max_decode_len)
         host = [decode_lens] * num_reqs
     elif isinstance(decode_lens, torch.Tensor) and decode_lens.device == device:
@@ -530,18 +579,19 @@ def expand_decode_tokens(
     if uniform is True and not is_uniform:
         raise ValueError(
             "uniform=True needs host-known decode_lens that are all equal"
-            + (" (got a device tensor)" if host is None else f" (got {sorted(set(host))})")
+            + (" (got device data)" if host is None else f" (got {sorted(set(host))})")
         )
     use_uniform = is_uniform and uniform is not False
-    if not use_uniform and num_reqs > MAX_REQUESTS_RAGGED:
+    if device_dl is not None and num_reqs > MAX_REQUESTS_RAGGED:
         raise ValueError(
             f"seq_lens has {num_reqs} requests; the ragged kernel takes at most "
-            f"{MAX_REQUESTS_RAGGED}"
+            f"{MAX_REQUESTS_RAGGED} with device decode_lens (query_start_loc has no limit)"
         )
-    if not use_uniform and device_dl is None:
-        # Ragged (or forced ragged) with host-known lengths: the kernel needs them on device.
-        assert host is not None
-        device_dl = torch.tensor(host, dtype=torch.int32, device=device)
+    if not use_uniform and host is not None:
+        # Ragged (or forced ragged) with host-known lengths: their offsets go to the device.
+        query_start_loc = torch.tensor(
+            list(accumulate(host, initial=0)), dtype=torch.int32, device=device
+        )
 
     if out is None:
         out = _empty_expanded(num_tokens, width, device)
@@ -553,7 +603,8 @@ def expand_decode_tokens(
         block_table,
         out,
         uniform_n=(host[0] if host else 0) if use_uniform else None,
-        device_decode_lens=None if use_uniform else device_dl,
+        device_decode_lens=device_dl,
+        query_start_loc=query_start_loc,
         max_decode_len=max_decode_len,
         dcp_size=dcp_size,
         dcp_rank=dcp_rank,

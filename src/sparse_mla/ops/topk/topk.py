@@ -28,7 +28,7 @@ Launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
   again, so a workspace from :func:`topk_workspace` stays reusable (one call at a time).
 * ``split`` with the prefilter (3 launches before the six; by default from
   ``PREFILTER_MIN_SCORES`` scores per call, where it measured faster in graphs): a sample of
-  each row (``PREFILTER_SAMPLE`` scores) places a threshold that about ``sqrt(k * tile)``
+  each row (``prefilter_sample(n)`` scores) places a threshold that about ``sqrt(k * tile)``
   keys reach; one pass copies the keys at or above it, with their positions, into the row's
   candidate buffer (``tile`` = ``prefilter_tile(k)`` entries) and lists every row whose
   count lies outside (k, tile]; when k < candidates <= tile, one program per row selects
@@ -113,7 +113,15 @@ CTAS_PER_SM = 8  # split heuristic: programs per SM to aim at (hides load latenc
 _MAX_COLS = 2**31 - 2 * 65536  # headroom so chunk offsets (int32) never wrap
 # Prefilter: default on from this many scores per call (rows x N).
 PREFILTER_MIN_SCORES = 1 << 19
-PREFILTER_SAMPLE = 4096  # scores sampled per row (groups of 8 adjacent positions)
+# Scores the prefilter samples per row (groups of 8 adjacent positions): one in
+# PREFILTER_SAMPLE_SPACING of the row's width (so about as many sampled scores reach the
+# threshold whatever the width: ~180 at k = 2048), at least PREFILTER_MIN_SAMPLE, at most
+# PREFILTER_SAMPLE (which therefore caps every row's sample). At 16K and 32K, 2048 instead
+# of 4096 saved 2.3 us of 26-30 at 64 rows with no row falling back; at 64K (~90 above the
+# threshold) about 1 row in 1000 fell back (25 us each), which ate the 2-4 us it saved.
+PREFILTER_SAMPLE = 4096
+PREFILTER_MIN_SAMPLE = 2048
+PREFILTER_SAMPLE_SPACING = 16
 PREFILTER_WARPS = 16  # of its one-program-per-row launches
 FALLBACK_SLICE = 4096  # scores per program of the radix passes over rows the prefilter left
 # On a GPU, the radix launches after the prefilter run on a side stream, beside its finish.
@@ -174,6 +182,12 @@ def _tile_passes_for(bits: int) -> int:
 def prefilter_applies(n: int, k: int) -> bool:
     """Whether the split path runs the prefilter for rows of ``n`` scores and this k."""
     return 2 * k <= _PF_CAP and n <= _PF_MAX_N
+
+
+def prefilter_sample(n: int) -> int:
+    """Scores the prefilter samples from each row of a ``[rows, n]`` call."""
+    want = max(next_pow2(cdiv(n, PREFILTER_SAMPLE_SPACING)), PREFILTER_MIN_SAMPLE)
+    return min(want, PREFILTER_SAMPLE)
 
 
 def prefilter_tile(k: int) -> int:
@@ -1581,7 +1595,7 @@ def select_topk(
                     fb,
                     K=k,
                     TARGET=math.isqrt(k * tile),
-                    SAMPLE=PREFILTER_SAMPLE,
+                    SAMPLE=prefilter_sample(n),
                     WORDS=words,
                     RB=TILE_RADIX_BITS,
                     PASSES=_tile_passes_for(16),
