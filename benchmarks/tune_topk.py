@@ -151,7 +151,7 @@ class Cand:
             pf = pf and topk_mod.prefilter_applies(n, k)
             if pf:
                 pf = (
-                    topk_mod.PREFILTER_SAMPLE,
+                    topk_mod.prefilter_sample(n),
                     topk_mod.PREFILTER_WARPS,
                     topk_mod.TILE_RADIX_BITS,
                 )

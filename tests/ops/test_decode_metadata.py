@@ -116,6 +116,15 @@ def test_ragged_example(form: str) -> None:
     assert out.decode_lens.tolist() == [1] * 10
 
 
+def test_rows_cut_at_num_tokens() -> None:
+    # Fewer rows than tokens (device data): request 1 loses its last token, not its lengths.
+    seq_lens, bt = i32([10, 7]), i32([[1], [2]], 2, 1)
+    for kw in ({"decode_lens": i32([2, 2])}, {"query_start_loc": i32([5, 7, 9])}):
+        out = expand_decode_tokens(seq_lens, bt, max_decode_len=2, num_tokens=3, **kw)
+        assert out.seq_lens.tolist() == [9, 10, 6], kw
+        assert out.req_id.tolist() == [0, 0, 1] and out.block_table.tolist() == [[1], [1], [2]]
+
+
 def test_default_num_tokens() -> None:
     seq_lens, bt = i32([10, 7, 12, 0]), i32(list(range(8)), 4, 2)
     assert expand_decode_tokens(seq_lens, bt, [3, 1, 4, 0], max_decode_len=4).seq_lens.shape == (8,)
@@ -586,14 +595,20 @@ def test_expand_with_out_no_alloc(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _NoLaunch()
     monkeypatch.setattr(expand_mod, "_expand_kernel", fake)
     seq_lens, bt, dl = i32([10, 7, 12, 0]), i32(list(range(8)), 4, 2), i32([3, 1, 4, 0])
+    offsets = i32([0, 3, 4, 8, 8])
     out = poisoned_out(10, 2, random.Random(0))
     with _FactoryRecorder() as rec:
         expand_decode_tokens(seq_lens, bt, dl, max_decode_len=4, num_tokens=10, out=out)
         expand_decode_tokens(seq_lens, bt, 2, max_decode_len=4, num_tokens=10, out=out)
         expand_decode_tokens(seq_lens, bt, [2] * 4, max_decode_len=4, num_tokens=10, out=out)
-    assert rec.created == [] and fake.launches == 3
-    # One launch each: device data -> ragged kernel, host-known equal lengths -> uniform.
-    assert [k["UNIFORM"] for k in fake.constexprs] == [False, True, True]
+        expand_decode_tokens(
+            seq_lens, bt, query_start_loc=offsets, max_decode_len=4, num_tokens=10, out=out
+        )
+    assert rec.created == [] and fake.launches == 4
+    # One launch each: device data -> ragged kernel (sums, then offsets), host-known equal
+    # lengths -> uniform.
+    assert [k["UNIFORM"] for k in fake.constexprs] == [False, True, True, False]
+    assert [k["QSL"] for k in fake.constexprs] == [False, False, False, True]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ For each (B requests, n tokens per request):
 
 The Triton kernels write into pre-sized ``out`` buffers (as engines do); the ragged kernel
 reads device decode lengths (``triton-ragged``: each program sums them) or device row offsets
-(``triton-qsl``: two loads). The PyTorch-ops path is upstream's ragged fallback
+(``triton-qsl``: its own two). The PyTorch-ops path is upstream's ragged fallback
 (repeat_interleave with the host-known total), fed the device decode lengths and the total so
 that it is CUDA-graph capturable. Context lengths L_b are uniform in [n_b, 131072]; the block
 table has W = 2048 random page ids per request (128K context at page 64).

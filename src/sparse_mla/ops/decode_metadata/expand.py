@@ -153,15 +153,17 @@ def _expand_kernel(
         start = b * uniform_n
         total = num_reqs * uniform_n
     elif QSL:
-        # Cumulative starts (an engine's query_start_loc, [B + 1]): two loads, no sums.
-        # Device data: clamped so rows stay inside [0, num_rows) whatever the values.
-        # Differences in int64, so hostile values cannot wrap around.
+        # Cumulative starts (an engine's query_start_loc, [B + 1]): the request's two
+        # offsets, and q[0] and q[B], the same for every program; no sums. Device data:
+        # clamped so rows stay inside [0, num_rows) whatever the values. Differences in
+        # int64, so hostile values cannot wrap around.
+        b64 = b.to(tl.int64)
         q0 = tl.load(dl_ptr).to(tl.int64)
-        start = tl.load(dl_ptr + b * dl_stride, mask=has_req, other=0) - q0
-        end = tl.load(dl_ptr + (b + 1) * dl_stride, mask=has_req, other=0) - q0
+        start = tl.load(dl_ptr + b64 * dl_stride, mask=has_req, other=0) - q0
+        end = tl.load(dl_ptr + (b64 + 1) * dl_stride, mask=has_req, other=0) - q0
         start = tl.minimum(tl.maximum(start, 0), num_rows)
         n = tl.where(has_req, tl.minimum(tl.maximum(end - start, 0), max_decode_len), 0)
-        total = tl.load(dl_ptr + num_reqs * dl_stride) - q0
+        total = tl.load(dl_ptr + num_reqs.to(tl.int64) * dl_stride) - q0
         start = start.to(tl.int32)
         n = n.to(tl.int32)
         total = tl.minimum(tl.maximum(total, 0), num_rows).to(tl.int32)
@@ -169,7 +171,7 @@ def _expand_kernel(
         # Device data, so clamped to [0, max_decode_len] (that also keeps the int32 sums
         # from overflowing).
         offs = tl.arange(0, BLOCK_B)
-        dls = tl.load(dl_ptr + offs * dl_stride, mask=offs < num_reqs, other=0)
+        dls = tl.load(dl_ptr + offs.to(tl.int64) * dl_stride, mask=offs < num_reqs, other=0)
         dls = tl.minimum(tl.maximum(dls, 0), max_decode_len)
         n = tl.sum(tl.where((offs == b) & has_req, dls, 0), axis=0)
         start = tl.sum(tl.where(offs < b, dls, 0), axis=0)
@@ -189,7 +191,7 @@ def _expand_kernel(
         # The request's rows (rows past num_rows are not written).
         j = tl.arange(0, BLOCK_N)
         rows = start + j
-        mine = (j < n) & (rows < num_rows)
+        mine = (j < n) & (j < num_rows - start)  # not start + j < num_rows: it may wrap
         # Clamp before subtracting so a hostile negative length cannot wrap around.
         length = tl.maximum(tl.maximum(seq_len, 0) - n + j + 1, 0)
         if DCP:
@@ -380,8 +382,8 @@ def _launch_expand(
     device_decode_lens: torch.Tensor | None = None,
     query_start_loc: torch.Tensor | None = None,
 ) -> None:
-    """Exactly one of ``uniform_n`` (uniform kernel), ``query_start_loc`` (row starts, two
-    loads a program) or ``device_decode_lens`` (each program sums all B lengths)."""
+    """Exactly one of ``uniform_n`` (uniform kernel), ``query_start_loc`` (row starts: each
+    program reads its own two) or ``device_decode_lens`` (each program sums all B lengths)."""
     num_tokens = out.seq_lens.shape[0]
     if num_tokens == 0:
         return
@@ -519,12 +521,13 @@ def expand_decode_tokens(
             the first row of each request, as the cumulative query offsets engines keep
             (vLLM's ``query_start_loc``): ``n_b = q[b + 1] - q[b]``, rows of request ``b``
             from ``q[b] - q[0]`` (so a slice of a larger batch's offsets serves). The fastest
-            ragged form: each program reads two offsets instead of summing all ``B`` decode
+            ragged form: each program reads its two offsets instead of summing all ``B`` decode
             lengths. Device data, never read on the host; out of order values cannot write
             outside the ``N`` rows: the start ``s_b = q[b] - q[0]`` and the total
             ``q[B] - q[0]`` are clamped to ``[0, N]``, ``n_b = q[b + 1] - q[0] - s_b`` to
-            ``[0, max_decode_len]``. Where requests' rows then overlap, each entry of such
-            a row comes from one of them; rows none claims below the total are not written.
+            ``[0, max_decode_len]``. Where requests' rows then overlap (each other, or the
+            padding rows from the total on), each entry of such a row comes from one of
+            them; rows none claims below the total are not written.
         dcp_size, dcp_rank, dcp_interleave: decode context parallelism. With ``dcp_size > 1``
             each per-token length is replaced, after expansion, by the number of positions
             ``p < len`` this rank owns, ``owner(p) = (p // dcp_interleave) % dcp_size``.
