@@ -163,7 +163,8 @@ def _expand_kernel(
         end = tl.load(dl_ptr + (b64 + 1) * dl_stride, mask=has_req, other=0) - q0
         start = tl.minimum(tl.maximum(start, 0), num_rows)
         n = tl.where(has_req, tl.minimum(tl.maximum(end - start, 0), max_decode_len), 0)
-        total = tl.load(dl_ptr + num_reqs.to(tl.int64) * dl_stride) - q0
+        # (b64 * 0 + num_reqs: int64 even when the launch makes num_reqs == 1 a constant)
+        total = tl.load(dl_ptr + (b64 * 0 + num_reqs) * dl_stride) - q0
         start = start.to(tl.int32)
         n = n.to(tl.int32)
         total = tl.minimum(tl.maximum(total, 0), num_rows).to(tl.int32)
