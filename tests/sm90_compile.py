@@ -1,0 +1,186 @@
+"""Compile every kernel launch of the quick verification sweep for Hopper (sm_90), on a CPU.
+
+The interpreter that runs the test suite is not the compiler: some code runs there and not
+on a GPU. An integer argument equal to 1, for example, becomes a compile-time constant on
+the GPU (Triton specialises it), so ``n.to(...)`` on it compiles in the interpreter and
+fails on the GPU. This script has two steps, each in its own process, because the execution
+mode is fixed when Triton is first imported:
+
+    python tests/sm90_compile.py record LAUNCHES.json   # interpreter: record the launches
+    TRITON_INTERPRET=0 python tests/sm90_compile.py compile LAUNCHES.json
+
+``record`` runs ``sparse-mla verify --quick``'s cases (which must pass) with every kernel
+wrapped by a recorder, and keeps each distinct launch: the kernel, its argument types and
+integers, the compile-time constants and the warps. ``compile`` builds each kind of launch
+for sm_90 as a GPU launch would: with every integer argument equal to 1 (Triton makes such
+an argument a constant), and once per kernel with none; ``PDL`` as on Hopper. It uses
+``triton.compile`` down to a cubin, which needs Triton's NVIDIA backend (in the PyPI wheel)
+and no GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+
+MODULES = (
+    "sparse_mla.ops.decode_metadata.expand",
+    "sparse_mla.ops.remap.remap",
+    "sparse_mla.ops.topk.topk",
+    "sparse_mla.ops.indexer.logits",
+    "sparse_mla.ops.kv_cache.kv_cache",
+)
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
+
+
+def _describe(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return ["ptr", str(value.dtype).removeprefix("torch.")]
+    if value is None:
+        return ["none"]
+    if isinstance(value, bool):
+        return ["bool", value]
+    if isinstance(value, int):
+        return ["int", value]
+    if isinstance(value, float):
+        return ["float", value]
+    return ["const", value if isinstance(value, str) else repr(value)]
+
+
+def record(path: str) -> int:
+    from sparse_mla import verify  # first: it picks the interpreter before Triton loads
+
+    # isort: split
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launches: dict[str, dict] = {}
+
+    class Recorder:
+        def __init__(self, module: str, name: str, kernel) -> None:
+            self.module, self.name, self.kernel = module, name, kernel
+
+        def __call__(self, *args, **kwargs):  # a helper called from another kernel
+            return self.kernel(*args, **kwargs)
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                self.kernel[grid](*args, **kwargs)  # the case goes on to its other launches
+                entry = {
+                    "module": self.module,
+                    "kernel": self.name,
+                    "args": [_describe(a) for a in args],
+                    "kwargs": {k: _describe(v) for k, v in sorted(kwargs.items())},
+                }
+                # The value of an int only matters as "1 or not" (specialisation) and width.
+                key = json.dumps(
+                    {
+                        **entry,
+                        "args": [
+                            ["int", a[1] == 1, abs(a[1]) < 2**31] if a[0] == "int" else a
+                            for a in entry["args"]
+                        ],
+                    }
+                )
+                launches.setdefault(key, entry)
+
+            return launch
+
+    for name in MODULES:
+        module = importlib.import_module(name)
+        for attr, value in vars(module).items():
+            if isinstance(value, InterpretedFunction):
+                setattr(module, attr, Recorder(name, attr, value))
+
+    dev = verify.default_device()
+    failed = [c for c in verify.build_cases(quick=True) if verify.run_case(c, dev) is not None]
+    assert not failed, f"verify cases failed while recording: {failed[:3]}"
+    with open(path, "w") as f:
+        json.dump(list(launches.values()), f, indent=1)
+    print(f"recorded {len(launches)} distinct launches")
+    return 0
+
+
+_POINTER = {
+    "int32": "*i32",
+    "int64": "*i64",
+    "int8": "*i8",
+    "uint8": "*u8",
+    "float32": "*fp32",
+    "float16": "*fp16",
+    "bfloat16": "*bf16",
+    "float8_e4m3fn": "*fp8e4nv",
+}
+
+
+def _signature(fn, entry: dict, ones: bool) -> tuple[dict, dict]:
+    """Triton's signature and constants for one launch, as on the GPU: every integer
+    argument specialised to the constant 1 (``ones``) or none of them."""
+    values = dict(zip(fn.arg_names, entry["args"], strict=False))
+    values.update({k: v for k, v in entry["kwargs"].items() if k not in LAUNCH_OPTIONS})
+    signature, constexprs = {}, {}
+    for p in fn.params:
+        kind, *rest = values[p.name]
+        value = rest[0] if rest else None
+        if p.is_constexpr or kind in ("none", "const") or (kind == "int" and ones):
+            value = 1 if kind == "int" and not p.is_constexpr else value
+            if p.name == "PDL" and value == 0:
+                value = 1  # Hopper: the programmatic-dependent-launch code is compiled in
+            signature[p.name], constexprs[p.name] = "constexpr", value
+        elif kind == "ptr":
+            signature[p.name] = _POINTER[value]
+        elif kind == "int":
+            signature[p.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+        elif kind == "bool":
+            signature[p.name] = "i1"
+        else:
+            signature[p.name] = "fp32"
+    return signature, constexprs
+
+
+def compile_all(path: str) -> int:
+    import os
+
+    assert os.environ.get("TRITON_INTERPRET") == "0", "run with TRITON_INTERPRET=0"
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+    with open(path) as f:
+        launches = json.load(f)
+    # Launches that differ only in integer values compile alike, but for the integers a GPU
+    # launch turns into the constant 1: compile each group with all of them 1, and each
+    # kernel's first group also with none of them 1.
+    groups = {}
+    for e in launches:
+        key = json.dumps([e["module"], e["kernel"], e["kwargs"], [a[0] for a in e["args"]]])
+        groups.setdefault(key, e)
+    failed = total = 0
+    seen = set()
+    t0 = time.time()
+    for entry in groups.values():
+        fn = getattr(importlib.import_module(entry["module"]), entry["kernel"])
+        options = {
+            k: entry["kwargs"][k][1] for k in ("num_warps", "num_stages") if k in entry["kwargs"]
+        }
+        for ones in (True, False) if entry["kernel"] not in seen else (True,):
+            seen.add(entry["kernel"])
+            total += 1
+            signature, constexprs = _signature(fn, entry, ones)
+            try:
+                src = ASTSource(fn, signature, constexprs)
+                triton.compile(src, target=target, options=options)
+            except Exception as e:  # noqa: BLE001  (report every failure, then fail)
+                failed += 1
+                print(f"FAIL {entry['kernel']} {constexprs}\n  {type(e).__name__}: {str(e)[:2000]}")
+    print(f"compiled {total - failed}/{total} for sm_90 in {time.time() - t0:.0f}s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    step, out = sys.argv[1], sys.argv[2]
+    sys.exit(record(out) if step == "record" else compile_all(out))

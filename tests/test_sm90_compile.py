@@ -1,0 +1,44 @@
+"""Every kernel launch of the quick sweep compiles for Hopper (sm_90), with no GPU.
+
+The rest of the suite runs the kernels in Triton's interpreter, which accepts code the GPU
+compiler rejects (tests/sm90_compile.py says why and how this works). A few minutes: the
+sweep is recorded in one process, then each kind of launch compiled in another.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("sm90_compile.py")
+
+
+def _has_nvidia_backend() -> bool:
+    return importlib.util.find_spec("triton.backends.nvidia") is not None
+
+
+@pytest.mark.skipif(not _has_nvidia_backend(), reason="Triton without its NVIDIA backend")
+def test_every_launch_compiles_for_sm90(tmp_path: Path) -> None:
+    launches = tmp_path / "launches.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_INTERPRET"] = "1"
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "record", str(launches)], env=env, check=True, timeout=1200
+    )
+    # A fresh cache: every kernel is compiled here, none found from an earlier run.
+    env.update(
+        TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path / "c")
+    )
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "compile", str(launches)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
