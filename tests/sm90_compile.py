@@ -98,10 +98,30 @@ def record(path: str) -> int:
     dev = verify.default_device()
     failed = [c for c in verify.build_cases(quick=True) if verify.run_case(c, dev) is not None]
     assert not failed, f"verify cases failed while recording: {failed[:3]}"
+    _launch_the_rest()
     with open(path, "w") as f:
         json.dump(list(launches.values()), f, indent=1)
     print(f"recorded {len(launches)} distinct launches")
     return 0
+
+
+def _launch_the_rest() -> None:
+    """The kernels the sweep does not reach: native lengths (also the builder's) and DCP."""
+    import torch
+
+    from sparse_mla.ops.decode_metadata import (
+        DecodeMetadataBuilder,
+        dcp_local_seq_lens,
+        native_decode_seq_lens,
+    )
+
+    for reqs in (1, 3):
+        lens = torch.arange(5, 5 + reqs, dtype=torch.int32)
+        for dcp in (1, 2):
+            native_decode_seq_lens(lens, next_n=2, dcp_size=dcp, dcp_rank=dcp - 1)
+            dcp_local_seq_lens(lens, dcp_size=2, dcp_rank=1, interleave=dcp)
+            builder = DecodeMetadataBuilder(8, 4, 4, 2, native_decode_lens=(2,), dcp_size=dcp)
+            builder.build(lens, torch.zeros(reqs, 4, dtype=torch.int32), [2] * reqs)
 
 
 _POINTER = {
