@@ -10,8 +10,8 @@ mode is fixed when Triton is first imported:
     TRITON_INTERPRET=0 python tests/sm90_compile.py compile LAUNCHES.json
 
 ``record`` runs ``sparse-mla verify --quick``'s cases (which must pass) with every kernel
-wrapped by a recorder, and keeps each distinct launch: the kernel, its argument types and
-integers, the compile-time constants and the warps. ``compile`` builds each kind of launch
+wrapped by a recorder, and keeps one launch of each kind: the kernel, its argument types,
+the compile-time constants and the warps. ``compile`` builds each kind of launch
 for sm_90 as a GPU launch would: with every integer argument equal to 1 (Triton makes such
 an argument a constant), and once per kernel with none; ``PDL`` as on Hopper. It uses
 ``triton.compile`` down to a cubin, which needs Triton's NVIDIA backend (in the PyPI wheel)
@@ -75,16 +75,10 @@ def record(path: str) -> int:
                     "args": [_describe(a) for a in args],
                     "kwargs": {k: _describe(v) for k, v in sorted(kwargs.items())},
                 }
-                # The value of an int only matters as "1 or not" (specialisation) and width.
-                key = json.dumps(
-                    {
-                        **entry,
-                        "args": [
-                            ["int", a[1] == 1, abs(a[1]) < 2**31] if a[0] == "int" else a
-                            for a in entry["args"]
-                        ],
-                    }
-                )
+                # Launches that differ only in integer values compile alike but for the
+                # integers a GPU launch turns into the constant 1 (compile_all's two cases).
+                kinds = [a[0] for a in entry["args"]]
+                key = json.dumps([self.module, self.name, entry["kwargs"], kinds])
                 launches.setdefault(key, entry)
 
             return launch
@@ -101,7 +95,7 @@ def record(path: str) -> int:
     _launch_the_rest()
     with open(path, "w") as f:
         json.dump(list(launches.values()), f, indent=1)
-    print(f"recorded {len(launches)} distinct launches")
+    print(f"recorded {len(launches)} kinds of launch")
     return 0
 
 
@@ -172,17 +166,12 @@ def compile_all(path: str) -> int:
     target = GPUTarget("cuda", 90, 32)
     with open(path) as f:
         launches = json.load(f)
-    # Launches that differ only in integer values compile alike, but for the integers a GPU
-    # launch turns into the constant 1: compile each group with all of them 1, and each
-    # kernel's first group also with none of them 1.
-    groups = {}
-    for e in launches:
-        key = json.dumps([e["module"], e["kernel"], e["kwargs"], [a[0] for a in e["args"]]])
-        groups.setdefault(key, e)
+    # Each kind of launch with every integer argument 1, and each kernel's first also with
+    # none of them 1.
     failed = total = 0
     seen = set()
     t0 = time.time()
-    for entry in groups.values():
+    for entry in launches:
         fn = getattr(importlib.import_module(entry["module"]), entry["kernel"])
         options = {
             k: entry["kwargs"][k][1] for k in ("num_warps", "num_stages") if k in entry["kwargs"]
