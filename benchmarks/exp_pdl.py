@@ -7,9 +7,11 @@ calls rotating over input sets).
 Remap (K=2048/512/384, valid counts, random positions): the auto layout with PDL mode 0
 (off), 1 (trigger the next launch early, then wait) and 2 (only wait), beside the
 tiled-atomic baseline. Expansion (W = 2048): uniform data and ragged data of the same token
-count, with PDL mode 0, 1 and 2, or with ``--expand-set copy`` the block-table columns per
-program (fixed at 512, 1024 or 2048). (Earlier versions of this script also timed 1-8 output
-rows per program and the previous one-program-per-row kernel: see the results page.)
+count, with PDL mode 0, 1 and 2; with ``--expand-set copy`` the block-table columns per
+program (fixed at 512, 1024 or 2048); with ``--expand-set s8`` the evict-first stores, the
+``query_start_loc`` form and the programs the chunks are sized for. (Earlier versions of
+this script also timed 1-8 output rows per program and the previous one-program-per-row
+kernel: see the results page.)
 """
 
 from __future__ import annotations
@@ -99,14 +101,15 @@ EXPAND_KNOBS = {
     "copy": [{}] + [dict(MIN_COPY_CHUNK=c, MAX_COPY_CHUNK=c) for c in (512, 1024, 2048)],
     # session 8: the evict-first hint on the stores (default now; "" = without), ragged
     # data given as query_start_loc (no per-program sums of all decode lengths), chunks for
-    # about 1024 programs (the default before) or always 2048 columns. (8 warps, tried
-    # first, were 0.1-0.9 us slower in most cells.)
+    # about 1024 programs (the default before) or 256 (offsets), or always 2048 columns.
+    # (8 warps, tried first, were 0.1-0.9 us slower in most cells. The logged runs before
+    # COPY_PROGRAMS_OFFSETS existed had "qsl=True,COPY_PROGRAMS=1024" in its place.)
     "s8": [
         {},
         dict(STORE_EVICT=""),
         dict(qsl=True),
         dict(COPY_PROGRAMS=1024),
-        dict(qsl=True, COPY_PROGRAMS=1024),
+        dict(qsl=True, COPY_PROGRAMS_OFFSETS=256),
         dict(MIN_COPY_CHUNK=2048, MAX_COPY_CHUNK=2048),
     ],
 }

@@ -130,9 +130,9 @@ def _expand_kernel(
     PDL: tl.constexpr,
 ):
     # One program per (request, chunk of block-table columns): its chunk of the request's
-    # n rows, then of its share of the padding rows. Where the rows start is a masked sum of
-    # the decode lengths before it: no scan (one program per output row had to scan all B
-    # lengths to find its request).
+    # n rows, then of its share of the padding rows. Where the rows start: b * n (uniform),
+    # the request's offset (query_start_loc), or a masked sum of the device decode lengths
+    # before it; never a scan (one program per output row had to scan all B lengths).
     pdl_prologue(PDL)
     b = tl.program_id(0)
     has_req = b < num_reqs
