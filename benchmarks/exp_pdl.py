@@ -9,7 +9,8 @@ Remap (K=2048/512/384, valid counts, random positions): the auto layout with PDL
 tiled-atomic baseline. Expansion (W = 2048): uniform data and ragged data of the same token
 count, with PDL mode 0, 1 and 2; with ``--expand-set copy`` the block-table columns per
 program (fixed at 512, 1024 or 2048); with ``--expand-set s8`` the evict-first stores, the
-``query_start_loc`` form and the programs the chunks are sized for. (Earlier versions of
+``query_start_loc`` form and the programs the chunks are sized for; with ``--expand-set s9``
+narrower chunks for small B. (Earlier versions of
 this script also timed 1-8 output rows per program and the previous one-program-per-row
 kernel: see the results page.)
 """
@@ -112,6 +113,15 @@ EXPAND_KNOBS = {
         dict(qsl=True, COPY_PROGRAMS_OFFSETS=256),
         dict(MIN_COPY_CHUNK=2048, MAX_COPY_CHUNK=2048),
     ],
+    # session 9: narrower chunks (more programs) for small B, where ragged data leaves some
+    # SMs with more rows to store than others.
+    "s9": [
+        {},
+        dict(MIN_COPY_CHUNK=256),
+        dict(qsl=True),
+        dict(qsl=True, MIN_COPY_CHUNK=256),
+        dict(qsl=True, MIN_COPY_CHUNK=128),
+    ],
 }
 
 
@@ -121,6 +131,8 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
     grid = [(4, 2)] if quick else [(b, n) for n in (2, 3, 4, 8) for b in (64, 256, 512)]
     if knob_set == "s8" and not quick:
         grid = [(1, 4), (8, 4), (64, 2), (256, 4), (256, 8), (512, 3), (512, 4), (512, 8)]
+    if knob_set == "s9" and not quick:
+        grid = [(1, 2), (8, 8), (64, 4), (64, 8), (256, 8), (512, 8)]
     width, ctx = (64, 4096) if quick else (2048, 131072)
     rows = []
     for b, n in grid:

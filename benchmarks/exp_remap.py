@@ -1,6 +1,6 @@
 """Experiment: remap kernel structures (plain remap with valid counts), timed in a CUDA graph.
 
-    PYTHONPATH=src python benchmarks/exp_remap.py [--out DIR] [--quick]
+    PYTHONPATH=src python benchmarks/exp_remap.py [--out DIR] [--quick] [--data exp|bench]
 
 Candidates: the library kernel (auto layout, the previous auto layout without staging or
 evict-first, whole-row layouts with 4-16 warps with and without both, tiled-atomic), a
@@ -10,6 +10,10 @@ next row, and a plain copy of the indices with the same grid (the practical floo
 access pattern). Positions random or ascending (select_topk's order). Logs of the runs that
 set the ``auto`` policy: docs/results/2026-11-29-h200/exp_remap-*.log (earlier versions of
 this script also timed 1-2 warps, splitting rows over two column tiles and counting off).
+Session 9 added the whole block-table row staged without waiting for the positions
+(``staged-full``), ``torch`` copies of the indices, and ``--data bench``: the bench's inputs
+(rows share requests, sets rotated for 2x L2) with the evict-first hint toggled and staging
+for narrow K.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from sparse_mla import RemapLayout, choose_remap_layout, convert_req_index_to_global_index
 from sparse_mla._runtime import next_pow2, num_sms
+from sparse_mla.bench.remap import make_remap_set
 from sparse_mla.bench.timing import measure_copy_bandwidth, measure_graph, select_backend
 from sparse_mla.ops.remap.naive import convert_req_index_to_global_index_reference
 
@@ -48,6 +53,7 @@ def _staged_kernel(
     BS: tl.constexpr,
     NBP: tl.constexpr,
     EVICT: tl.constexpr,
+    FULL: tl.constexpr,
 ):
     r = tl.program_id(0)
     cols = tl.arange(0, KP)
@@ -58,12 +64,18 @@ def _staged_kernel(
     tok = tl.load(ti_ptr + r64 * K + cols, mask=inside, other=-1, eviction_policy=EVICT)
     page = tok // BS
     valid = inside & (tok >= 0) & (page < tl.where(row_ok, num_blocks, 0))
-    # Only the pages this row references: [0, max page].
-    top = tl.max(tl.where(valid, page, -1), 0)
     p = tl.arange(0, NBP)
-    bt = tl.load(
-        bt_ptr + req.to(tl.int64) * bt_s0 + p, mask=p <= tl.where(row_ok, top, -1), other=0
-    )
+    if FULL:
+        # The whole row: its load waits only for req, not for the positions.
+        bt = tl.load(
+            bt_ptr + req.to(tl.int64) * bt_s0 + p, mask=p < tl.where(row_ok, num_blocks, 0), other=0
+        )
+    else:
+        # Only the pages this row references: [0, max page].
+        top = tl.max(tl.where(valid, page, -1), 0)
+        bt = tl.load(
+            bt_ptr + req.to(tl.int64) * bt_s0 + p, mask=p <= tl.where(row_ok, top, -1), other=0
+        )
     base = tl.gather(bt, tl.where(valid, page, 0), 0)
     val = tl.where(valid, base * BS + tok % BS, -1)
     tl.store(out_ptr + r64 * K + cols, val, mask=inside, eviction_policy=EVICT)
@@ -119,7 +131,7 @@ def _copy_kernel(ti_ptr, out_ptr, K: tl.constexpr, KP: tl.constexpr):
     tl.store(out_ptr + r * K + cols, x, mask=cols < K)
 
 
-def staged(s, warps, evict=""):
+def staged(s, warps, evict="", full=False):
     req, bt, idx, out, cnt = s
     t, k = idx.shape
     _staged_kernel[(t,)](
@@ -137,6 +149,7 @@ def staged(s, warps, evict=""):
         BS=64,
         NBP=next_pow2(bt.shape[1]),
         EVICT=evict,
+        FULL=full,
         num_warps=warps,
     )
 
@@ -215,8 +228,45 @@ def candidates(t, k):
             c[f"w{w} stage{' evict' * evict}"] = lambda s, lay=lay: lib(s, lay)
     c["copy w4"] = lambda s: copy(s, 4)
     c["staged-exp w4"] = lambda s: staged(s, 4)
+    c["staged-exp w4 evict"] = lambda s: staged(s, 4, "evict_first")
+    c["staged-full w4 evict"] = lambda s: staged(s, 4, "evict_first", full=True)
+    c["staged-full w8 evict"] = lambda s: staged(s, 8, "evict_first", full=True)
+    c["copy torch"] = lambda s: s[3].copy_(s[2])
     for w, per_sm in ((4, 8), (8, 4)):
         c[f"persistent w{w} x{per_sm}"] = lambda s, w=w, p=per_sm: persistent(s, w, p)
+    return c
+
+
+def make_bench_sets(t, k, dev, quick):
+    """The bench's data (sparse_mla.bench.remap: at most 1024 requests, so from 1024 rows on
+    several rows share a block-table row; contexts up to 128K) in enough sets for 2x L2."""
+    width, ctx = (64, 4096) if quick else (2048, 131072)
+    one = t * k * 8 + min(t, 1024) * width * 4
+    n = 1 if quick else max(2, min(64, -(-120_000_000 // one)))
+    sets = []
+    for _ in range(n):
+        d = make_remap_set(t, k, width=width, ctx=ctx, max_requests=1024, device=dev)
+        sets.append((d["req_id"], d["block_table"], d["token_indices"], d["out"], d["counts"]))
+    return sets
+
+
+def bench_candidates(t, k):
+    """The auto layout against the same with the evict-first hint toggled; for K <= 512 also
+    staging the block-table prefix (session 9: slower at every size). A hint on the index
+    loads only, with plain stores, gained nothing (session 9): the stores carry the effect."""
+    auto = choose_remap_layout(k, count_valid=True, num_rows=t, num_blocks=2048)
+    flip = dataclasses.replace(auto, evict_first=not auto.evict_first)
+    c = {
+        f"lib auto {auto.num_warps}w{' evict' * auto.evict_first}": lambda s: lib(s, auto),
+        f"auto, evict {'off' if auto.evict_first else 'on'}": lambda s: lib(s, flip),
+    }
+    if not auto.stage_pages:
+        for w in (2, 4, 8):
+            for evict in (False, True):
+                lay = dataclasses.replace(auto, num_warps=w, evict_first=evict, stage_pages=True)
+                c[f"stage w{w}{' evict' * evict}"] = lambda s, lay=lay: lib(s, lay)
+    c["copy w4"] = lambda s: copy(s, 4)
+    c["copy torch"] = lambda s: s[3].copy_(s[2])
     return c
 
 
@@ -237,30 +287,46 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ks", default="2048,512,384", help="comma-separated K values")
+    ap.add_argument(
+        "--data",
+        default="exp",
+        choices=("exp", "bench"),
+        help="exp: every row its own request, positions over the whole 128K table, 2-4 sets "
+        "(L2-warm); bench: the bench's data, sets for 2x L2, evict-first toggled, staging "
+        "for K <= 512",
+    )
     args = ap.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     be = select_backend(allow_cpu=args.quick)
     dev = be.device
     grid = (
-        [(2048, 4)]
+        [(ks[0], 4)]
         if args.quick
         else [
             (k, t) for k in ks for t in ((1, 256, 1024, 16384) if k == 2048 else (256, 1024, 16384))
         ]
     )
+    bench_data = args.data == "bench"
+    if bench_data and not args.quick:
+        grid = [(k, t) for k in ks for t in (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)]
     bw = measure_copy_bandwidth(be, 1 << 20 if args.quick else 1 << 30)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
     results = []
     for k, t in grid:
-        for ascending in (False, True):
+        for ascending in (False,) if bench_data else (False, True):
             nsets = 1 if args.quick else (2 if t >= 4096 else 4)
-            sets = make_sets(t, k, nsets, ascending, dev)
+            if bench_data:
+                sets = make_bench_sets(t, k, dev, args.quick)
+            else:
+                sets = make_sets(t, k, nsets, ascending, dev)
             floor_us = t * k * 8 / bw * 1e6
             print(
                 f"\nK={k} T={t} {'ascending' if ascending else 'random'}"
+                f"{f' bench data, {len(sets)} sets' if bench_data else ''}"
                 f"  bytes floor {floor_us:.2f} us"
             )
-            for name, fn in candidates(t, k).items():
+            cands = bench_candidates(t, k) if bench_data else candidates(t, k)
+            for name, fn in cands.items():
                 try:
                     ok_out, ok_cnt = (
                         check(fn, sets[0]) if not name.startswith("copy") else (True, True)

@@ -29,6 +29,7 @@ for step in "$@"; do
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
     exp_remap) run exp_remap python3 benchmarks/exp_remap.py --out "$W" ${EXP_REMAP_ARGS:-} ;;
     exp_pdl) run exp_pdl python3 benchmarks/exp_pdl.py --out "$W" ${EXP_PDL_ARGS:-} ;;
+    exp_gemm_peak) run exp_gemm_peak python3 benchmarks/exp_gemm_peak.py --out "$W" ;;
     exp_topk_indexer) run exp_topk_indexer python3 benchmarks/exp_topk_indexer.py ;;
     exp_topk) run exp_topk python3 benchmarks/exp_topk.py --out "$W" ${EXP_TOPK_ARGS:-} ;;
     tune_topk) run tune_topk python3 benchmarks/tune_topk.py --out "$W" ${TUNE_TOPK_ARGS:-} ;;

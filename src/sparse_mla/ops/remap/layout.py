@@ -12,8 +12,9 @@ Three policies share one kernel:
     small (latency), 4 warps once there are enough rows to fill the chip. Rows of 1024+
     positions stage the block-table prefix they use on chip and gather from there (random
     global gathers cost one L1 wavefront per distinct line: 17% slower at K=2048); narrow rows
-    in large batches stream indices and slots with an evict-first hint (10-15% faster at
-    K=384/512 from 1024 rows, neutral elsewhere). On Hopper the launch uses programmatic
+    in large batches, and any call that streams more than half of L2, read indices and
+    write slots with an evict-first hint (10-15% faster at K=384/512 from 1024 rows, 4-10%
+    at K=2048 from 2048 rows when tokens share requests). On Hopper the launch uses programmatic
     dependent launch, so it overlaps the tail of the kernel before it (benchmarks/exp_pdl.py).
 ``seed``
     The upstream fix as published: a single 8-warp tile per row only when counting and K is
@@ -45,6 +46,13 @@ MANY_ROWS = 1024
 MAX_STAGED_PAGES = 4096
 # Narrowest rows that stage their block-table prefix (narrower rows touch too few entries).
 STAGE_MIN_COLS = 1024
+# Calls of MANY_ROWS+ rows that stream at least this many index elements (32 MB of indices
+# and slots, half the H200's L2) evict them first whatever K: the block-table rows stay
+# cached for the other tokens of their request. K = 2048 from 2048 rows: 4-10% faster
+# (bench data, up to 1024 requests; benchmarks/exp_remap.py --data bench). Smaller calls
+# were within -6..+4%, except 64 rows (22% faster, from block tables the bench's set
+# rotation leaves cached; an engine's one table stays cached anyway).
+EVICT_MIN_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,7 @@ def choose_remap_layout(
         atomic=False,
         tail_in_kernel=True,
         num_warps=num_warps,
-        evict_first=many and block_cols <= 512,
+        evict_first=many and (block_cols <= 512 or num_rows * num_cols >= EVICT_MIN_ELEMENTS),
         stage_pages=stage,
         # Waiting for the previous launch was faster than without PDL at every measured
         # shape; letting the next launch start early as well was faster still for narrow
