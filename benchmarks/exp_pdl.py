@@ -114,10 +114,13 @@ EXPAND_KNOBS = {
         dict(MIN_COPY_CHUNK=2048, MAX_COPY_CHUNK=2048),
     ],
     # session 9: narrower chunks (more programs) for small B, where ragged data leaves some
-    # SMs with more rows to store than others.
+    # SMs with more rows to store than others; fewer or more programs; and (uniform data)
+    # a fill_ of the output table, what writing it alone costs.
     "s9": [
         {},
         dict(MIN_COPY_CHUNK=256),
+        dict(COPY_PROGRAMS=128),
+        dict(COPY_PROGRAMS=1024),
         dict(qsl=True),
         dict(qsl=True, MIN_COPY_CHUNK=256),
         dict(qsl=True, MIN_COPY_CHUNK=128),
@@ -188,6 +191,12 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
                 name = ",".join(f"{kk}={v}" for kk, v in knob.items()) or "default"
                 print(f"  {name:44} {us:8.2f} us{'' if ok else '  WRONG'}")
                 rows.append(dict(op="expand", b=b, n=n, ragged=ragged, name=name, us=us, ok=ok))
+            if knob_set == "s9" and not ragged:
+                # What writing the output table alone costs (no reads): the expansion's
+                # practical floor, which may beat a copy's read + write bandwidth.
+                us = timed([lambda s=s: s["out"].block_table.fill_(7) for s in sets], be, quick)
+                print(f"  {'fill_ of the output table (writes only)':44} {us:8.2f} us")
+                rows.append(dict(op="expand", b=b, n=n, ragged=False, name="fill_", us=us))
 
             be.release()
     return rows
