@@ -1,14 +1,16 @@
-"""Experiment: the tensor-core throughput this GPU reaches through cuBLAS, to bound the indexer.
+"""Experiment: the GEMM rate cuBLAS reaches on this GPU, to bound the indexer's native logits.
 
     PYTHONPATH=src python3 benchmarks/exp_gemm_peak.py [--out DIR] [--quick]
 
 The native multi-token logits do ``2 * B * n * H * D * ctx`` flops of q.k dot products (137
 GFLOP at 64 requests x 32K, n = 4, 64 heads x 128) and then a relu, a weighted head sum and a
 store for every product. Whatever the layout, that cannot run faster than the dot products
-alone at the best rate the tensor cores reach, so this script times large square GEMMs
-(``torch.matmul`` in bf16, ``torch._scaled_mm`` in e4m3 with fp32 scales, bf16 out; 8192^3
-and 16384 x 16384 x 8192, shapes where cuBLAS is at its best) and prints the time those
-137 GFLOP would take at each measured rate. Each GEMM is replayed in a CUDA graph.
+alone at the rate the tensor cores sustain, so this script times large square GEMMs
+(``torch.matmul`` in bf16; ``torch._scaled_mm`` in e4m3 with fp32 scales and bf16 out, with
+and without ``use_fast_accum`` (Triton's fp8 dot, which our kernel uses, accumulates the
+fast way too); 8192^3 and 16384 x 16384 x 8192, shapes where cuBLAS is at its best) and
+prints the time those 137 GFLOP would take at each measured rate. Each GEMM is replayed in
+a CUDA graph.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ def main() -> None:
             a8 = a.to(torch.float8_e4m3fn)
             b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major, as cuBLAS wants
             one = torch.ones((), device=dev)
-            cands["e4m3 _scaled_mm"] = lambda a8=a8, b8=b8, one=one: torch._scaled_mm(
-                a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16
-            )
+            for fast in (False, True):
+                cands[f"e4m3 _scaled_mm{' fast' * fast}"] = (
+                    lambda a8=a8, b8=b8, one=one, fast=fast: torch._scaled_mm(
+                        a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                        use_fast_accum=fast,
+                    )
+                )  # fmt: skip
         for name, fn in cands.items():
             try:
                 t = measure_graph(
@@ -54,12 +60,12 @@ def main() -> None:
                     backend=be,
                 )
             except Exception as e:  # noqa: BLE001  (report and go on)
-                print(f"{name:16} {m}x{n}x{k}: FAILED {type(e).__name__}: {str(e)[:200]}")
+                print(f"{name:21} {m}x{n}x{k}: FAILED {type(e).__name__}: {str(e)[:200]}")
                 continue
             tflops = 2 * m * n * k / (t.median_us * 1e-6) / 1e12
             at_rate = LOGITS_FLOP / (tflops * 1e12) * 1e6
             print(
-                f"{name:16} {m}x{n}x{k}: {t.median_us:9.1f} us  {tflops:7.1f} TFLOPS  "
+                f"{name:21} {m}x{n}x{k}: {t.median_us:9.1f} us  {tflops:7.1f} TFLOPS  "
                 f"-> the logits' dot products alone: {at_rate:6.1f} us"
             )
             rows.append(dict(name=name, m=m, n=n, k=k, us=t.median_us, tflops=tflops))

@@ -189,8 +189,18 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
                 ok = all(torch.equal(g.cpu(), w) for g, w in zip(s["out"], want, strict=True))
                 us = timed([lambda s=s, call=call: call(s) for s in sets], be, quick)
                 name = ",".join(f"{kk}={v}" for kk, v in knob.items()) or "default"
-                print(f"  {name:44} {us:8.2f} us{'' if ok else '  WRONG'}")
-                rows.append(dict(op="expand", b=b, n=n, ragged=ragged, name=name, us=us, ok=ok))
+                for kk in old:  # the chunk this knob gives (knobs that change nothing show)
+                    setattr(expand_mod, kk, knob[kk])
+                try:
+                    bw_, progs = expand_mod._copy_layout(len(lens), width, bool(knob.get("qsl")))
+                finally:
+                    for kk, v in old.items():
+                        setattr(expand_mod, kk, v)
+                chunk = f"{bw_} cols x {progs}"
+                print(f"  {name:44} {us:8.2f} us  {chunk:>14}{'' if ok else '  WRONG'}")
+                rows.append(
+                    dict(op="expand", b=b, n=n, ragged=ragged, name=name, us=us, ok=ok, chunk=chunk)
+                )
             if knob_set == "s9" and not ragged:
                 # What writing the output table alone costs (no reads): the expansion's
                 # practical floor, which may beat a copy's read + write bandwidth.

@@ -26,7 +26,7 @@ import os
 import torch
 
 from sparse_mla import RemapLayout, choose_remap_layout, convert_req_index_to_global_index
-from sparse_mla._runtime import next_pow2, num_sms
+from sparse_mla._runtime import next_pow2, num_sms, pdl_launch, pdl_prologue
 from sparse_mla.bench.remap import make_remap_set
 from sparse_mla.bench.timing import measure_copy_bandwidth, measure_graph, select_backend
 from sparse_mla.ops.remap.naive import convert_req_index_to_global_index_reference
@@ -124,7 +124,8 @@ def _persistent_kernel(
 
 
 @triton.jit
-def _copy_kernel(ti_ptr, out_ptr, K: tl.constexpr, KP: tl.constexpr):
+def _copy_kernel(ti_ptr, out_ptr, K: tl.constexpr, KP: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, KP)
     x = tl.load(ti_ptr + r * K + cols, mask=cols < K)
@@ -175,10 +176,12 @@ def persistent(s, warps, per_sm):
     )
 
 
-def copy(s, warps):
+def copy(s, warps, pdl=0):
     idx, out = s[2], s[3]
     t, k = idx.shape
-    _copy_kernel[(t,)](idx, out, K=k, KP=next_pow2(k), num_warps=warps)
+    _copy_kernel[(t,)](
+        idx, out, K=k, KP=next_pow2(k), num_warps=warps, **pdl_launch(idx.device, pdl)
+    )
 
 
 def lib(s, layout, counts=True):
@@ -239,7 +242,8 @@ def candidates(t, k):
 
 def make_bench_sets(t, k, dev, quick):
     """The bench's data (sparse_mla.bench.remap: at most 1024 requests, so from 1024 rows on
-    several rows share a block-table row; contexts up to 128K) in enough sets for 2x L2."""
+    several rows share a block-table row; contexts up to 128K) in enough sets for 2x L2
+    (at least 2, where the bench may use 1)."""
     width, ctx = (64, 4096) if quick else (2048, 131072)
     one = t * k * 8 + min(t, 1024) * width * 4
     n = 1 if quick else max(2, min(64, -(-120_000_000 // one)))
@@ -251,14 +255,17 @@ def make_bench_sets(t, k, dev, quick):
 
 
 def bench_candidates(t, k):
-    """The auto layout against the same with the evict-first hint toggled; for K <= 512 also
+    """The auto layout against the same with the evict-first hint toggled and with the other
+    programmatic-dependent-launch mode (1 <-> 2); for K <= 512 also
     staging the block-table prefix (session 9: slower at every size). A hint on the index
     loads only, with plain stores, gained nothing (session 9): the stores carry the effect."""
     auto = choose_remap_layout(k, count_valid=True, num_rows=t, num_blocks=2048)
     flip = dataclasses.replace(auto, evict_first=not auto.evict_first)
+    pdl = dataclasses.replace(auto, pdl=1 if auto.pdl == 2 else 2)
     c = {
         f"lib auto {auto.num_warps}w{' evict' * auto.evict_first}": lambda s: lib(s, auto),
         f"auto, evict {'off' if auto.evict_first else 'on'}": lambda s: lib(s, flip),
+        f"auto, pdl={pdl.pdl}": lambda s: lib(s, pdl),
     }
     if not auto.stage_pages:
         for w in (2, 4, 8):
@@ -266,6 +273,10 @@ def bench_candidates(t, k):
                 lay = dataclasses.replace(auto, num_warps=w, evict_first=evict, stage_pages=True)
                 c[f"stage w{w}{' evict' * evict}"] = lambda s, lay=lay: lib(s, lay)
     c["copy w4"] = lambda s: copy(s, 4)
+    # With programmatic dependent launch, as the library's remap launches (its gain is the
+    # launch gap between calls in a graph), so the copy bound is not the slower of the two.
+    c["copy w4 pdl=2"] = lambda s: copy(s, 4, pdl=2)
+    c["copy w4 pdl=1"] = lambda s: copy(s, 4, pdl=1)
     c["copy torch"] = lambda s: s[3].copy_(s[2])
     return c
 
@@ -287,6 +298,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ks", default="2048,512,384", help="comma-separated K values")
+    ap.add_argument("--tokens", default=None, help="comma-separated T values (--data bench)")
     ap.add_argument(
         "--data",
         default="exp",
@@ -308,7 +320,10 @@ def main() -> None:
     )
     bench_data = args.data == "bench"
     if bench_data and not args.quick:
-        grid = [(k, t) for k in ks for t in (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)]
+        ts = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)
+        if args.tokens:
+            ts = tuple(int(t) for t in args.tokens.split(","))
+        grid = [(k, t) for k in ks for t in ts]
     bw = measure_copy_bandwidth(be, 1 << 20 if args.quick else 1 << 30)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
     results = []

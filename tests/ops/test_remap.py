@@ -138,9 +138,12 @@ def test_layout_auto_owns_rows_for_every_width():
     # Narrow rows in large batches stream with evict-first.
     assert choose_remap_layout(384, count_valid=True, num_rows=4096).evict_first
     assert not choose_remap_layout(384, count_valid=True, num_rows=64).evict_first
-    # So do calls that stream more than half of L2 (2048 x 2048 elements), whatever K.
+    # So do plain calls of 1024+ rows that stream more than half of L2 (2048 x 2048 elements).
     assert choose_remap_layout(2048, count_valid=True, num_rows=2048).evict_first
     assert not choose_remap_layout(2048, count_valid=True, num_rows=1024).evict_first
+    assert not choose_remap_layout(8192, count_valid=True, num_rows=512).evict_first
+    assert not choose_remap_layout(2048, count_valid=True).evict_first  # rows unknown
+    assert not choose_remap_layout(2048, count_valid=True, compact=True, num_rows=4096).evict_first
     # Programmatic dependent launch: early trigger only for narrow rows in small grids.
     assert choose_remap_layout(512, count_valid=True, num_rows=256).pdl == 1
     assert choose_remap_layout(512, count_valid=True, num_rows=1024).pdl == 2

@@ -12,10 +12,11 @@ Three policies share one kernel:
     small (latency), 4 warps once there are enough rows to fill the chip. Rows of 1024+
     positions stage the block-table prefix they use on chip and gather from there (random
     global gathers cost one L1 wavefront per distinct line: 17% slower at K=2048); narrow rows
-    in large batches, and any call that streams more than half of L2, read indices and
-    write slots with an evict-first hint (10-15% faster at K=384/512 from 1024 rows, 4-10%
-    at K=2048 from 2048 rows when tokens share requests). On Hopper the launch uses programmatic
-    dependent launch, so it overlaps the tail of the kernel before it (benchmarks/exp_pdl.py).
+    in large batches, and plain calls of 1024+ rows that stream more than half of L2, read
+    indices and write slots with an evict-first hint (10-15% faster at K=384/512 from 1024
+    rows; 4-10% at K=2048 from 2048 rows when tokens share requests). On Hopper the launch
+    uses programmatic dependent launch, so it overlaps the tail of the kernel before it
+    (benchmarks/exp_pdl.py).
 ``seed``
     The upstream fix as published: a single 8-warp tile per row only when counting and K is
     a power of two; otherwise the tiled layout below (atomics when counting).
@@ -46,12 +47,13 @@ MANY_ROWS = 1024
 MAX_STAGED_PAGES = 4096
 # Narrowest rows that stage their block-table prefix (narrower rows touch too few entries).
 STAGE_MIN_COLS = 1024
-# Calls of MANY_ROWS+ rows that stream at least this many index elements (32 MB of indices
-# and slots, half the H200's L2) evict them first whatever K: the block-table rows stay
-# cached for the other tokens of their request. K = 2048 from 2048 rows: 4-10% faster
-# (bench data, up to 1024 requests; benchmarks/exp_remap.py --data bench). Smaller calls
-# were within -6..+4%, except 64 rows (22% faster, from block tables the bench's set
-# rotation leaves cached; an engine's one table stays cached anyway).
+# Plain (non-compacting) calls of MANY_ROWS+ rows that stream at least this many index
+# elements (32 MB of indices and slots, half of the H200's 60 MB L2) evict them first,
+# whatever K: the block-table rows stay cached for the other tokens of their request.
+# Measured at K = 2048 (benchmarks/exp_remap.py --data bench: up to 1024 requests, so rows
+# share them): 4-10% faster from 2048 rows; below, between 6% faster and 8% slower, so off.
+# When every row has its own request there is nothing to keep: 0-4% slower at 16384 rows.
+# DCP compaction was not measured with it, so it keeps the narrow-row rule only.
 EVICT_MIN_ELEMENTS = 1 << 22
 
 
@@ -167,7 +169,8 @@ def choose_remap_layout(
         atomic=False,
         tail_in_kernel=True,
         num_warps=num_warps,
-        evict_first=many and (block_cols <= 512 or num_rows * num_cols >= EVICT_MIN_ELEMENTS),
+        evict_first=many
+        and (block_cols <= 512 or (not compact and num_rows * num_cols >= EVICT_MIN_ELEMENTS)),
         stage_pages=stage,
         # Waiting for the previous launch was faster than without PDL at every measured
         # shape; letting the next launch start early as well was faster still for narrow
