@@ -10,7 +10,7 @@ tiled-atomic baseline. Expansion (W = 2048): uniform data and ragged data of the
 count, with PDL mode 0, 1 and 2; with ``--expand-set copy`` the block-table columns per
 program (fixed at 512, 1024 or 2048); with ``--expand-set s8`` the evict-first stores, the
 ``query_start_loc`` form and the programs the chunks are sized for; with ``--expand-set s9``
-narrower chunks for small B. (Earlier versions of
+other chunk sizes and a ``fill_`` of the output table. (Earlier versions of
 this script also timed 1-8 output rows per program and the previous one-program-per-row
 kernel: see the results page.)
 """
@@ -18,6 +18,7 @@ kernel: see the results page.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -128,6 +129,19 @@ EXPAND_KNOBS = {
 }
 
 
+@contextlib.contextmanager
+def applied(knob: dict):
+    """The expansion module's constants set as ``knob`` says, restored on exit."""
+    old = {kk: getattr(expand_mod, kk) for kk in knob if kk != "qsl"}
+    for kk in old:
+        setattr(expand_mod, kk, knob[kk])
+    try:
+        yield
+    finally:
+        for kk, v in old.items():
+            setattr(expand_mod, kk, v)
+
+
 def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
     dev = be.device
     rng = random.Random(0)
@@ -151,28 +165,21 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
             for knob in knobs:
                 if knob.get("qsl") and not ragged:
                     continue
-                old = {kk: getattr(expand_mod, kk) for kk in knob if kk != "qsl"}
                 for ss in sets:
                     if knob.get("qsl") and "qsl" not in ss:
                         cum = torch.cumsum(ss["decode_lens"], 0, dtype=torch.int32)
                         ss["qsl"] = torch.cat([cum.new_zeros(1), cum])
 
-                def call(s, knob=knob, old=old, ragged=ragged, n=n, total=total):
-                    for kk in old:
-                        setattr(expand_mod, kk, knob[kk])
-                    try:
-                        dl = s["decode_lens"] if ragged else n
-                        if knob.get("qsl"):
-                            kw = dict(query_start_loc=s["qsl"])
-                        else:
-                            kw = dict(decode_lens=dl, uniform=not ragged)
+                def call(s, knob=knob, ragged=ragged, n=n, total=total):
+                    if knob.get("qsl"):
+                        kw = dict(query_start_loc=s["qsl"])
+                    else:
+                        kw = dict(decode_lens=s["decode_lens"] if ragged else n, uniform=not ragged)
+                    with applied(knob):
                         expand_decode_tokens(
                             s["seq_lens"], s["block_table"], max_decode_len=n,
                             num_tokens=total, out=s["out"], **kw,
                         )  # fmt: skip
-                    finally:
-                        for kk, v in old.items():
-                            setattr(expand_mod, kk, v)
 
                 s = sets[0]
                 for ss in sets:
@@ -189,13 +196,8 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
                 ok = all(torch.equal(g.cpu(), w) for g, w in zip(s["out"], want, strict=True))
                 us = timed([lambda s=s, call=call: call(s) for s in sets], be, quick)
                 name = ",".join(f"{kk}={v}" for kk, v in knob.items()) or "default"
-                for kk in old:  # the chunk this knob gives (knobs that change nothing show)
-                    setattr(expand_mod, kk, knob[kk])
-                try:
+                with applied(knob):  # the chunk it gives (so knobs that change nothing show)
                     bw_, progs = expand_mod._copy_layout(len(lens), width, bool(knob.get("qsl")))
-                finally:
-                    for kk, v in old.items():
-                        setattr(expand_mod, kk, v)
                 chunk = f"{bw_} cols x {progs}"
                 print(f"  {name:44} {us:8.2f} us  {chunk:>14}{'' if ok else '  WRONG'}")
                 rows.append(
