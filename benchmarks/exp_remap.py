@@ -255,28 +255,31 @@ def make_bench_sets(t, k, dev, quick):
 
 
 def bench_candidates(t, k):
-    """The auto layout against the same with the evict-first hint toggled and with the other
-    programmatic-dependent-launch mode (1 <-> 2); for K <= 512 also
+    """The auto layout against the same with the evict-first hint toggled and with each other
+    programmatic-dependent-launch mode (1, 2, 3; see RemapLayout.pdl); for K <= 512 also
     staging the block-table prefix (session 9: slower at every size). A hint on the index
     loads only, with plain stores, gained nothing (session 9): the stores carry the effect."""
     auto = choose_remap_layout(k, count_valid=True, num_rows=t, num_blocks=2048)
     flip = dataclasses.replace(auto, evict_first=not auto.evict_first)
-    pdl = dataclasses.replace(auto, pdl=1 if auto.pdl == 2 else 2)
     c = {
-        f"lib auto {auto.num_warps}w{' evict' * auto.evict_first}": lambda s: lib(s, auto),
+        f"lib auto {auto.num_warps}w{' evict' * auto.evict_first} pdl={auto.pdl}": (
+            lambda s: lib(s, auto)
+        ),
         f"auto, evict {'off' if auto.evict_first else 'on'}": lambda s: lib(s, flip),
-        f"auto, pdl={pdl.pdl}": lambda s: lib(s, pdl),
     }
+    for mode in sorted({1, 2, 3} - {auto.pdl}):
+        lay = dataclasses.replace(auto, pdl=mode)
+        c[f"auto, pdl={mode}"] = lambda s, lay=lay: lib(s, lay)
     if not auto.stage_pages:
         for w in (2, 4, 8):
             for evict in (False, True):
                 lay = dataclasses.replace(auto, num_warps=w, evict_first=evict, stage_pages=True)
                 c[f"stage w{w}{' evict' * evict}"] = lambda s, lay=lay: lib(s, lay)
     c["copy w4"] = lambda s: copy(s, 4)
-    # With programmatic dependent launch, as the library's remap launches (its gain is the
-    # launch gap between calls in a graph), so the copy bound is not the slower of the two.
-    c["copy w4 pdl=2"] = lambda s: copy(s, 4, pdl=2)
-    c["copy w4 pdl=1"] = lambda s: copy(s, 4, pdl=1)
+    # With programmatic dependent launch too (the remap's gain from it is the launch gap
+    # between calls in a graph), so the copy bound is not the slower of the two.
+    for mode in (2, 1, 3):
+        c[f"copy w4 pdl={mode}"] = lambda s, mode=mode: copy(s, 4, pdl=mode)
     c["copy torch"] = lambda s: s[3].copy_(s[2])
     return c
 

@@ -102,15 +102,19 @@ def pdl_launch(device: torch.device, mode: int) -> dict:
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
     """First statement of a kernel launched with ``launch_pdl`` (PDL >= 1): wait until the
-    previous kernel has finished and its writes are visible; with PDL = 1, first let the
-    next kernel in the stream start launching its programs. Nothing before it may touch
-    global memory, since the previous kernel may still be writing any of it.
+    previous kernel has finished and its writes are visible. PDL = 1 first lets the next
+    kernel in the stream start launching its programs; PDL = 3 lets it start right after
+    the wait (so at most two launches overlap, where 1 can chain several); PDL = 2 only
+    waits. Nothing before it may touch global memory, since the previous kernel may still
+    be writing any of it.
 
-    PDL = 1 relies on the CUDA contract for whatever follows: a kernel launched after it
-    *with* the PDL attribute must itself wait (``griddepcontrol.wait`` or
+    PDL = 1 and 3 rely on the CUDA contract for whatever follows: a kernel launched after
+    it *with* the PDL attribute must itself wait (``griddepcontrol.wait`` or
     ``cudaGridDependencySynchronize``) before it reads this kernel's outputs; kernels
     launched without the attribute start only after this one has finished."""
     if PDL == 1:
         gdc_launch_dependents()
     if PDL >= 1:
         gdc_wait()
+    if PDL == 3:
+        gdc_launch_dependents()

@@ -147,7 +147,12 @@ def test_layout_auto_owns_rows_for_every_width():
     # Programmatic dependent launch: early trigger only for narrow rows in small grids.
     assert choose_remap_layout(512, count_valid=True, num_rows=256).pdl == 1
     assert choose_remap_layout(512, count_valid=True, num_rows=1024).pdl == 2
-    assert choose_remap_layout(2048, count_valid=True, num_rows=1).pdl == 2
+    # Wide rows: wait, then let the next launch start, below 512 rows; only wait from there.
+    assert choose_remap_layout(2048, count_valid=True, num_rows=1).pdl == 3
+    assert choose_remap_layout(2048, count_valid=True, num_rows=256).pdl == 3
+    assert choose_remap_layout(2048, count_valid=True, num_rows=512).pdl == 2
+    assert choose_remap_layout(2048, count_valid=True).pdl == 2  # rows unknown
+    assert choose_remap_layout(2048, count_valid=True, compact=True, num_rows=256).pdl == 2
 
 
 def test_layout_seed_and_tiled_policies():
@@ -215,6 +220,7 @@ def test_odd_widths_and_multi_chunk_rows(k):
         RemapLayout(1, 128, 3, 1, False, True, 4, stage_pages=True),
         RemapLayout(1, 128, 3, 1, False, True, 4, pdl=1),  # PDL: on the GPU only
         RemapLayout(1, 512, 1, 1, False, True, 8, stage_pages=True, pdl=2),
+        RemapLayout(1, 512, 1, 1, False, True, 8, stage_pages=True, pdl=3),
         staged(384, evict_first=True),
     ],
 )
@@ -538,8 +544,8 @@ def test_bad_custom_layouts_and_arguments():
             block_size=16,
             layout=RemapLayout(1, 128, 1, 2, True, True, 4),
         )
-    with pytest.raises(ValueError, match="pdl must be 0, 1 or 2"):
-        conv(req, bt, idx, layout=RemapLayout(1, 256, 1, 1, False, True, 4, pdl=3))
+    with pytest.raises(ValueError, match="pdl must be 0, 1, 2 or 3"):
+        conv(req, bt, idx, layout=RemapLayout(1, 256, 1, 1, False, True, 4, pdl=4))
     with pytest.raises(ValueError, match="stage_pages needs rows_per_program == 1"):
         conv(req, bt, idx, layout=RemapLayout(2, 256, 1, 1, False, True, 4, stage_pages=True))
     with pytest.raises(ValueError, match="stage_pages needs a block table of 1..4096"):

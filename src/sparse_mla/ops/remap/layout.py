@@ -55,6 +55,9 @@ STAGE_MIN_COLS = 1024
 # When every row has its own request there is nothing to keep: 0-4% slower at 16384 rows.
 # DCP compaction was not measured with it, so it keeps the narrow-row rule only.
 EVICT_MIN_ELEMENTS = 1 << 22
+# Plain (non-compacting) calls of wide rows in grids below this many rows use PDL mode 3
+# (see choose_remap_layout); DCP compaction was not measured with it.
+PDL_AFTER_WAIT_MAX_ROWS = 512
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,11 @@ class RemapLayout:
             and gather page ids on chip instead of from global memory; needs a block table
             of at most ``MAX_STAGED_PAGES`` columns and one row per program.
         pdl: programmatic dependent launch (Hopper on; ignored elsewhere): 0 off, 1 let the
-            next launch start its programs early and wait for the previous one, 2 only wait.
-            Hides the launch gap between this kernel and its neighbours in a stream. With 1,
-            a kernel launched next with the PDL attribute must wait for this one before it
-            reads the output (the CUDA contract; see ``_runtime.pdl_prologue``).
+            next launch start its programs early and wait for the previous one, 2 only wait,
+            3 wait and then let the next launch start. Hides the launch gap between this
+            kernel and its neighbours in a stream. With 1 or 3, a kernel launched next with
+            the PDL attribute must wait for this one before it reads the output (the CUDA
+            contract; see ``_runtime.pdl_prologue``).
     """
 
     rows_per_program: int
@@ -173,10 +177,22 @@ def choose_remap_layout(
         and (block_cols <= 512 or (not compact and num_rows * num_cols >= EVICT_MIN_ELEMENTS)),
         stage_pages=stage,
         # Waiting for the previous launch was faster than without PDL at every measured
-        # shape; letting the next launch start early as well was faster still for narrow
-        # rows in small grids, slower for K=2048 at 64-256 rows and for 1024 narrow rows.
-        pdl=1 if block_cols <= 512 and not many else 2,
+        # shape. Letting the next launch start early as well (1) was faster still for
+        # narrow rows in small grids, but up to 19% slower for K=2048 at 256 rows and for
+        # 1024 narrow rows. Letting it start right after the wait (3) was 9-12% faster for
+        # K=2048 at 32-256 rows, 6-7% slower at 512, within 2% elsewhere (three runs of the
+        # plain remap; benchmarks/exp_remap.py --data bench).
+        pdl=pdl_mode(block_cols, num_rows, compact),
     )
+
+
+def pdl_mode(block_cols: int, num_rows: int | None, compact: bool) -> int:
+    """The auto layout's programmatic-dependent-launch mode (see :class:`RemapLayout`)."""
+    many = num_rows is not None and num_rows >= MANY_ROWS
+    if block_cols <= 512:
+        return 2 if many else 1
+    small = num_rows is not None and num_rows < PDL_AFTER_WAIT_MAX_ROWS
+    return 3 if small and not compact else 2
 
 
 def validate_layout(
@@ -206,8 +222,8 @@ def validate_layout(
                 f"layout {layout}: with several column tiles the -1 tail must be pre-filled "
                 "(tail_in_kernel=False)"
             )
-    if isinstance(layout.pdl, bool) or layout.pdl not in (0, 1, 2):
-        raise ValueError(f"layout {layout}: pdl must be 0, 1 or 2")
+    if isinstance(layout.pdl, bool) or layout.pdl not in (0, 1, 2, 3):
+        raise ValueError(f"layout {layout}: pdl must be 0, 1, 2 or 3")
     if layout.stage_pages and not 1 <= num_blocks <= MAX_STAGED_PAGES:
         raise ValueError(
             f"layout {layout}: stage_pages needs a block table of 1..{MAX_STAGED_PAGES} "
