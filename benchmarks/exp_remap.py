@@ -332,10 +332,10 @@ def main() -> None:
     results = []
     for k, t in grid:
         for ascending in (False,) if bench_data else (False, True):
-            nsets = 1 if args.quick else (2 if t >= 4096 else 4)
             if bench_data:
                 sets = make_bench_sets(t, k, dev, args.quick)
             else:
+                nsets = 1 if args.quick else (2 if t >= 4096 else 4)
                 sets = make_sets(t, k, nsets, ascending, dev)
             floor_us = t * k * 8 / bw * 1e6
             print(

@@ -151,13 +151,24 @@ def choose_remap_layout(
 
     block_cols = min(next_pow2(num_cols), MAX_CHUNK)
     num_chunks = -(-num_cols // block_cols)
-    if num_rows is not None and num_rows >= MANY_ROWS:
+    many = num_rows is not None and num_rows >= MANY_ROWS
+    if many:
         num_warps = 4
     else:
         num_warps = 16 if block_cols <= 1024 else 8
     # Never more warps than one element per thread.
     num_warps = max(1, min(num_warps, block_cols // 32))
-    many = num_rows is not None and num_rows >= MANY_ROWS
+    # Waiting for the previous launch was faster than without PDL at every measured shape.
+    # Letting the next launch start early as well (1) was faster still for narrow rows in
+    # small grids, but up to 19% slower for K=2048 at 256 rows and for 1024 narrow rows.
+    # Letting it start right after the wait (3) was 9-12% faster for K=2048 at 32-256 rows,
+    # 6-7% slower at 512, within 2% elsewhere (three runs of the plain remap;
+    # benchmarks/exp_remap.py --data bench).
+    if block_cols <= 512:
+        pdl = 2 if many else 1
+    else:
+        small = num_rows is not None and num_rows < PDL_AFTER_WAIT_MAX_ROWS
+        pdl = 3 if small and not compact else 2
     stage = (
         HAS_GATHER
         and num_cols >= STAGE_MIN_COLS
@@ -176,23 +187,8 @@ def choose_remap_layout(
         evict_first=many
         and (block_cols <= 512 or (not compact and num_rows * num_cols >= EVICT_MIN_ELEMENTS)),
         stage_pages=stage,
-        # Waiting for the previous launch was faster than without PDL at every measured
-        # shape. Letting the next launch start early as well (1) was faster still for
-        # narrow rows in small grids, but up to 19% slower for K=2048 at 256 rows and for
-        # 1024 narrow rows. Letting it start right after the wait (3) was 9-12% faster for
-        # K=2048 at 32-256 rows, 6-7% slower at 512, within 2% elsewhere (three runs of the
-        # plain remap; benchmarks/exp_remap.py --data bench).
-        pdl=pdl_mode(block_cols, num_rows, compact),
+        pdl=pdl,
     )
-
-
-def pdl_mode(block_cols: int, num_rows: int | None, compact: bool) -> int:
-    """The auto layout's programmatic-dependent-launch mode (see :class:`RemapLayout`)."""
-    many = num_rows is not None and num_rows >= MANY_ROWS
-    if block_cols <= 512:
-        return 2 if many else 1
-    small = num_rows is not None and num_rows < PDL_AFTER_WAIT_MAX_ROWS
-    return 3 if small and not compact else 2
 
 
 def validate_layout(
