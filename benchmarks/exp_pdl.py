@@ -10,7 +10,8 @@ tiled-atomic baseline. Expansion (W = 2048): uniform data and ragged data of the
 count, with PDL mode 0, 1 and 2; with ``--expand-set copy`` the block-table columns per
 program (fixed at 512, 1024 or 2048); with ``--expand-set s8`` the evict-first stores, the
 ``query_start_loc`` form and the programs the chunks are sized for; with ``--expand-set s9``
-other chunk sizes and a ``fill_`` of the output table. (Earlier versions of
+other chunk sizes and a ``fill_`` of the output table; with ``--expand-set s10`` PDL mode 3
+beside 2 and 1. (Earlier versions of
 this script also timed 1-8 output rows per program and the previous one-program-per-row
 kernel: see the results page.)
 """
@@ -126,6 +127,15 @@ EXPAND_KNOBS = {
         dict(qsl=True, MIN_COPY_CHUNK=256),
         dict(qsl=True, MIN_COPY_CHUNK=128),
     ],
+    # session 10: PDL mode 3 (wait, then let the next launch start) beside 2 (the default)
+    # and 1, uniform and given offsets.
+    "s10": [
+        {},
+        dict(USE_PDL=3),
+        dict(USE_PDL=1),
+        dict(qsl=True),
+        dict(qsl=True, USE_PDL=3),
+    ],
 }
 
 
@@ -150,6 +160,8 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
         grid = [(1, 4), (8, 4), (64, 2), (256, 4), (256, 8), (512, 3), (512, 4), (512, 8)]
     if knob_set == "s9" and not quick:
         grid = [(1, 2), (8, 8), (64, 4), (64, 8), (256, 8), (512, 8)]
+    if knob_set == "s10" and not quick:
+        grid = [(8, 4), (64, 8), (256, 4), (256, 8), (512, 4), (512, 8)]
     width, ctx = (64, 4096) if quick else (2048, 131072)
     rows = []
     for b, n in grid:

@@ -13,7 +13,12 @@ this script also timed 1-2 warps, splitting rows over two column tiles and count
 Session 9 added the whole block-table row staged without waiting for the positions
 (``staged-full``), ``torch`` copies of the indices, and ``--data bench``: the bench's inputs
 (rows share requests, sets rotated for 2x L2) with the evict-first hint toggled and staging
-for narrow K.
+for narrow K. Session 10 added, on bench data, ``staged-full`` with PDL modes 3 and 1, a
+standalone ``flat`` kernel for K that is not a power of two (a few rows read as one run;
+the experiment behind ``RemapLayout.flat``), Session 9's auto layout beside the current one,
+and ``dep-copy``: the remap's memory traffic at its best (positions, then the block-table
+entries the row uses once its request id is known, then the slots; no gather, the page
+count handed in), a practical floor for any remap on these inputs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from sparse_mla import RemapLayout, choose_remap_layout, convert_req_index_to_gl
 from sparse_mla._runtime import next_pow2, num_sms, pdl_launch, pdl_prologue
 from sparse_mla.bench.remap import make_remap_set
 from sparse_mla.bench.timing import measure_copy_bandwidth, measure_graph, select_backend
+from sparse_mla.ops.remap import layout as layout_mod
 from sparse_mla.ops.remap.naive import convert_req_index_to_global_index_reference
 
 # isort: split
@@ -54,7 +60,9 @@ def _staged_kernel(
     NBP: tl.constexpr,
     EVICT: tl.constexpr,
     FULL: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_prologue(PDL)
     r = tl.program_id(0)
     cols = tl.arange(0, KP)
     inside = cols < K
@@ -80,6 +88,48 @@ def _staged_kernel(
     val = tl.where(valid, base * BS + tok % BS, -1)
     tl.store(out_ptr + r64 * K + cols, val, mask=inside, eviction_policy=EVICT)
     tl.store(cnt_ptr + r, tl.sum(valid.to(tl.int32), 0))
+
+
+@triton.jit
+def _flat_kernel(
+    req_ptr,
+    bt_ptr,
+    ti_ptr,
+    out_ptr,
+    cnt_ptr,
+    num_tokens,
+    num_req,
+    num_blocks,
+    bt_s0,
+    K: tl.constexpr,
+    RPP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BS: tl.constexpr,
+    EVICT: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # RPP whole rows per program read as one flat run of RPP * K elements in CHUNK-wide
+    # steps (RPP * K a multiple of CHUNK): no masked lanes for K that is not a power of two.
+    pdl_prologue(PDL)
+    row0 = tl.program_id(0) * RPP
+    base = row0.to(tl.int64) * K
+    left = (num_tokens - row0) * K
+    r_ids = tl.arange(0, RPP)
+    counts = tl.zeros([RPP], dtype=tl.int32)
+    for c in tl.static_range(RPP * K // CHUNK):
+        f = c * CHUNK + tl.arange(0, CHUNK)
+        inside = f < left
+        rl = f // K
+        tok = tl.load(ti_ptr + base + f, mask=inside, other=-1, eviction_policy=EVICT)
+        req = tl.load(req_ptr + row0 + rl, mask=inside, other=-1)
+        page = tok // BS
+        valid = inside & (req >= 0) & (req < num_req) & (tok >= 0) & (page < num_blocks)
+        b = tl.load(bt_ptr + req.to(tl.int64) * bt_s0 + page, mask=valid, other=0)
+        val = tl.where(valid, b * BS + tok % BS, -1)
+        tl.store(out_ptr + base + f, val, mask=inside, eviction_policy=EVICT)
+        hit = (rl[None, :] == r_ids[:, None]) & valid[None, :]
+        counts += tl.sum(hit.to(tl.int32), axis=1)
+    tl.store(cnt_ptr + row0 + r_ids, counts, mask=row0 + r_ids < num_tokens)
 
 
 @triton.jit
@@ -124,6 +174,34 @@ def _persistent_kernel(
 
 
 @triton.jit
+def _dep_copy_kernel(
+    req_ptr,
+    pages_ptr,
+    bt_ptr,
+    ti_ptr,
+    out_ptr,
+    bt_s0,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    NBP: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # The memory traffic any remap needs, at its best: the positions and the block-table
+    # entries the row uses, whose address waits for the request id, then the slots. The
+    # page count per row is handed in (a real kernel must find it), and there is no gather.
+    pdl_prologue(PDL)
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    cols = tl.arange(0, KP)
+    x = tl.load(ti_ptr + r64 * K + cols, mask=cols < K)
+    req = tl.load(req_ptr + r)
+    n = tl.load(pages_ptr + r)
+    p = tl.arange(0, NBP)
+    b = tl.load(bt_ptr + req.to(tl.int64) * bt_s0 + p, mask=p < n, other=0)
+    tl.store(out_ptr + r64 * K + cols, x + tl.sum(b, 0), mask=cols < K)
+
+
+@triton.jit
 def _copy_kernel(ti_ptr, out_ptr, K: tl.constexpr, KP: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
@@ -132,7 +210,7 @@ def _copy_kernel(ti_ptr, out_ptr, K: tl.constexpr, KP: tl.constexpr, PDL: tl.con
     tl.store(out_ptr + r * K + cols, x, mask=cols < K)
 
 
-def staged(s, warps, evict="", full=False):
+def staged(s, warps, evict="", full=False, pdl=0):
     req, bt, idx, out, cnt = s
     t, k = idx.shape
     _staged_kernel[(t,)](
@@ -152,6 +230,30 @@ def staged(s, warps, evict="", full=False):
         EVICT=evict,
         FULL=full,
         num_warps=warps,
+        **pdl_launch(idx.device, pdl),
+    )
+
+
+def flat(s, rpp, chunk, warps, evict="", pdl=0):
+    req, bt, idx, out, cnt = s
+    t, k = idx.shape
+    _flat_kernel[(-(-t // rpp),)](
+        req,
+        bt,
+        idx,
+        out,
+        cnt,
+        t,
+        bt.shape[0],
+        bt.shape[1],
+        bt.stride(0),
+        K=k,
+        RPP=rpp,
+        CHUNK=chunk,
+        BS=64,
+        EVICT=evict,
+        num_warps=warps,
+        **pdl_launch(idx.device, pdl),
     )
 
 
@@ -181,6 +283,28 @@ def copy(s, warps, pdl=0):
     t, k = idx.shape
     _copy_kernel[(t,)](
         idx, out, K=k, KP=next_pow2(k), num_warps=warps, **pdl_launch(idx.device, pdl)
+    )
+
+
+# Pages each row uses (max valid page + 1), per index tensor of the bench sets.
+_PAGES: dict[int, torch.Tensor] = {}
+
+
+def dep_copy(s, warps, pdl):
+    req, bt, idx, out, _ = s
+    t, k = idx.shape
+    _dep_copy_kernel[(t,)](
+        req,
+        _PAGES[id(idx)],
+        bt,
+        idx,
+        out,
+        bt.stride(0),
+        K=k,
+        KP=next_pow2(k),
+        NBP=next_pow2(bt.shape[1]),
+        num_warps=warps,
+        **pdl_launch(idx.device, pdl),
     )
 
 
@@ -250,8 +374,22 @@ def make_bench_sets(t, k, dev, quick):
     sets = []
     for _ in range(n):
         d = make_remap_set(t, k, width=width, ctx=ctx, max_requests=1024, device=dev)
-        sets.append((d["req_id"], d["block_table"], d["token_indices"], d["out"], d["counts"]))
+        idx = d["token_indices"]
+        _PAGES[id(idx)] = (torch.where(idx >= 0, idx // 64, -1).amax(1) + 1).to(torch.int32)
+        sets.append((d["req_id"], d["block_table"], idx, d["out"], d["counts"]))
     return sets
+
+
+def previous_auto(k, t):
+    """Session 9's auto layout: no flat runs, no whole-row staging."""
+    old = (layout_mod.FLAT_MIN_ROWS, layout_mod.STAGE_ROW_MAX_ROWS)
+    layout_mod.FLAT_MIN_ROWS, layout_mod.STAGE_ROW_MAX_ROWS = 1 << 62, -1
+    try:  # past the cache, which holds the current rules
+        return layout_mod.choose_remap_layout.__wrapped__(
+            k, count_valid=True, num_rows=t, num_blocks=2048
+        )
+    finally:
+        layout_mod.FLAT_MIN_ROWS, layout_mod.STAGE_ROW_MAX_ROWS = old
 
 
 def bench_candidates(t, k):
@@ -261,8 +399,9 @@ def bench_candidates(t, k):
     loads only, with plain stores, gained nothing (session 9): the stores carry the effect."""
     auto = choose_remap_layout(k, count_valid=True, num_rows=t, num_blocks=2048)
     flip = dataclasses.replace(auto, evict_first=not auto.evict_first)
+    kind = " stage-row" if auto.stage_row else " flat" if auto.flat else ""
     c = {
-        f"lib auto {auto.num_warps}w{' evict' * auto.evict_first} pdl={auto.pdl}": (
+        f"lib auto{kind} {auto.num_warps}w{' evict' * auto.evict_first} pdl={auto.pdl}": (
             lambda s: lib(s, auto)
         ),
         f"auto, evict {'off' if auto.evict_first else 'on'}": lambda s: lib(s, flip),
@@ -270,11 +409,34 @@ def bench_candidates(t, k):
     for mode in sorted({1, 2, 3} - {auto.pdl}):
         lay = dataclasses.replace(auto, pdl=mode)
         c[f"auto, pdl={mode}"] = lambda s, lay=lay: lib(s, lay)
-    if not auto.stage_pages:
+    prev = previous_auto(k, t)
+    if prev != auto:
+        c["previous auto (session 9)"] = lambda s: lib(s, prev)
+    if not auto.stage_pages and not auto.flat:
         for w in (2, 4, 8):
             for evict in (False, True):
                 lay = dataclasses.replace(auto, num_warps=w, evict_first=evict, stage_pages=True)
                 c[f"stage w{w}{' evict' * evict}"] = lambda s, lay=lay: lib(s, lay)
+    ev = "evict_first" if auto.evict_first else ""
+    if k >= 1024:
+        # Session 10: the whole block-table row without waiting for the positions, with
+        # the early-start PDL modes.
+        for w in (8, 16):
+            for mode in (3, 1):
+                c[f"staged-full w{w} pdl={mode}"] = lambda s, w=w, m=mode: staged(
+                    s, w, ev, full=True, pdl=m
+                )
+    if next_pow2(k) != k:
+        # Session 10: whole rows read as a flat run, so no lane is masked off.
+        for rpp, chunk in ((4, 512), (8, 1024), (16, 2048)):
+            if rpp * k % chunk == 0:
+                for w in (4, 8):
+                    c[f"flat {rpp}r x{chunk} w{w}"] = lambda s, r=rpp, ch=chunk, w=w: flat(
+                        s, r, ch, w, ev, auto.pdl
+                    )
+    for w in (4, 16):
+        for mode in (1, 3):
+            c[f"dep-copy w{w} pdl={mode}"] = lambda s, w=w, m=mode: dep_copy(s, w, m)
     c["copy w4"] = lambda s: copy(s, 4)
     # With programmatic dependent launch too (the remap's gain from it is the launch gap
     # between calls in a graph), so the copy bound is not the slower of the two.
@@ -346,9 +508,7 @@ def main() -> None:
             cands = bench_candidates(t, k) if bench_data else candidates(t, k)
             for name, fn in cands.items():
                 try:
-                    ok_out, ok_cnt = (
-                        check(fn, sets[0]) if not name.startswith("copy") else (True, True)
-                    )
+                    ok_out, ok_cnt = check(fn, sets[0]) if "copy" not in name else (True, True)
                     calls = [lambda s=s, fn=fn: fn(s) for s in sets]
                     tm = measure_graph(
                         calls,

@@ -132,6 +132,17 @@ SETS = {
             ("prefilter again", {}, dict(prefilter=True)),
         ],
     ),
+    # session 10: PDL mode 3 (wait, then let the next launch start) for every launch, or
+    # for the radix launches only (the prefilter's keep mode 1)
+    "s10": (
+        [(1, 65536), (8, 65536), (64, 4096), (64, 16384), (64, 65536), (64, 131072)],
+        [
+            ("default", {}, {}),
+            ("PDL 3", dict(USE_PDL=3, PDL_EARLY_PREFILTER=False), {}),
+            ("PDL 3, prefilter's 1", dict(USE_PDL=3), {}),
+            ("default again", {}, {}),
+        ],
+    ),
     # session 7: the fused epilogue at 4K (the one-program row kernel): slots and valid
     # counts apart (the count-store designs tried are on the results page)
     "fused4k": (

@@ -52,7 +52,7 @@ def main() -> int:
         out = torch.empty(rows, k, dtype=torch.int32, device=dev)
         for name, knob, kw in (
             ("prefilter", {}, dict(prefilter=True)),
-            ("prefilter, no PDL", dict(USE_PDL=False), dict(prefilter=True)),
+            ("prefilter, no PDL", dict(USE_PDL=0), dict(prefilter=True)),
             *SAMPLES,
             ("radix", {}, dict(prefilter=False)),
         ):

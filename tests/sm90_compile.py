@@ -100,14 +100,32 @@ def record(path: str) -> int:
 
 
 def _launch_the_rest() -> None:
-    """The kernels the sweep does not reach: native lengths (also the builder's) and DCP."""
+    """The kernels the sweep does not reach: native lengths (also the builder's), DCP, and
+    the remap's layouts for large calls (flat) and whole-row staging."""
     import torch
 
+    from sparse_mla import RemapLayout, convert_req_index_to_global_index
     from sparse_mla.ops.decode_metadata import (
         DecodeMetadataBuilder,
         dcp_local_seq_lens,
         native_decode_seq_lens,
     )
+
+    i32 = dict(dtype=torch.int32)
+    for k, layout in (
+        (384, RemapLayout(4, 512, 3, 1, False, True, 4, evict_first=True, pdl=2, flat=True)),
+        (2048, RemapLayout(1, 2048, 1, 1, False, True, 16, stage_row=True, flat=True)),
+    ):
+        for prefill in (None, torch.full((3,), -1, **i32)):
+            convert_req_index_to_global_index(
+                torch.zeros(3, **i32),
+                torch.zeros(1, 4, **i32),
+                torch.full((3, k), 5, **i32),
+                prefill_request_ids=prefill,
+                prefill_workspace_starts=None if prefill is None else torch.zeros(1, **i32),
+                return_valid_counts=True,
+                layout=layout,
+            )
 
     for reqs in (1, 3):
         lens = torch.arange(5, 5 + reqs, dtype=torch.int32)

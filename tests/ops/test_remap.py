@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -22,6 +24,16 @@ def staged(k: int, **kw) -> RemapLayout:
     """A whole-row layout that gathers page ids from an on-chip copy of the block-table row."""
     cols = 1 << max(k - 1, 0).bit_length()
     return RemapLayout(1, cols, 1, 1, False, True, 4, stage_pages=True, **kw)
+
+
+def flat(k: int, rows: int, cols: int, **kw) -> RemapLayout:
+    """The flat layout: ``rows`` rows a program read as one run in steps of ``cols``."""
+    return RemapLayout(rows, cols, -(-rows * k // cols), 1, False, True, 4, flat=True, **kw)
+
+
+def staged_row(k: int) -> RemapLayout:
+    """One row a program with its whole block-table row on chip (the 1-D kernel)."""
+    return flat(k, 1, 1 << max(k - 1, 0).bit_length(), stage_row=True)
 
 
 def i32(x) -> torch.Tensor:
@@ -98,21 +110,25 @@ def test_dcp_worked_example_compacts_in_column_order():
     assert out.cpu().tolist() == [[-1, 22, -1, 20, -1, 21, -1, -1]]
 
 
-@pytest.mark.parametrize("layout", ["auto", staged(4)])
+@pytest.mark.parametrize(
+    "layout", ["auto", staged(4), staged_row(4), flat(4, 2, 8), flat(4, 4, 16)]
+)
 def test_prefill_rows_use_workspace(layout):
     bt = i32([[1, 2]])
-    idx = i32([[0, 3, -1, 9], [0, 3, -1, 9]])
-    out = sparse_mla.convert_req_index_to_global_index(
-        i32([0, 0]),
+    idx = i32([[0, 3, -1, 9], [0, 3, -1, 9], [2, 1, 0, 5]])
+    out = torch.full_like(idx, POISON)
+    sparse_mla.convert_req_index_to_global_index(
+        i32([0, 0, -5]),  # prefill rows ignore req_id: -5 must not be read through
         bt,
         idx,
         block_size=4,
-        prefill_request_ids=i32([-1, 1]),
+        prefill_request_ids=i32([-1, 1, 0]),
         prefill_workspace_starts=i32([100, 500]),
+        out=out,
         layout=layout,
     )
     # Position 9 is on page 2 of a 2-page table: -1 for the prefill row too (upstream rule).
-    assert out.cpu().tolist() == [[4, 7, -1, -1], [500, 503, -1, -1]]
+    assert out.cpu().tolist() == [[4, 7, -1, -1], [500, 503, -1, -1], [102, 101, 100, 105]]
 
 
 # ---- layout choice (pure) ----------------------------------------------------------------
@@ -144,15 +160,51 @@ def test_layout_auto_owns_rows_for_every_width():
     assert not choose_remap_layout(8192, count_valid=True, num_rows=512).evict_first
     assert not choose_remap_layout(2048, count_valid=True).evict_first  # rows unknown
     assert not choose_remap_layout(2048, count_valid=True, compact=True, num_rows=4096).evict_first
-    # Programmatic dependent launch: early trigger only for narrow rows in small grids.
+    # Programmatic dependent launch: early trigger for narrow rows (compaction: in small
+    # grids only).
     assert choose_remap_layout(512, count_valid=True, num_rows=256).pdl == 1
-    assert choose_remap_layout(512, count_valid=True, num_rows=1024).pdl == 2
+    assert choose_remap_layout(512, count_valid=True, num_rows=1024).pdl == 1
+    assert choose_remap_layout(512, count_valid=True, num_rows=1024, compact=True).pdl == 2
+    assert choose_remap_layout(512, count_valid=True, num_rows=256, compact=True).pdl == 1
     # Wide rows: wait, then let the next launch start, below 512 rows; only wait from there.
     assert choose_remap_layout(2048, count_valid=True, num_rows=1).pdl == 3
     assert choose_remap_layout(2048, count_valid=True, num_rows=256).pdl == 3
     assert choose_remap_layout(2048, count_valid=True, num_rows=512).pdl == 2
     assert choose_remap_layout(2048, count_valid=True).pdl == 2  # rows unknown
     assert choose_remap_layout(2048, count_valid=True, compact=True, num_rows=256).pdl == 2
+
+
+def test_layout_auto_stages_whole_rows_in_small_grids():
+    for t in (1, 256, 1024):
+        lay = choose_remap_layout(2048, count_valid=True, num_rows=t, num_blocks=2048)
+        assert lay.flat and lay.stage_row and not lay.stage_pages
+        assert (lay.rows_per_program, lay.num_chunks, lay.num_warps, lay.pdl) == (1, 1, 16, 3)
+    for kw in (
+        dict(num_rows=2048, num_blocks=2048),  # large grid: the prefix only
+        dict(num_blocks=2048),  # rows unknown
+        dict(num_rows=256, num_blocks=2048, compact=True),  # compaction: not measured
+        dict(num_rows=256),  # table width unknown: no staging at all
+    ):
+        assert not choose_remap_layout(2048, count_valid=True, **kw).stage_row, kw
+    assert not choose_remap_layout(1024, count_valid=True, num_rows=256, num_blocks=64).stage_row
+
+
+def test_layout_auto_flat_for_large_calls_of_odd_narrow_rows():
+    lay = choose_remap_layout(384, count_valid=True, num_rows=4096)
+    assert lay.flat and (lay.rows_per_program, lay.block_cols, lay.num_chunks) == (4, 512, 3)
+    assert lay.evict_first and lay.pdl == 2 and not lay.stage_pages
+    lay = choose_remap_layout(640, count_valid=False, num_rows=1 << 20)
+    assert lay.flat and (lay.rows_per_program, lay.num_chunks) == (4, 5)
+    assert choose_remap_layout(96, count_valid=True, num_rows=4096).rows_per_program == 16
+    for k, kw in (
+        (384, dict(num_rows=1024)),  # small grid
+        (384, dict()),  # rows unknown
+        (384, dict(num_rows=4096, compact=True)),
+        (512, dict(num_rows=4096)),  # a power of two: no idle lanes
+        (100, dict(num_rows=4096)),  # 128 rows in 25 steps: too many
+        (1536, dict(num_rows=4096)),  # wide rows stage their block-table prefix
+    ):
+        assert not choose_remap_layout(k, count_valid=True, **kw).flat, (k, kw)
 
 
 def test_layout_seed_and_tiled_policies():
@@ -181,7 +233,8 @@ def test_random_remap_all_layouts(seed, k):
     want, want_cnt = reference(
         req.cpu(), bt.cpu(), idx.cpu(), block_size=16, return_valid_counts=True
     )
-    for layout in (*LAYOUTS, staged(k)):
+    flats = [flat(k, 4, 512), flat(k, 8, 1024)] if k == 384 else [flat(k, 4, k)]
+    for layout in (*LAYOUTS, staged(k), staged_row(k), *flats):
         out = torch.full_like(idx, POISON)
         cnt = torch.full((tokens,), POISON, dtype=torch.int32, device=DEV)
         got, got_cnt = sparse_mla.convert_req_index_to_global_index(
@@ -252,6 +305,43 @@ def test_explicit_row_packed_chunked_layouts(layout):
         assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
 
 
+@pytest.mark.parametrize(
+    "k,layout",
+    [
+        (12, flat(12, 16, 64)),  # runs of 4 never straddle rows: vectorised on the GPU
+        (6, flat(6, 32, 64)),  # they would: entry by entry
+        (384, flat(384, 4, 512, evict_first=True, pdl=2)),
+        (384, flat(384, 16, 256, pdl=1)),
+        (300, flat(300, 2, 256)),  # 600 entries in 3 steps: the last one part-masked
+        (384, staged_row(384)),
+        (2048, staged_row(2048)),
+    ],
+)
+def test_flat_layouts(k, layout):
+    # Row counts that leave the last program part-empty, DCP without compaction, a
+    # column-major view (no vectorising), an output view inside a wider buffer.
+    for tokens, seed in ((1, 0), (37, 1), (64, 2)):
+        req, bt, idx = rand_case(k * 7 + seed, tokens, k, invalid=0.3, dcp=2)
+        for dcp, view in ((1, idx), (2, idx), (2, idx.t().contiguous().t())):
+            want, want_cnt = reference(
+                req.cpu(), bt.cpu(), idx.cpu(), block_size=16, dcp_size=dcp, dcp_rank=dcp - 1,
+                return_valid_counts=True,
+            )  # fmt: skip
+            wide = torch.full((tokens, k + 3), POISON, dtype=torch.int32, device=DEV)
+            out = wide[:, 1 : k + 1]
+            cnt = torch.full((tokens,), POISON, dtype=torch.int32, device=DEV)
+            sparse_mla.filter_and_convert_dcp_index(
+                req, bt, view, dcp_size=dcp, dcp_rank=dcp - 1, block_size=16, compact=False,
+                return_valid_counts=True, out=out, valid_counts_out=cnt, layout=layout,
+            )  # fmt: skip
+            assert torch.equal(out.cpu(), want) and torch.equal(cnt.cpu(), want_cnt), dcp
+            assert (wide[:, 0] == POISON).all() and (wide[:, k + 1 :] == POISON).all()
+        got = sparse_mla.convert_req_index_to_global_index(
+            req, bt, idx, block_size=16, layout=layout
+        )
+        assert torch.equal(got.cpu(), reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16))
+
+
 @pytest.mark.parametrize("dcp,inter,page", [(2, 1, 16), (2, 16, 16), (4, 1, 64), (4, 64, 64)])
 @pytest.mark.parametrize("compact", [True, False])
 def test_random_dcp_all_layouts(dcp, inter, page, compact):
@@ -318,7 +408,7 @@ def test_dcp_size_one_is_the_plain_remap():
 # ---- adversarial inputs ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", [*LAYOUTS, staged(128)])
+@pytest.mark.parametrize("layout", [*LAYOUTS, staged(128), staged_row(128), flat(128, 2, 64)])
 def test_adversarial_rows(layout):
     bt = i32([[3, 4], [5, 6]])
     big = 2**31 - 1
@@ -546,6 +636,20 @@ def test_bad_custom_layouts_and_arguments():
         )
     with pytest.raises(ValueError, match="pdl must be 0, 1, 2 or 3"):
         conv(req, bt, idx, layout=RemapLayout(1, 256, 1, 1, False, True, 4, pdl=4))
+    with pytest.raises(ValueError, match="stage_row needs flat, one row and one step"):
+        conv(req, bt, idx, layout=RemapLayout(1, 256, 1, 1, False, True, 4, stage_row=True))
+    with pytest.raises(ValueError, match="stage_row needs flat, one row and one step"):
+        conv(req, bt, idx, layout=flat(256, 2, 512, stage_row=True))
+    with pytest.raises(ValueError, match="stage_row needs tl.gather and a block table of 1"):
+        conv(req, torch.zeros(4, 4097, dtype=torch.int32, device=DEV), idx, layout=staged_row(256))
+    with pytest.raises(ValueError, match="flat needs num_chunks == ceil"):
+        conv(req, bt, idx, layout=dataclasses.replace(flat(256, 2, 128), num_chunks=5))
+    with pytest.raises(ValueError, match="flat works without compaction"):
+        sparse_mla.filter_and_convert_dcp_index(
+            req, bt, idx, dcp_size=2, dcp_rank=0, block_size=16, layout=flat(256, 1, 256)
+        )
+    with pytest.raises(ValueError, match="flat works without"):
+        conv(req, bt, idx, layout=staged(256, flat=True))
     with pytest.raises(ValueError, match="stage_pages needs rows_per_program == 1"):
         conv(req, bt, idx, layout=RemapLayout(2, 256, 1, 1, False, True, 4, stage_pages=True))
     with pytest.raises(ValueError, match="stage_pages needs a block table of 1..4096"):

@@ -1,6 +1,6 @@
 """How the remap kernel tiles a ``[T, K]`` index matrix: a small pure function, tested alone.
 
-Three policies share one kernel:
+Three policies share one kernel (and ``auto`` a second one, for flat runs):
 
 ``auto`` (ours)
     One program owns a whole row, so the valid count is a register reduction and a plain
@@ -8,10 +8,13 @@ Three policies share one kernel:
     order, for *every* K: widths that are not a power of two use masked lanes (384 -> 512)
     and very wide rows loop over column chunks with a running count. Measured on an H200
     (benchmarks/tune_remap.py, benchmarks/exp_remap.py, docs/results/): packing several rows
-    into one program never won for K in {384, 512, 2048}; many warps win while the grid is
-    small (latency), 4 warps once there are enough rows to fill the chip. Rows of 1024+
+    into one 2-D tile never won for K in {384, 512, 2048}; many warps win while the grid is
+    small (latency), 4 warps once there are enough rows to fill the chip. Large plain calls
+    of narrow rows whose width is not a power of two use a second kernel that reads a few
+    rows as one flat run (no idle lanes: K=384 11-31% faster from 4096 rows). Rows of 1024+
     positions stage the block-table prefix they use on chip and gather from there (random
-    global gathers cost one L1 wavefront per distinct line: 17% slower at K=2048); narrow rows
+    global gathers cost one L1 wavefront per distinct line: 17% slower at K=2048); in small
+    grids, rows of 2048+ stage the whole block-table row instead; narrow rows
     in large batches, and plain calls of 1024+ rows that stream more than half of L2, read
     indices and write slots with an evict-first hint (10-15% faster at K=384/512 from 1024
     rows; 4-10% at K=2048 from 2048 rows when tokens share requests). On Hopper the launch
@@ -30,6 +33,7 @@ The two upstream policies launch without programmatic dependent launch, as upstr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -58,6 +62,15 @@ EVICT_MIN_ELEMENTS = 1 << 22
 # Plain (non-compacting) calls of wide rows in grids below this many rows use PDL mode 3
 # (see choose_remap_layout); DCP compaction was not measured with it.
 PDL_AFTER_WAIT_MAX_ROWS = 512
+# Plain calls of rows 2048+ wide (K=2048 measured) in grids of up to this many rows stage
+# the whole block-table row (RemapLayout.stage_row), with 16 warps and PDL mode 3.
+STAGE_ROW_MAX_ROWS = 1024
+# Plain calls of narrow rows whose width is not a power of two, from this many rows on,
+# use the flat layout: FLAT_CHUNK entries a step, rows_per_program rows a program, at most
+# MAX_FLAT_CHUNKS steps (K = 384: 4 rows in 3 steps).
+FLAT_MIN_ROWS = 4096
+FLAT_CHUNK = 512
+MAX_FLAT_CHUNKS = 8
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,15 @@ class RemapLayout:
         stage_pages: load the block-table prefix a row references (pages 0..max, coalesced)
             and gather page ids on chip instead of from global memory; needs a block table
             of at most ``MAX_STAGED_PAGES`` columns and one row per program.
+        flat: a second, 1-D kernel: the program reads its ``rows_per_program`` rows as one
+            run of ``rows_per_program * K`` entries in ``num_chunks`` steps of
+            ``block_cols`` (``num_chunks = ceil(rows_per_program * K / block_cols)``), so
+            several rows of a width that is not a power of two mask off no lane. Not with
+            compaction, atomics, column tiles or ``stage_pages``.
+        stage_row: with ``flat``, one row and one step: load the row's whole block-table row
+            as soon as its request id is known, in parallel with the positions, and gather
+            page ids on chip (reads W entries a row, whatever the row uses: for small
+            grids); needs a block table of at most ``MAX_STAGED_PAGES`` columns.
         pdl: programmatic dependent launch (Hopper on; ignored elsewhere): 0 off, 1 let the
             next launch start its programs early and wait for the previous one, 2 only wait,
             3 wait and then let the next launch start. Hides the launch gap between this
@@ -96,6 +118,8 @@ class RemapLayout:
     evict_first: bool = False
     stage_pages: bool = False
     pdl: int = 0
+    stage_row: bool = False
+    flat: bool = False
 
 
 # Pure and called on every launch: cached to keep host overhead down (so the module's
@@ -149,6 +173,31 @@ def choose_remap_layout(
             num_warps=4,
         )
 
+    flat_rows = FLAT_CHUNK // math.gcd(num_cols, FLAT_CHUNK)
+    flat_chunks = flat_rows * num_cols // FLAT_CHUNK
+    if (
+        not compact
+        and num_rows is not None
+        and num_rows >= FLAT_MIN_ROWS
+        and num_cols < STAGE_MIN_COLS
+        and next_pow2(num_cols) != num_cols
+        and flat_chunks <= MAX_FLAT_CHUNKS
+    ):
+        # K = 384 (benchmarks/exp_remap.py --data bench): 11% faster at 4096 rows, 31% at
+        # 16384 than one 512-lane row a program (a quarter of the lanes idle); slower at
+        # 256-1024 rows, where the steps' round trips add up in a small grid.
+        return RemapLayout(
+            flat_rows,
+            FLAT_CHUNK,
+            flat_chunks,
+            1,
+            atomic=False,
+            tail_in_kernel=True,
+            num_warps=4,
+            evict_first=True,
+            pdl=2,
+            flat=True,
+        )
     block_cols = min(next_pow2(num_cols), MAX_CHUNK)
     num_chunks = -(-num_cols // block_cols)
     many = num_rows is not None and num_rows >= MANY_ROWS
@@ -159,13 +208,15 @@ def choose_remap_layout(
     # Never more warps than one element per thread.
     num_warps = max(1, min(num_warps, block_cols // 32))
     # Waiting for the previous launch was faster than without PDL at every measured shape.
-    # Letting the next launch start early as well (1) was faster still for narrow rows in
-    # small grids, but up to 19% slower for K=2048 at 256 rows and for 1024 narrow rows.
-    # Letting it start right after the wait (3) was 9-12% faster for K=2048 at 32-256 rows,
-    # 6-7% slower at 512, within 2% elsewhere (three runs of the plain remap;
-    # benchmarks/exp_remap.py --data bench).
+    # Letting the next launch start early as well (1) was faster still for narrow rows:
+    # in small grids, and on the bench's data also from 1024 rows (K = 384/512: 7-11%
+    # faster at 1024 rows, 1-3% at 4096-16384; two runs); but up to 19% slower for K=2048
+    # at 256 rows. Letting it start right after the wait (3) was 9-12% faster for K=2048
+    # at 32-256 rows, 6-7% slower at 512, within 2% elsewhere (three runs of the plain
+    # remap; benchmarks/exp_remap.py --data bench). DCP compaction keeps the rules it
+    # was measured with.
     if block_cols <= 512:
-        pdl = 2 if many else 1
+        pdl = 2 if many and compact else 1
     else:
         small = num_rows is not None and num_rows < PDL_AFTER_WAIT_MAX_ROWS
         pdl = 3 if small and not compact else 2
@@ -176,6 +227,27 @@ def choose_remap_layout(
         and num_blocks is not None
         and 1 <= num_blocks <= MAX_STAGED_PAGES
     )
+    if (
+        stage
+        and block_cols >= 2048
+        and not compact
+        and num_rows is not None
+        and num_rows <= STAGE_ROW_MAX_ROWS
+    ):
+        # The whole block-table row needs no wait for the positions: K=2048 4-18% faster at
+        # 1-1024 rows, with 16 warps and PDL mode 3 (benchmarks/exp_remap.py --data bench).
+        return RemapLayout(
+            1,
+            block_cols,
+            1,
+            1,
+            atomic=False,
+            tail_in_kernel=True,
+            num_warps=16,
+            pdl=3,
+            flat=True,
+            stage_row=True,
+        )
     return RemapLayout(
         1,
         block_cols,
@@ -229,3 +301,22 @@ def validate_layout(
         raise ValueError(f"layout {layout}: stage_pages needs tl.gather (Triton >= 3.2)")
     if layout.stage_pages and layout.rows_per_program != 1:
         raise ValueError(f"layout {layout}: stage_pages needs rows_per_program == 1")
+    if layout.flat:
+        if compact or layout.atomic or layout.col_tiles != 1 or layout.stage_pages:
+            raise ValueError(
+                f"layout {layout}: flat works without compaction, atomics, column tiles "
+                "and stage_pages"
+            )
+        if layout.num_chunks != -(-layout.rows_per_program * num_cols // layout.block_cols):
+            raise ValueError(
+                f"layout {layout}: flat needs num_chunks == ceil(rows_per_program * K / "
+                f"block_cols) (K={num_cols})"
+            )
+    if layout.stage_row:
+        if not layout.flat or layout.rows_per_program != 1 or layout.num_chunks != 1:
+            raise ValueError(f"layout {layout}: stage_row needs flat, one row and one step")
+        if not 1 <= num_blocks <= MAX_STAGED_PAGES or not HAS_GATHER:
+            raise ValueError(
+                f"layout {layout}: stage_row needs tl.gather and a block table of "
+                f"1..{MAX_STAGED_PAGES} columns, got {num_blocks}"
+            )

@@ -19,6 +19,40 @@ from .layout import RemapLayout, choose_remap_layout, validate_layout
 
 
 @triton.jit
+def _localise(tok, ok, num_blocks, dcp_rank, BLOCK_SIZE, DCP_SIZE, INTERLEAVE):
+    """(local position, page, valid) of request-local positions ``tok``; ``ok`` = the row
+    may be read. Under DCP only this rank's positions stay valid."""
+    valid = ok & (tok >= 0)
+    if DCP_SIZE > 1:
+        valid = valid & ((tok // INTERLEAVE) % DCP_SIZE == dcp_rank)
+        local = (tok // (DCP_SIZE * INTERLEAVE)) * INTERLEAVE + tok % INTERLEAVE
+    else:
+        local = tok
+    page = local // BLOCK_SIZE
+    return local, page, valid & (page < num_blocks)
+
+
+@triton.jit
+def _slots(
+    page_id, local, tok, valid, is_pre, ws_start, block_stride_rows, BLOCK_SIZE, HAS_PREFILL
+):
+    """Cache slots of valid entries (prefill rows: their workspace row), -1 elsewhere."""
+    val = page_id * block_stride_rows + local % BLOCK_SIZE
+    if HAS_PREFILL:
+        val = tl.where(is_pre, ws_start + tok, val)
+    return tl.where(valid, val, -1)
+
+
+@triton.jit
+def _prefill_rows(prefill_id_ptr, ws_start_ptr, rows, ok, row_valid, num_prefill, pre_s, ws_s):
+    """(is prefill row, its workspace start, row may be read) for rows with prefill ids."""
+    pre = tl.load(prefill_id_ptr + rows * pre_s, mask=ok, other=-1)
+    is_pre = pre >= 0
+    ws_start = tl.load(ws_start_ptr + pre * ws_s, mask=ok & is_pre & (pre < num_prefill), other=0)
+    return is_pre, ws_start, tl.where(is_pre, ok & (pre < num_prefill), row_valid)
+
+
+@triton.jit
 def _remap_kernel(
     req_id_ptr,
     bt_ptr,
@@ -66,13 +100,12 @@ def _remap_kernel(
     # row invalid instead of reading outside the tables.
     req = tl.load(req_id_ptr + rows * req_s, mask=row_ok, other=-1)
     row_valid = row_ok & (req >= 0) & (req < num_req_rows)
+    is_pre = rows < 0
+    ws_start = rows * 0
     if HAS_PREFILL:
-        pre = tl.load(prefill_id_ptr + rows * pre_s, mask=row_ok, other=-1)
-        is_pre = pre >= 0
-        ws_start = tl.load(
-            ws_start_ptr + pre * ws_s, mask=row_ok & is_pre & (pre < num_prefill), other=0
+        is_pre, ws_start, row_valid = _prefill_rows(
+            prefill_id_ptr, ws_start_ptr, rows, row_ok, row_valid, num_prefill, pre_s, ws_s
         )
-        row_valid = tl.where(is_pre, row_ok & (pre < num_prefill), row_valid)
     rows64 = rows.to(tl.int64)
     running = tl.zeros([ROWS], dtype=tl.int32)
 
@@ -85,14 +118,9 @@ def _remap_kernel(
             other=-1,
             eviction_policy=EVICT,
         )
-        valid = inside & row_valid[:, None] & (tok >= 0)
-        if DCP_SIZE > 1:
-            valid = valid & ((tok // INTERLEAVE) % DCP_SIZE == dcp_rank)
-            local = (tok // (DCP_SIZE * INTERLEAVE)) * INTERLEAVE + tok % INTERLEAVE
-        else:
-            local = tok
-        page = local // BLOCK_SIZE
-        valid = valid & (page < num_blocks)
+        local, page, valid = _localise(
+            tok, inside & row_valid[:, None], num_blocks, dcp_rank, BLOCK_SIZE, DCP_SIZE, INTERLEAVE
+        )
         bt_mask = valid
         if HAS_PREFILL:
             bt_mask = bt_mask & ~is_pre[:, None]
@@ -108,13 +136,20 @@ def _remap_kernel(
                 mask=p <= tl.max(pg, axis=0),
                 other=0,
             )
-            base = tl.reshape(tl.gather(staged, tl.maximum(pg, 0), 0), [1, BLOCK_COLS])
+            page_id = tl.reshape(tl.gather(staged, tl.maximum(pg, 0), 0), [1, BLOCK_COLS])
         else:
-            base = tl.load(bt_ptr + req[:, None] * bt_s0 + page * bt_s1, mask=bt_mask, other=0)
-        val = base * block_stride_rows + local % BLOCK_SIZE
-        if HAS_PREFILL:
-            val = tl.where(is_pre[:, None], ws_start[:, None] + tok, val)
-        val = tl.where(valid, val, -1)
+            page_id = tl.load(bt_ptr + req[:, None] * bt_s0 + page * bt_s1, mask=bt_mask, other=0)
+        val = _slots(
+            page_id,
+            local,
+            tok,
+            valid,
+            is_pre[:, None],
+            ws_start[:, None],
+            block_stride_rows,
+            BLOCK_SIZE,
+            HAS_PREFILL,
+        )
         nvalid = valid.to(tl.int32)
         tile_count = tl.sum(nvalid, axis=1)
 
@@ -145,6 +180,110 @@ def _remap_kernel(
             )
     if COUNT and not ATOMIC:
         tl.store(count_ptr + rows * cnt_s, running, mask=row_ok)
+
+
+@triton.jit
+def _remap_flat_kernel(
+    req_id_ptr,
+    bt_ptr,
+    ti_ptr,
+    out_ptr,
+    count_ptr,
+    prefill_id_ptr,
+    ws_start_ptr,
+    num_tokens,
+    num_req_rows,
+    num_blocks,
+    num_prefill,
+    block_stride_rows,
+    dcp_rank,
+    req_s,
+    pre_s,
+    ws_s,
+    cnt_s,
+    bt_s0,
+    bt_s1,
+    ti_s0,
+    ti_s1,
+    out_s0,
+    out_s1,
+    K: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DCP_SIZE: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    HAS_PREFILL: tl.constexpr,
+    COUNT: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    EVICT: tl.constexpr,
+    VEC: tl.constexpr,
+    STAGE_PAGES: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # ROWS whole rows per program, read as one run of ROWS * K entries in NUM_CHUNKS steps
+    # of BLOCK_COLS (lanes past the run masked): several rows of a width that is not a
+    # power of two mask off no lane. Per-entry row ids; no compaction. With STAGE_PAGES
+    # (one row, one step) the row's whole block-table row is read as soon as its request
+    # id is known, in parallel with the positions, and page ids are gathered on chip.
+    pdl_prologue(PDL)
+    row0 = tl.program_id(0) * ROWS
+    n_in = tl.minimum(num_tokens - row0, ROWS) * K
+    r_ids = tl.arange(0, ROWS)
+    running = tl.zeros([ROWS], dtype=tl.int32)
+    if STAGE_PAGES > 0:
+        req0 = tl.load(req_id_ptr + row0 * req_s)
+        lim = tl.where((req0 >= 0) & (req0 < num_req_rows), num_blocks, 0)
+        if HAS_PREFILL:
+            lim = tl.where(tl.load(prefill_id_ptr + row0 * pre_s) >= 0, 0, lim)
+        p = tl.arange(0, STAGE_PAGES)
+        staged = tl.load(bt_ptr + req0 * bt_s0 + p * bt_s1, mask=p < lim, other=0)
+    for chunk in tl.static_range(NUM_CHUNKS):
+        f = chunk * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+        inside = f < n_in
+        r_loc = f // K
+        cols = f - r_loc * K
+        rows = row0 + r_loc
+        ti_off = rows.to(tl.int64) * ti_s0 + cols * ti_s1
+        out_off = rows.to(tl.int64) * out_s0 + cols * out_s1
+        if VEC > 1:
+            # Runs of VEC entries stay in one row (the host checked the strides), so the
+            # loads and stores can be vectorised although the row changes mid-step.
+            ti_off = tl.max_contiguous(tl.multiple_of(ti_off, VEC), VEC)
+            out_off = tl.max_contiguous(tl.multiple_of(out_off, VEC), VEC)
+        tok = tl.load(ti_ptr + ti_off, mask=inside, other=-1, eviction_policy=EVICT)
+        if STAGE_PAGES > 0:
+            req = tl.full([BLOCK_COLS], 0, tl.int32) + req0
+        else:
+            req = tl.load(req_id_ptr + rows * req_s, mask=inside, other=-1)
+        row_valid = inside & (req >= 0) & (req < num_req_rows)
+        is_pre = rows < 0
+        ws_start = rows * 0
+        if HAS_PREFILL:
+            is_pre, ws_start, row_valid = _prefill_rows(
+                prefill_id_ptr, ws_start_ptr, rows, inside, row_valid, num_prefill, pre_s, ws_s
+            )
+        local, page, valid = _localise(
+            tok, row_valid, num_blocks, dcp_rank, BLOCK_SIZE, DCP_SIZE, INTERLEAVE
+        )
+        bt_mask = valid
+        if HAS_PREFILL:
+            bt_mask = bt_mask & ~is_pre
+        if STAGE_PAGES > 0:
+            page_id = tl.gather(staged, tl.where(bt_mask, page, 0), 0)
+        else:
+            page_id = tl.load(bt_ptr + req * bt_s0 + page * bt_s1, mask=bt_mask, other=0)
+        val = _slots(
+            page_id, local, tok, valid, is_pre, ws_start, block_stride_rows, BLOCK_SIZE, HAS_PREFILL
+        )
+        tl.store(out_ptr + out_off, val, mask=inside, eviction_policy=EVICT)
+        if COUNT and ROWS == 1:
+            running += tl.sum(valid.to(tl.int32), axis=0)
+        elif COUNT:
+            mine = (r_loc[None, :] == r_ids[:, None]) & valid[None, :]
+            running += tl.sum(mine.to(tl.int32), axis=1)
+    if COUNT:
+        tl.store(count_ptr + (row0 + r_ids) * cnt_s, running, mask=row0 + r_ids < num_tokens)
 
 
 def _launch(
@@ -244,7 +383,8 @@ def _launch(
 
     if num_tokens > 0:
         grid = (triton.cdiv(num_tokens, layout.rows_per_program), layout.col_tiles)
-        _remap_kernel[grid](
+        (ti_s0, ti_s1), (out_s0, out_s1) = token_indices.stride(), out.stride()
+        args = (
             req_id,
             block_table,
             token_indices,
@@ -264,27 +404,40 @@ def _launch(
             counts.stride(0) if count else 0,
             block_table.stride(0),
             block_table.stride(1),
-            token_indices.stride(0),
-            token_indices.stride(1),
-            out.stride(0),
-            out.stride(1),
+            ti_s0,
+            ti_s1,
+            out_s0,
+            out_s1,
+        )
+        common = dict(
             K=num_cols,
             BLOCK_SIZE=block_size,
             DCP_SIZE=dcp_size,
             INTERLEAVE=interleave,
             HAS_PREFILL=has_prefill,
             COUNT=count,
-            COMPACT=compact,
             ROWS=layout.rows_per_program,
             BLOCK_COLS=layout.block_cols,
             NUM_CHUNKS=layout.num_chunks,
-            ATOMIC=layout.atomic,
-            TAIL_IN_KERNEL=layout.tail_in_kernel,
             EVICT="evict_first" if layout.evict_first else "",
-            STAGE_PAGES=next_pow2(block_table.shape[1]) if layout.stage_pages else 0,
             num_warps=layout.num_warps,
             **pdl_launch(device, layout.pdl),
         )
+        if layout.flat:
+            # Entries move 4 at a time when runs of 4 never straddle rows and stay aligned.
+            aligned = all(v % 4 == 0 for v in (num_cols, ti_s0, out_s0))
+            vec = 4 if aligned and ti_s1 == out_s1 == 1 else 1
+            stage = next_pow2(block_table.shape[1]) if layout.stage_row else 0
+            _remap_flat_kernel[grid](*args, VEC=vec, STAGE_PAGES=stage, **common)
+        else:
+            _remap_kernel[grid](
+                *args,
+                COMPACT=compact,
+                ATOMIC=layout.atomic,
+                TAIL_IN_KERNEL=layout.tail_in_kernel,
+                STAGE_PAGES=next_pow2(block_table.shape[1]) if layout.stage_pages else 0,
+                **common,
+            )
     if return_valid_counts:
         return out, counts
     return out

@@ -42,8 +42,9 @@ Radix passes over keys held in registers (the row kernel's single chunk, the pre
 use narrower digits (``TILE_RADIX_BITS``): ``tl.histogram`` costs more per bit with more bins.
 
 On Hopper and later the launches use programmatic dependent launch (``USE_PDL``): each
-kernel starts with ``pdl_prologue`` (wait for the launch before it), which hides the gaps
-between the launches of a call and between calls in a CUDA graph.
+kernel starts with ``pdl_prologue`` (wait for the launch before it, then let the next one
+start), which hides the gaps between the launches of a call and between calls in a CUDA
+graph.
 """
 
 from __future__ import annotations
@@ -133,7 +134,9 @@ TILE_RADIX_BITS = 5
 # gathered on chip) when there are at most this many (row kernel / split write pass).
 ROW_STAGE_MAX = 4096
 SPLIT_STAGE_MAX = 2048
-USE_PDL = True  # programmatic dependent launch where supported (Hopper on)
+# Programmatic dependent launch mode where supported (Hopper on; _runtime.pdl_prologue):
+# 3 = wait for the launch before, then let the next one start; 2 = only wait; 0 = off.
+USE_PDL = 3
 PDL_EARLY_PREFILTER = True  # with it, the prefilter's chain triggers the next launch early
 
 
@@ -1523,11 +1526,12 @@ def select_topk(
     block_k = min(next_pow2(k), 1024)
 
     # Programmatic dependent launch hides the gaps between launches: each launch waits for
-    # the one before first thing. Calls that run the prefilter also trigger the next launch
-    # early in all their launches (PDL=1: its programs start while this one runs), which
-    # measured faster at every prefilter shape; calls without it only wait (PDL=2), since
-    # the early trigger was slower at some radix and row-kernel shapes.
-    pdl = pdl_launch(device, 2 if USE_PDL else 0)
+    # the one before first thing, then lets the next one start (PDL=3: 1 x 64K 10% and
+    # 64 x 4K 3% faster than only waiting, the rest unchanged; benchmarks/exp_topk.py
+    # --set s10). Calls that run the prefilter trigger the next launch before they wait
+    # (PDL=1: its programs start while this one runs), which measured faster at every
+    # prefilter shape; that was slower at some radix and row-kernel shapes.
+    pdl = pdl_launch(device, USE_PDL)
     splits = choose_num_splits(rows, n, k, device) if num_splits is None else num_splits
     slice_len = cdiv(cdiv(max(n, 1), SPLIT_BLOCK), splits) * SPLIT_BLOCK
     splits = cdiv(max(n, 1), slice_len)  # no empty trailing slices
