@@ -3,9 +3,10 @@
 Every configuration draws fresh inputs from its own seed and compares our kernel with the plain
 PyTorch reference. Kinds:
 
-* ``remap``, ``dcp``: the index remap and the DCP filter, also against the tiled-atomic layout
-  (the upstream A/B baseline); bit-identical (compacted DCP rows of the atomic layout are
-  compared as sets, since its prefix order is arbitrary).
+* ``remap``, ``dcp``: the index remap and the DCP filter, also with the tiled-atomic layout
+  (the upstream A/B baseline) and, without compaction, the flat layout at every size;
+  bit-identical (compacted DCP rows of the atomic layout are compared as sets, since its
+  prefix order is arbitrary).
 * ``expand``: speculative-decode expansion (uniform and ragged kernels; decode lengths on the
   host, on the device, or as row offsets), bit-identical.
 * ``topk``: exact top-k under adversarial score distributions (normal, all equal, ties at the
@@ -48,7 +49,11 @@ from .ops.decode_metadata.naive import expand_decode_tokens_reference
 from .ops.indexer import index_logits, index_logits_reference
 from .ops.kv_cache import new_indexer_k_cache, new_mla_cache, write_indexer_k, write_mla_latent
 from .ops.kv_cache.naive import write_indexer_k_reference, write_mla_latent_reference
-from .ops.remap import convert_req_index_to_global_index, filter_and_convert_dcp_index
+from .ops.remap import (
+    RemapLayout,
+    convert_req_index_to_global_index,
+    filter_and_convert_dcp_index,
+)
 from .ops.remap.naive import convert_req_index_to_global_index_reference
 from .ops.topk import (
     positions_to_slots_reference,
@@ -261,6 +266,12 @@ def _to(dev, *ts):
     return [t.to(dev) if isinstance(t, torch.Tensor) else t for t in ts]
 
 
+def _flat_layout(k: int) -> RemapLayout:
+    """Four rows a program as one flat run in 512-wide steps: the layout ``auto`` picks for
+    large calls of odd widths, here at every size and width (it takes no compaction)."""
+    return RemapLayout(4, 512, -(-4 * k // 512), 1, False, True, 4, flat=True)
+
+
 def _run_remap(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     req_id, bt, idx, kwargs = _make_remap_inputs(case, g)
     ref, ref_counts = convert_req_index_to_global_index_reference(
@@ -268,7 +279,7 @@ def _run_remap(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     )
     kwargs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     req_id, bt, idx = _to(dev, req_id, bt, idx)
-    for layout in ("auto", "tiled_atomic"):
+    for layout in ("auto", "tiled_atomic", _flat_layout(idx.shape[1])):
         out = torch.full_like(idx, -7777)
         got, counts = convert_req_index_to_global_index(
             req_id, bt, idx, return_valid_counts=True, out=out, layout=layout, **kwargs
@@ -289,7 +300,8 @@ def _run_dcp(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
         req_id, bt, idx, compact=p["compact"], return_valid_counts=True, **dcp, **kwargs
     )
     req_id, bt, idx = _to(dev, req_id, bt, idx)
-    for layout in ("auto", "tiled_atomic"):
+    layouts = ["auto", "tiled_atomic"] + ([] if p["compact"] else [_flat_layout(idx.shape[1])])
+    for layout in layouts:
         out = torch.full_like(idx, -7777)
         got, counts = filter_and_convert_dcp_index(
             req_id,
