@@ -202,6 +202,7 @@ def test_layout_auto_flat_for_large_calls_of_odd_narrow_rows():
         (384, dict(num_rows=4096, compact=True)),
         (512, dict(num_rows=4096)),  # a power of two: no idle lanes
         (100, dict(num_rows=4096)),  # 128 rows in 25 steps: too many
+        (3, dict(num_rows=4096)),  # 512 rows in 3 steps: too many rows
         (1536, dict(num_rows=4096)),  # wide rows stage their block-table prefix
     ):
         assert not choose_remap_layout(k, count_valid=True, **kw).flat, (k, kw)

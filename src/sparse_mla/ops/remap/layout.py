@@ -67,9 +67,11 @@ PDL_AFTER_WAIT_MAX_ROWS = 512
 STAGE_ROW_MAX_ROWS = 1024
 # Plain calls of narrow rows whose width is not a power of two, from this many rows on,
 # use the flat layout: FLAT_CHUNK entries a step, rows_per_program rows a program, at most
+# MAX_FLAT_ROWS rows (the counts compare every entry with every row) in at most
 # MAX_FLAT_CHUNKS steps (K = 384: 4 rows in 3 steps).
 FLAT_MIN_ROWS = 4096
 FLAT_CHUNK = 512
+MAX_FLAT_ROWS = 16
 MAX_FLAT_CHUNKS = 8
 
 
@@ -181,6 +183,7 @@ def choose_remap_layout(
         and num_rows >= FLAT_MIN_ROWS
         and num_cols < STAGE_MIN_COLS
         and next_pow2(num_cols) != num_cols
+        and flat_rows <= MAX_FLAT_ROWS
         and flat_chunks <= MAX_FLAT_CHUNKS
     ):
         # K = 384 (benchmarks/exp_remap.py --data bench): 11% faster at 4096 rows, 31% at
