@@ -116,14 +116,14 @@ def _launch_the_rest() -> None:
         (384, RemapLayout(4, 512, 3, 1, False, True, 4, evict_first=True, pdl=2, flat=True)),
         (2048, RemapLayout(1, 2048, 1, 1, False, True, 16, stage_row=True, flat=True)),
     ):
-        for prefill in (None, torch.full((3,), -1, **i32)):
+        for prefill, counts in ((None, True), (None, False), (torch.full((3,), -1, **i32), True)):
             convert_req_index_to_global_index(
                 torch.zeros(3, **i32),
                 torch.zeros(1, 4, **i32),
                 torch.full((3, k), 5, **i32),
                 prefill_request_ids=prefill,
                 prefill_workspace_starts=None if prefill is None else torch.zeros(1, **i32),
-                return_valid_counts=True,
+                return_valid_counts=counts,
                 layout=layout,
             )
 

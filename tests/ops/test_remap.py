@@ -10,6 +10,7 @@ import torch
 import sparse_mla
 from sparse_mla import RemapLayout, choose_remap_layout
 from sparse_mla.compat import vllm as compat
+from sparse_mla.ops.remap import remap as remap_mod
 from sparse_mla.ops.remap.naive import (
     convert_req_index_to_global_index_reference as reference,
 )
@@ -309,7 +310,7 @@ def test_explicit_row_packed_chunked_layouts(layout):
 @pytest.mark.parametrize(
     "k,layout",
     [
-        (12, flat(12, 16, 64)),  # runs of 4 never straddle rows: vectorised on the GPU
+        (12, flat(12, 16, 64)),  # runs of 4 never straddle rows (last call: vectorised)
         (6, flat(6, 32, 64)),  # they would: entry by entry
         (384, flat(384, 4, 512, evict_first=True, pdl=2)),
         (384, flat(384, 16, 256, pdl=1)),
@@ -341,6 +342,36 @@ def test_flat_layouts(k, layout):
             req, bt, idx, block_size=16, layout=layout
         )
         assert torch.equal(got.cpu(), reference(req.cpu(), bt.cpu(), idx.cpu(), block_size=16))
+
+
+def test_flat_vectorises_only_runs_inside_aligned_rows():
+    vec = remap_mod._flat_vec
+    assert vec(384, (384, 1), (384, 1)) == 4
+    assert vec(12, (12, 1), (15, 1)) == 1  # output rows 15 apart: runs start unaligned
+    assert vec(6, (6, 1), (6, 1)) == 1  # a run of 4 would straddle rows
+    assert vec(384, (1, 9), (384, 1)) == 1  # column-major indices
+    assert vec(384, (384, 1), (386, 2)) == 1
+
+
+def test_prefill_without_prefill_requests():
+    # No prefill request (P = 0): every prefill id is out of range, so its row is -1.
+    got = sparse_mla.convert_req_index_to_global_index(
+        i32([0, 0]),
+        i32([[3, 4]]),
+        i32([[0, 17], [1, 2]]),
+        block_size=16,
+        prefill_request_ids=i32([0, -1]),
+        prefill_workspace_starts=torch.empty(0, dtype=torch.int32, device=DEV),
+    )
+    want = reference(
+        i32([0, 0]).cpu(),
+        i32([[3, 4]]).cpu(),
+        i32([[0, 17], [1, 2]]).cpu(),
+        block_size=16,
+        prefill_request_ids=i32([0, -1]).cpu(),
+        prefill_workspace_starts=torch.empty(0, dtype=torch.int32),
+    )
+    assert got.cpu().tolist() == want.tolist() == [[-1, -1], [49, 50]]
 
 
 @pytest.mark.parametrize("dcp,inter,page", [(2, 1, 16), (2, 16, 16), (4, 1, 64), (4, 64, 64)])

@@ -14,7 +14,8 @@ Three policies share one kernel (and ``auto`` a second one, for flat runs):
     rows as one flat run (no idle lanes: K=384 11-31% faster from 4096 rows). Rows of 1024+
     positions stage the block-table prefix they use on chip and gather from there (random
     global gathers cost one L1 wavefront per distinct line: 17% slower at K=2048); in small
-    grids, rows of 2048+ stage the whole block-table row instead; narrow rows
+    grids, rows of more than 1024 positions stage the whole block-table row instead (in the
+    second kernel); narrow rows
     in large batches, and plain calls of 1024+ rows that stream more than half of L2, read
     indices and write slots with an evict-first hint (10-15% faster at K=384/512 from 1024
     rows; 4-10% at K=2048 from 2048 rows when tokens share requests). On Hopper the launch
@@ -62,8 +63,9 @@ EVICT_MIN_ELEMENTS = 1 << 22
 # Plain (non-compacting) calls of wide rows in grids below this many rows use PDL mode 3
 # (see choose_remap_layout); DCP compaction was not measured with it.
 PDL_AFTER_WAIT_MAX_ROWS = 512
-# Plain calls of rows 2048+ wide (K=2048 measured) in grids of up to this many rows stage
-# the whole block-table row (RemapLayout.stage_row), with 16 warps and PDL mode 3.
+# Plain calls of rows of more than 1024 positions (K=2048 measured) in grids of up to this
+# many rows stage the whole block-table row (RemapLayout.stage_row), with 16 warps and PDL
+# mode 3.
 STAGE_ROW_MAX_ROWS = 1024
 # Plain calls of narrow rows whose width is not a power of two, from this many rows on,
 # use the flat layout: FLAT_CHUNK entries a step, rows_per_program rows a program, at most
@@ -143,7 +145,8 @@ def choose_remap_layout(
         count_valid: valid counts are requested (or needed by compaction).
         compact: valid entries are compacted to a prefix.
         policy: ``"auto"``, ``"seed"`` or ``"tiled_atomic"`` (see the module docstring).
-        num_rows: T; ``auto`` picks warps and the evict-first hint from it.
+        num_rows: T; ``auto`` picks from it the warps, the evict-first hint, the PDL mode,
+            the flat layout (large calls) and whole-row staging (small ones).
         num_blocks: W, the block table's width; ``auto`` stages block-table rows only when
             it is known and at most ``MAX_STAGED_PAGES``.
 

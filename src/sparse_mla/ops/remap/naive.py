@@ -59,8 +59,9 @@ def convert_req_index_to_global_index_reference(
         is_pre = pre >= 0
         num_prefill = prefill_workspace_starts.shape[0]
         pre_ok = pre < num_prefill
-        start = prefill_workspace_starts.long()[pre.clamp(0, max(num_prefill - 1, 0))]
-        if num_prefill == 0:
+        if num_prefill > 0:
+            start = prefill_workspace_starts.long()[pre.clamp(0, num_prefill - 1)]
+        else:  # no prefill request: every prefill id is out of range
             start = torch.zeros_like(tok)
         # Prefill rows ignore req_id and the block table, but keep the -1 rules of i itself.
         pre_valid = (tok >= 0) & (page < num_blocks) & pre_ok

@@ -286,6 +286,14 @@ def _remap_flat_kernel(
         tl.store(count_ptr + (row0 + r_ids) * cnt_s, running, mask=row0 + r_ids < num_tokens)
 
 
+def _flat_vec(num_cols: int, ti_strides: tuple, out_strides: tuple) -> int:
+    """Entries the flat kernel may move at a time: 4 when runs of 4 never straddle a row
+    and start 4-aligned in both the indices and the output (unit column strides, widths
+    and row strides multiples of 4), else 1."""
+    aligned = all(v % 4 == 0 for v in (num_cols, ti_strides[0], out_strides[0]))
+    return 4 if aligned and ti_strides[1] == out_strides[1] == 1 else 1
+
+
 def _launch(
     req_id: torch.Tensor,
     block_table: torch.Tensor,
@@ -424,9 +432,7 @@ def _launch(
             **pdl_launch(device, layout.pdl),
         )
         if layout.flat:
-            # Entries move 4 at a time when runs of 4 never straddle rows and stay aligned.
-            aligned = all(v % 4 == 0 for v in (num_cols, ti_s0, out_s0))
-            vec = 4 if aligned and ti_s1 == out_s1 == 1 else 1
+            vec = _flat_vec(num_cols, (ti_s0, ti_s1), (out_s0, out_s1))
             stage = next_pow2(block_table.shape[1]) if layout.stage_row else 0
             _remap_flat_kernel[grid](*args, VEC=vec, STAGE_PAGES=stage, **common)
         else:
