@@ -15,12 +15,11 @@ Three policies share one kernel (and ``auto`` a second one, for flat runs):
     positions stage the block-table prefix they use on chip and gather from there (random
     global gathers cost one L1 wavefront per distinct line: 17% slower at K=2048); in small
     grids, rows of more than 1024 positions stage the whole block-table row instead (in the
-    second kernel); narrow rows
-    in large batches, and plain calls of 1024+ rows that stream more than half of L2, read
-    indices and write slots with an evict-first hint (10-15% faster at K=384/512 from 1024
-    rows; 4-10% at K=2048 from 2048 rows when tokens share requests). On Hopper the launch
-    uses programmatic dependent launch, so it overlaps the tail of the kernel before it
-    (benchmarks/exp_pdl.py).
+    second kernel); narrow rows in large batches, and plain calls of 1024+ rows that stream
+    more than half of L2, read indices and write slots with an evict-first hint (10-15%
+    faster at K=384/512 from 1024 rows; 4-10% at K=2048 from 2048 rows when tokens share
+    requests). On Hopper the launch uses programmatic dependent launch, so it overlaps the
+    tail of the kernel before it (benchmarks/exp_pdl.py).
 ``seed``
     The upstream fix as published: a single 8-warp tile per row only when counting and K is
     a power of two; otherwise the tiled layout below (atomics when counting).
