@@ -11,7 +11,8 @@ count, with PDL mode 0, 1 and 2; with ``--expand-set copy`` the block-table colu
 program (fixed at 512, 1024 or 2048); with ``--expand-set s8`` the evict-first stores, the
 ``query_start_loc`` form and the programs the chunks are sized for; with ``--expand-set s9``
 other chunk sizes and a ``fill_`` of the output table; with ``--expand-set s10`` PDL mode 3
-beside 2 and 1. (Earlier versions of
+beside 2 and 1; with ``--expand-set s11`` the uniform kernel beside a ``fill_`` of its output
+and a fill that first waits for one dependent read per program. (Earlier versions of
 this script also timed 1-8 output rows per program and the previous one-program-per-row
 kernel: see the results page.)
 """
@@ -28,7 +29,13 @@ import random
 import torch
 
 import sparse_mla  # noqa: F401  (first: it picks the interpreter mode before triton loads)
+
+# isort: split
+import triton
+import triton.language as tl
+
 from sparse_mla import choose_remap_layout, convert_req_index_to_global_index, expand_decode_tokens
+from sparse_mla._runtime import pdl_launch, pdl_prologue
 from sparse_mla.bench.expand import make_expand_set, ragged_lens
 from sparse_mla.bench.remap import make_remap_set
 from sparse_mla.bench.timing import measure_copy_bandwidth, measure_graph, select_backend
@@ -136,7 +143,44 @@ EXPAND_KNOBS = {
         dict(qsl=True),
         dict(qsl=True, USE_PDL=3),
     ],
+    # session 11: practical floors of the uniform expansion beside it (see _floors).
+    "s11": [{}],
 }
+
+
+@triton.jit
+def _dep_fill_kernel(bt_ptr, out_ptr, width, n, BLOCK_W: tl.constexpr, PDL: tl.constexpr):
+    # The expansion's launch (grid, chunk, warps, PDL, evict-first stores) with one int32
+    # read per program instead of its chunk: a fill that waits for one dependent load.
+    pdl_prologue(PDL)
+    b = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    v = tl.load(bt_ptr + b.to(tl.int64) * width + tl.program_id(1) * BLOCK_W)
+    for i in range(0, n):
+        dst = out_ptr + (b * n + i).to(tl.int64) * width
+        tl.store(dst + cols, v + cols, mask=cols < width, eviction_policy="evict_first")
+
+
+def _floors(sets, b: int, n: int, width: int, be, quick: bool) -> list[dict]:
+    """What writing the output table costs with no read (``fill_``), and after one
+    dependent read per program (``dep-fill``): the expansion reads its chunk first."""
+    rows = []
+    block_w, col_programs = expand_mod._copy_layout(b, width)
+    pdl = pdl_launch(be.device, expand_mod.USE_PDL)
+
+    def dep_fill(s):
+        _dep_fill_kernel[(b, col_programs)](
+            s["block_table"], s["out"].block_table, width, n, BLOCK_W=block_w, num_warps=4, **pdl
+        )
+
+    for name, fn in (
+        ("fill_ of the output table (writes only)", lambda s: s["out"].block_table.fill_(7)),
+        ("dep-fill (one read per program, then writes)", dep_fill),
+    ):
+        us = timed([lambda s=s, fn=fn: fn(s) for s in sets], be, quick)
+        print(f"  {name:44} {us:8.2f} us")
+        rows.append(dict(op="expand", b=b, n=n, ragged=False, name=name, us=us))
+    return rows
 
 
 @contextlib.contextmanager
@@ -162,10 +206,12 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
         grid = [(1, 2), (8, 8), (64, 4), (64, 8), (256, 8), (512, 8)]
     if knob_set == "s10" and not quick:
         grid = [(8, 4), (64, 8), (256, 4), (256, 8), (512, 4), (512, 8)]
+    if knob_set == "s11" and not quick:
+        grid = [(64, 8), (256, 8), (512, 4), (512, 8)]
     width, ctx = (64, 4096) if quick else (2048, 131072)
     rows = []
     for b, n in grid:
-        for ragged in (False, True):
+        for ragged in (False,) if knob_set == "s11" else (False, True):
             lens = ragged_lens(b * n, n, rng) if ragged else [n] * b
             sets = [
                 make_expand_set(lens, width=width, ctx=ctx, device=dev)
@@ -215,12 +261,8 @@ def expand_rows(be, quick: bool, knob_set: str) -> list[dict]:
                 rows.append(
                     dict(op="expand", b=b, n=n, ragged=ragged, name=name, us=us, ok=ok, chunk=chunk)
                 )
-            if knob_set == "s9" and not ragged:
-                # What writing the output table alone costs (no reads): the expansion's
-                # practical floor, which may beat a copy's read + write bandwidth.
-                us = timed([lambda s=s: s["out"].block_table.fill_(7) for s in sets], be, quick)
-                print(f"  {'fill_ of the output table (writes only)':44} {us:8.2f} us")
-                rows.append(dict(op="expand", b=b, n=n, ragged=False, name="fill_", us=us))
+            if knob_set in ("s9", "s11") and not ragged:
+                rows += _floors(sets, b, n, width, be, quick)
 
             be.release()
     return rows

@@ -32,6 +32,7 @@ K = 2048
 BS = 64
 NO_PDL = dict(USE_PDL=0)
 PDL_WAIT = dict(PDL_EARLY_PREFILTER=False)
+PF = dict(prefilter=True)
 
 
 class _Skip:
@@ -41,6 +42,21 @@ class _Skip:
         return lambda *args, **kwargs: None
 
 
+def _load_before():
+    """The session's starting top-k module, if the lease carried a copy of it
+    (``.exp/topk_before.py``: ``git show`` of topk.py with absolute imports)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".exp", "topk_before.py")
+    if not os.path.exists(path):
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("topk_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BEFORE = _load_before()
 ONE_STREAM = dict(FALLBACK_SIDE_STREAM=False)
 NO_RADIX = {
     name: _Skip() for name in ("_split_hist_kernel", "_split_count_kernel", "_split_write_kernel")
@@ -143,6 +159,65 @@ SETS = {
             ("default again", {}, {}),
         ],
     ),
+    # session 11: what each part of the prefilter costs at the 64K x 64 edge. The sample
+    # with 2 radix passes (12 bits; a coarser threshold, so more candidates) against 3;
+    # 4- and 6-bit tile digits (the finish takes 8 or 5 passes, the sample 4 or 3); the
+    # radix launches left out (a bound).
+    "s11": (
+        [(64, 65536), (32, 65536), (8, 65536), (64, 131072)],
+        [
+            ("default", {}, PF),
+            ("sample 2 passes", dict(_tile_passes_for=lambda bits: 2), PF),
+            ("tile digits 4 bits", dict(TILE_RADIX_BITS=4), PF),
+            ("tile digits 6 bits", dict(TILE_RADIX_BITS=6), PF),
+            ("no radix launches", NO_RADIX, dict(prefilter=True)),
+            ("default again", {}, PF),
+        ],
+    ),
+    # session 11: the marking pass (a bitmap of the candidates, no atomic per chunk) and
+    # a finish that lists them from it, beside the session's start ("before"). Run on the
+    # branch exp/topk-marking, whose library holds that design (on main both variants are
+    # the same code). (A set run before it: one packed reduction per tile pick plus the
+    # hardware popcount, 0.3-1.5 us slower; the gathering pass at maxnreg 64 / 80, slower;
+    # in one wave of programs, 0.9 us faster at 64 x 64K and 12 us slower at 64 x 128K;
+    # see the results page.)
+    "s11b": (
+        [
+            (64, 65536),
+            (32, 65536),
+            (8, 65536),
+            (64, 131072),
+            (8, 131072),
+            (64, 16384),
+            (128, 131072),
+        ],
+        [
+            ("before", {}, dict(PF, module="before")),
+            ("marking pass", {}, PF),
+        ],
+    ),
+    # session 11, final: the prefilter marks from 2M scores per call and copies below
+    # (main), beside the session's start.
+    "s11c": (
+        [
+            (1, 16384),
+            (8, 16384),
+            (64, 16384),
+            (1, 65536),
+            (8, 65536),
+            (32, 65536),
+            (64, 65536),
+            (1, 131072),
+            (8, 131072),
+            (64, 131072),
+            (128, 131072),
+            (512, 131072),
+        ],
+        [
+            ("before", {}, dict(module="before")),
+            ("default", {}, {}),
+        ],
+    ),
     # session 7: the fused epilogue at 4K (the one-program row kernel): slots and valid
     # counts apart (the count-store designs tried are on the results page)
     "fused4k": (
@@ -180,6 +255,30 @@ class FusedCand(Cand):
         if self.counts:
             kw["valid_counts_out"] = cnt
         return Cand(self.name, self.knob, **kw).call(s, k)
+
+
+class ModCand(Cand):
+    """A candidate run by another copy of the top-k module (its knobs set on that one)."""
+
+    def __init__(self, name: str, module, knob: dict, **kw) -> None:
+        super().__init__(name, knob, **kw)
+        self.module = module
+
+    def call(self, s: dict, k: int):
+        kw = dict(self.kw, k=k, out=s["out"], workspace=s["ws"])
+        x, lengths, mod = s["x"], s["lengths"], self.module
+
+        def fn() -> None:
+            old = {kk: getattr(mod, kk) for kk in self.knob}
+            try:
+                for kk, v in self.knob.items():
+                    setattr(mod, kk, v)
+                mod.select_topk(x, lengths, **kw)
+            finally:
+                for kk, v in old.items():
+                    setattr(mod, kk, v)
+
+        return fn
 
 
 def slots_to_positions(slots: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
@@ -224,7 +323,12 @@ def main() -> int:
             line = {"set": set_name, "B": rows, "N": n, "torch_us": t_torch, "variants": {}}
             for name, knob, kw in variants:
                 kw = dict(kw)
-                if kw.pop("fused", False):
+                if kw.pop("module", None) == "before":
+                    if BEFORE is None:
+                        print(f"  {name}: no .exp/topk_before.py, skipped")
+                        continue
+                    cand = ModCand(name, BEFORE, knob, **kw)
+                elif kw.pop("fused", False):
                     cand = FusedCand(name, knob, bt, **kw)
                 else:
                     cand = Cand(name, knob, **kw)
@@ -271,9 +375,11 @@ def main() -> int:
                 )
                 if args.profile and kw.get("prefilter") and not err:
                     # without PDL, so each launch's time is its own, not a wait for the last
-                    bd = breakdown(
-                        Cand(name, dict(knob, **NO_PDL), **kw), sets, K, cfg["prof_calls"], be
-                    )
+                    if isinstance(cand, ModCand):
+                        pc = ModCand(name, cand.module, dict(knob, **NO_PDL), **kw)
+                    else:
+                        pc = Cand(name, dict(knob, **NO_PDL), **kw)
+                    bd = breakdown(pc, sets, K, cfg["prof_calls"], be)
                     line["variants"][name]["breakdown"] = bd
                     for r in bd:
                         print(f"      {r['launch']:<40} {r['mean_us']:8.2f} us")

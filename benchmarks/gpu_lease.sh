@@ -20,11 +20,12 @@ for step in "$@"; do
   case $step in
     env) run env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -m sparse_mla.cli info; date -u' ;;
     tests) run tests python3 -m pytest -q -n 8 ${TESTS:-tests} ;;
-    verify) run verify python3 -m sparse_mla.cli verify --no-progress --jobs 12 ;;
+    verify) run verify python3 -m sparse_mla.cli verify --no-progress --jobs 12 ${VERIFY_ARGS:-} ;;
     memcheck) run memcheck compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 python3 -m pytest -q -n 8 ${MEMCHECK_TESTS:-tests/ops} ;;
     gpu_*) run "$step" python3 "benchmarks/$step.py" --out "$W" ;;
     ncu) run ncu ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy -k regex:_remap_kernel python3 benchmarks/profile_remap.py ;;
     ncu_topk) run ncu_topk ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section InstructionStats -k regex:_topk_row_kernel python3 benchmarks/profile_topk_row.py ;;
+    ncu_pf) run ncu_pf ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis -k regex:_prefilter --launch-skip 6 python3 benchmarks/profile_topk_prefilter.py ;;
     demo) run demo python3 -m sparse_mla.cli demo --skip-verify ;;
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
     exp_remap) run exp_remap python3 benchmarks/exp_remap.py --out "$W" ${EXP_REMAP_ARGS:-} ;;

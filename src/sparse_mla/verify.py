@@ -11,9 +11,9 @@ PyTorch reference. Kinds:
   host, on the device, or as row offsets), bit-identical.
 * ``topk``: exact top-k under adversarial score distributions (normal, all equal, ties at the
   threshold, two-valued, -inf runs, NaN, huge/tiny magnitudes, signed zeros) and lengths
-  0 / < k / = k / > k, on the row, split (prefilter on, off or by default) and automatic
-  paths; bit-identical to ``select_topk_reference``, and the fused slot epilogue
-  bit-identical to top-k followed by the remap.
+  0 / < k / = k / > k, on the row, split (prefilter on, off or by default; its candidates
+  marked or copied out) and automatic paths; bit-identical to ``select_topk_reference``,
+  and the fused slot epilogue bit-identical to top-k followed by the remap.
 * ``kvcache``: the indexer-K and MLA-latent writers (bf16 and fp8 formats, ``-1`` and
   out-of-range slots, garbage-filled caches) byte-identical to the PyTorch writers.
 * ``logits``: indexer logits (bf16 and fp8 caches, native multi-token, flattened and 2-D
@@ -437,6 +437,19 @@ def _topk_lengths(rows: int, n: int, k: int, g: torch.Generator) -> torch.Tensor
 
 
 def _run_topk(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
+    """One top-k case, its prefilter (when it runs) marking the candidates or copying them
+    out, drawn at random (the choice is otherwise by size)."""
+    marked = _rand_int(g, 0, 1) == 1
+    old = topk_mod.PREFILTER_MARK_MIN_SCORES
+    topk_mod.PREFILTER_MARK_MIN_SCORES = 0 if marked else 1 << 62
+    try:
+        err = _run_topk_case(case, g, dev)
+    finally:
+        topk_mod.PREFILTER_MARK_MIN_SCORES = old
+    return err and f"prefilter marks={marked} {err}"
+
+
+def _run_topk_case(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     p = case.params
     k, mode = p["k"], p["mode"]
     rows = _rand_int(g, 4, max(4, p["max_rows"]))

@@ -28,7 +28,14 @@ from sparse_mla.ops.topk import topk as topk_mod
 
 DEV = sparse_mla._runtime.default_device()
 POISON = -7777
-PATHS = ("row_registers", "row_registers_8bit", "row_chunks", "split", "split_prefilter")
+PATHS = (
+    "row_registers",
+    "row_registers_8bit",
+    "row_chunks",
+    "split",
+    "split_prefilter",
+    "split_prefilter_marked",
+)
 
 
 @pytest.fixture(params=PATHS)
@@ -44,9 +51,12 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
         monkeypatch.setattr(topk_mod, "ROW_BLOCK", 256)  # several chunks and a tail
         return {"num_splits": 1}
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
-    if request.param == "split_prefilter":
+    if request.param.startswith("split_prefilter"):
         # A small sample: spread over the row, so some estimates miss and rows fall back;
-        # the listed rows then spread over several programs each.
+        # the listed rows then spread over several programs each. Candidates copied out
+        # to a buffer, or marked in a bitmap.
+        marked = request.param.endswith("marked")
+        monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", 0 if marked else 1 << 62)
         monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
         monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", 256)
         return {"num_splits": 5, "prefilter": True}
@@ -391,21 +401,37 @@ def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: 
 
 
 @pytest.mark.parametrize(
-    "bits, gather, splits, fb_slice", [(5, True, 7, 4096), (8, False, 7, 4096), (5, True, 2, 256)]
+    "bits, gather, marked, splits, fb_slice",
+    [
+        (5, True, False, 7, 4096),
+        (8, False, False, 7, 4096),
+        (5, True, False, 2, 256),
+        (5, True, True, 7, 4096),
+        (8, True, True, 2, 256),
+    ],
 )
 def test_prefilter_finished_and_fallback_rows(
-    monkeypatch: pytest.MonkeyPatch, seed: int, bits: int, gather: bool, splits: int, fb_slice: int
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    bits: int,
+    gather: bool,
+    marked: bool,
+    splits: int,
+    fb_slice: int,
 ):
-    """The prefilter finishes the rows whose candidates fit its buffer and its gathering
-    pass lists the others for the radix launches (decided per row on the device, by the
-    row's last gathering program), with a reused workspace; the finish's column ranks come
-    from on-chip gathers or (Triton without ``tl.gather``) global reads. The radix launches
-    spread each listed row over ``n / fb_slice`` programs; with 2 splits and 7 slices one
-    program row works through the whole list."""
+    """The prefilter finishes the rows whose candidates fit its tile and its pass over the
+    rows lists the others for the radix launches (decided per row on the device, by the
+    row's last program), with a reused workspace. Candidates copied to the buffer: the
+    finish's column ranks come from on-chip gathers or (Triton without ``tl.gather``)
+    global reads. Candidates marked: the bitmap holds exactly the keys at or above the
+    threshold. The radix launches spread each listed row over ``n / fb_slice`` programs;
+    with 2 splits and 7 slices one program row works through the whole list."""
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
     monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", fb_slice)
     monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", bits)
     monkeypatch.setattr(topk_mod, "HAS_GATHER", gather and topk_mod.HAS_GATHER)
+    monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", 0 if marked else 1 << 62)
+    assert topk_mod.prefilter_marks(1, 1) == marked
     # 512 sampled scores: row 0 (random) finishes unless its count strays 4.5 sd (~1e-5).
     # In trial 1 it is on a grid of 0.25: the threshold (1.5, sometimes 1.25) ties with
     # about 20 keys that are not taken; the sampled threshold is 1.0, 1.25 or 1.5 (all fit)
@@ -432,19 +458,42 @@ def test_prefilter_finished_and_fallback_rows(
         listed = ws[ws.numel() - 1 - rows :].tolist()
         assert sorted(listed[1 : 1 + listed[0]]) == [r for r in range(4) if done[r] == 0]
         assert done[:3] == [1, 0, 0] and done[4:] == [1, 1], (total, done)
-        slice_len = math.ceil(math.ceil(n / 256) / splits) * 256  # every gathering program
+        slice_len = math.ceil(math.ceil(n / 256) / splits) * 256  # every program of the pass
         want = [math.ceil(length / slice_len) if length > k else 0 for length in lengths.tolist()]
         assert arrived == want, (arrived, want)
         assert total[1] > topk_mod.prefilter_tile(k) and 0 < total[2] < k, total  # over, under
         assert done[3] == int(k < total[3] <= topk_mod.prefilter_tile(k)), (total, done)
         assert (topk_mod.workspace_rows(ws, rows)[:, : topk_mod._STATE_OFF] == 0).all()
+        if not marked:
+            continue
+        wsr = topk_mod.workspace_rows(ws, rows).cpu()
+        for r, length in enumerate(lengths.tolist()):
+            if length <= k:
+                continue
+            thr = wsr[r, topk_mod._PF_OFF + 3].item() & 0xFFFFFFFF
+            marks = (_order_keys(x[r, :length].cpu()) >= thr).long()
+            marks = torch.nn.functional.pad(marks, (0, -length % 32)).view(-1, 32)
+            want_words = (marks << torch.arange(32)).sum(1)
+            got_words = wsr[r, topk_mod._PF_BMP :][: want_words.numel()].long() & 0xFFFFFFFF
+            assert torch.equal(got_words, want_words), r
 
 
-def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPatch):
+def _order_keys(x: torch.Tensor) -> torch.Tensor:
+    """The top-k's order-preserving uint32 keys of fp32 scores, as int64."""
+    b = x.view(torch.int32).long() & 0xFFFFFFFF
+    key = torch.where(b >> 31 != 0, ~b & 0xFFFFFFFF, b | 0x80000000)
+    mag = b & 0x7FFFFFFF
+    key = torch.where(mag == 0, 0x80000000, key)
+    return torch.where(mag > 0x7F800000, 0, key)
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPatch, marked: bool):
     """Exactly k candidates, the lowest in digit 0 (-inf; NaNs elsewhere): the radix select
     of the buffer would take every candidate and leave no threshold below them, so such a
     row must fall back (it once came back empty)."""
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+    monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", 0 if marked else 1 << 62)
     monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
     k, n = 128, 512
     sampled = torch.arange(256) // 8 * (n // 32) + torch.arange(256) % 8  # stride 16
@@ -495,6 +544,21 @@ def test_prefilter_default_by_size(monkeypatch: pytest.MonkeyPatch):
         run_checked(x, lengths, 128, num_splits=3, workspace=ws)
         flags = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_OFF + 2]
         assert (flags == 1).all() if ran else (flags == POISON).all(), flags
+
+
+def test_prefilter_marks_by_size(monkeypatch: pytest.MonkeyPatch):
+    """The prefilter marks its candidates from PREFILTER_MARK_MIN_SCORES scores per call
+    (shapes only); below, it copies them to the buffer."""
+    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+    x = torch.randn(2, 1500, device=DEV)
+    lengths = i32([1500, 1400])
+    for min_scores, marked in ((3000, True), (3001, False)):
+        monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", min_scores)
+        ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
+        topk_mod.workspace_rows(ws, 2)[:, : topk_mod._STATE_OFF] = 0
+        run_checked(x, lengths, 128, num_splits=3, prefilter=True, workspace=ws)
+        buf = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_BUF]
+        assert (buf == POISON).all() if marked else (buf != POISON).all(), buf
 
 
 # ---- bad input ---------------------------------------------------------------------------

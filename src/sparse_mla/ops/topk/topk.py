@@ -30,10 +30,12 @@ Launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
   ``PREFILTER_MIN_SCORES`` scores per call, where it measured faster in graphs): a sample of
   each row (``prefilter_sample(n)`` scores) places a threshold that about ``sqrt(k * tile)``
   keys reach; one pass copies the keys at or above it, with their positions, into the row's
-  candidate buffer (``tile`` = ``prefilter_tile(k)`` entries) and lists every row whose
-  count lies outside (k, tile]; when k < candidates <= tile, one program per row selects
-  in registers (the top k of the row are the top k of the buffer) and writes the k
-  positions in order (a bitmap of them gives each its column). The listed rows (flat or
+  candidate buffer (``tile`` = ``prefilter_tile(k)`` entries), or from
+  ``PREFILTER_MARK_MIN_SCORES`` scores per call marks them in a bitmap of the row, and lists
+  every row whose count lies outside (k, tile]; when k < candidates <= tile, one program
+  per row selects in registers (the top k of the row are the top k of the candidates,
+  listed from the bitmap when marked) and writes the k positions in order. The listed
+  rows (flat or
   tie-heavy scores, or a sample that missed) go through the six radix launches, which run
   on a side stream beside that finish on a GPU. Exact either way; only the speed depends
   on the scores.
@@ -55,6 +57,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ... import _runtime
 from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
@@ -77,12 +80,13 @@ _NPASS = 4
 # (prefix, need, done at _STATE_OFF + 4 * p); the per-slice (count > thr, count == thr).
 _STATE_OFF = _NPASS * _NBINS
 _CNT_OFF = _STATE_OFF + 4 * (_NPASS + 1)
-# Prefilter (see _prefilter_* kernels): candidate count and the gathering programs that
-# finished (one int64, count in the low word), "row done" flag (a diagnostic: no kernel
-# reads it), threshold key, the next free buffer slot; a bitmap of the row's selected
-# positions (without tl.gather, then the running count before each word); the candidate
-# buffer (keys, then positions). Any content on entry: the sample launch zeroes what it
-# must.
+# Prefilter (see _prefilter_* kernels): candidate count and the gathering or marking
+# programs that finished (one int64, count in the low word), "row done" flag (a
+# diagnostic: no kernel reads it), threshold key, the next free buffer slot; a bitmap of
+# the row's positions: the candidates (marking pass) or the selected (gathering pass;
+# without tl.gather, then the running count before each word); the candidate buffer (keys,
+# then positions; gathering pass). Any content on entry: the sample launch zeroes what it
+# must, and the marking pass writes every bitmap word the finish reads.
 # Layout constants (compiled into the kernels), not knobs.
 _PF_MAX_N = 262144  # longest rows the prefilter takes
 _PF_CAP = 4096  # candidates per row (the finishing tile); more: the radix passes
@@ -103,6 +107,7 @@ _WS_PF = tl.constexpr(_PF_OFF)
 _WS_PF_BMP = tl.constexpr(_PF_BMP)
 _WS_PF_BUF = tl.constexpr(_PF_BUF)
 PF_CAP = tl.constexpr(_PF_CAP)
+_HW_POPC = tl.constexpr(not _runtime.INTERPRETER)
 
 # Tuning knobs (module-level so a benchmark or a test can change them).
 ROW_BLOCK = 4096  # chunk of the one-program-per-row kernel
@@ -121,6 +126,12 @@ PREFILTER_MIN_SCORES = 1 << 19
 # of 4096 saved 2.3 us of 26-30 at 64 rows with no row falling back; at 64K (~90 above the
 # threshold) about 1 row in 1000 fell back (25 us each), which ate the 2-4 us it saved.
 PREFILTER_SAMPLE = 4096
+# The prefilter's pass over the rows marks the candidates in a bitmap from this many scores
+# per call; below, it copies them out to a buffer. Marking takes no atomic round trip per
+# chunk (64 x 64K: 8.2 against 19.4 us), but listing the candidates from the bitmap costs
+# the finish 3-4 us, which only pays from about 2M scores (8 x 64K: 25.3 against 22.9 us;
+# 32 x 64K: 28.7 against 30.0; benchmarks/exp_topk.py --set s11b).
+PREFILTER_MARK_MIN_SCORES = 1 << 21
 PREFILTER_MIN_SAMPLE = 2048
 PREFILTER_SAMPLE_SPACING = 16
 PREFILTER_WARPS = 16  # of its one-program-per-row launches
@@ -185,6 +196,12 @@ def _tile_passes_for(bits: int) -> int:
 def prefilter_applies(n: int, k: int) -> bool:
     """Whether the split path runs the prefilter for rows of ``n`` scores and this k."""
     return 2 * k <= _PF_CAP and n <= _PF_MAX_N
+
+
+def prefilter_marks(rows: int, n: int) -> bool:
+    """Whether the prefilter of a ``[rows, n]`` call marks its candidates in a bitmap (else
+    it copies them out to a buffer)."""
+    return rows * n >= PREFILTER_MARK_MIN_SCORES and HAS_GATHER
 
 
 def prefilter_sample(n: int) -> int:
@@ -1056,7 +1073,7 @@ def _split_write_kernel(
 
 
 # ---------------------------------------------------------------------------------------
-# Prefilter: sampled threshold, one gathering pass, finish on chip (3 launches)
+# Prefilter: sampled threshold, one gathering or marking pass, finish on chip (3 launches)
 # ---------------------------------------------------------------------------------------
 #
 # A sample of the row places a threshold key ``t`` that about TARGET keys reach
@@ -1067,9 +1084,14 @@ def _split_write_kernel(
 # If K < candidates <= TILE, the top k of the row are the top k of the buffer: one program
 # per row runs the radix select in registers on the buffer as it is, then writes the k
 # selected positions in order (a bitmap of them, popcounts and one scan over its words
-# give each its column). Otherwise (a flat or tie-heavy row, or an unlucky sample) the
-# gathering pass puts the row on a list at the end of the workspace (the row's last
-# gathering program sees the final count); the radix launches that follow work through
+# give each its column). From PREFILTER_MARK_MIN_SCORES scores per call the pass instead
+# marks the candidates in the row's bitmap with plain word stores and one atomic per
+# program (no atomic round trip per chunk, which many rows queue on); the finish then
+# lists them in position order from the bitmap (popcounts, a scan and a binary search on
+# chip), loads their scores and selects; its output columns are one scan over the
+# selected. Otherwise (a flat or tie-heavy row, or an unlucky sample) the
+# pass puts the row on a list at the end of the workspace (the row's last program sees
+# the final count); the radix launches that follow work through
 # that list only, each row spread over many programs. The list is known before the
 # finish, so on a GPU the radix launches run on a side stream beside it: they cost nothing
 # on the critical path when no row falls back.
@@ -1092,6 +1114,7 @@ def _prefilter_sample_kernel(
     WORDS: tl.constexpr,
     RB: tl.constexpr,
     PASSES: tl.constexpr,
+    MARKED: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Threshold key of each row from SAMPLE scores (SAMPLE // 8 groups of 8 adjacent
@@ -1099,8 +1122,8 @@ def _prefilter_sample_kernel(
 
     The r-th largest sampled key, r = TARGET * sampled / length, cut to its top bits
     (PASSES radix passes: 16 bits or more), so at least r sampled keys reach it. Zeroes
-    the candidate count, arrivals, next slot and position bitmap, and (program 0) the list
-    of rows left to the radix launches."""
+    the candidate count, arrivals, next slot, the position bitmap (unless MARKED) and
+    (program 0) the list of rows left to the radix launches."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
     if row == 0:
@@ -1119,9 +1142,10 @@ def _prefilter_sample_kernel(
     f = tl.arange(0, 8)
     tl.store(ws_row + _WS_PF + f, tl.zeros([8], tl.int32), mask=(f < 2) | (f == 4))
     tl.store(ws_row + _WS_PF + 3, prefix.to(tl.int32, bitcast=True))
-    if length > K:
-        w = tl.arange(0, WORDS)  # WORDS * 32 >= N
-        tl.store(ws_row + _WS_PF_BMP + w, tl.zeros([WORDS], tl.int32), mask=w * 32 < length)
+    if not MARKED:  # noqa: SIM102  (compile-time test apart; marking writes every word)
+        if length > K:
+            w = tl.arange(0, WORDS)  # WORDS * 32 >= N
+            tl.store(ws_row + _WS_PF_BMP + w, tl.zeros([WORDS], tl.int32), mask=w * 32 < length)
 
 
 @triton.jit
@@ -1204,12 +1228,83 @@ def _prefilter_gather_kernel(
 
 
 @triton.jit
+def _prefilter_mark_chunk(bmp, x, offs, valid, thr):
+    """Set the bits of the chunk's keys >= thr in the row's candidate bitmap (whole words:
+    the chunk starts on a word); ``x``, ``offs``, ``valid``: ``[words, 32]`` tiles. Returns
+    the chunk's candidate count."""
+    m = valid & (_keys(x) >= thr)
+    words = tl.sum(m.to(tl.uint32) << (offs % 32).to(tl.uint32), 1)  # [words]
+    first = tl.min(offs, 1) // 32
+    tl.store(bmp + first, words.to(tl.int32, bitcast=True))
+    return tl.sum(_popcount(words), 0)
+
+
+@triton.jit
+def _prefilter_mark_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
+    len_ptr,
+    s_len,
+    n_cols,
+    ws_ptr,
+    ws_stride,
+    slice_len,
+    fb_ptr,
+    K: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The bitmap of the positions whose key is >= the row's threshold (the candidates),
+    and the row's candidate count. Each program writes its slice's words and adds its
+    count and its arrival with one int64 atomic; the row's last program, seeing the final
+    count, lists the row for the radix launches when the finish cannot take it (count <=
+    K or > TILE). Each chunk's load is issued one iteration ahead."""
+    pdl_prologue(PDL)
+    row = tl.program_id(0)
+    lo = tl.program_id(1) * slice_len
+    length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
+    if (length > K) & (lo < length):
+        ws_row = ws_ptr + row.to(tl.int64) * ws_stride
+        bmp = ws_row + _WS_PF_BMP
+        thr = tl.load(ws_row + _WS_PF + 3).to(tl.uint32, bitcast=True)
+        x_row = x_ptr + row.to(tl.int64) * s_xr
+        hi = tl.minimum(lo + slice_len, length)
+        full_end = lo + (hi - lo) // BLOCK * BLOCK
+        tile = tl.arange(0, BLOCK // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
+        x_next = tl.load(x_row + (lo + tile) * s_xn, mask=lo + tile < full_end, other=0.0)
+        cnt = tl.zeros([], tl.int32)
+        for start in range(lo, full_end, BLOCK):
+            x = x_next
+            offs = start + tile
+            x_next = tl.load(x_row + (offs + BLOCK) * s_xn, mask=offs + BLOCK < full_end, other=0.0)
+            cnt += _prefilter_mark_chunk(bmp, x, offs, offs >= 0, thr)
+        if full_end < hi:
+            offs = full_end + tile
+            valid = offs < hi
+            x = tl.load(x_row + offs * s_xn, mask=valid, other=0.0)
+            cnt += _prefilter_mark_chunk(bmp, x, offs, valid, thr)
+        packed = (ws_row + _WS_PF).to(tl.pointer_type(tl.int64))
+        old = tl.atomic_add(packed, cnt.to(tl.int64) + (1 << 32), sem="relaxed")
+        if (old >> 32) + 1 == tl.cdiv(length, slice_len):
+            total = (old & 0xFFFFFFFF) + cnt
+            if (total <= K) | (total > TILE):
+                tl.store(fb_ptr + 1 + tl.atomic_add(fb_ptr, 1, sem="relaxed"), row)
+
+
+@triton.jit
 def _popcount(x):
-    """Set bits of each uint32 (SWAR), as int32."""
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    return ((x * 0x01010101) >> 24).to(tl.int32)
+    """Set bits of each uint32, as int32: one instruction on the GPU, SWAR arithmetic in the
+    interpreter (which has no libdevice)."""
+    if _HW_POPC:
+        n = libdevice.popc(x.to(tl.int32, bitcast=True))
+    else:
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        n = ((x * 0x01010101) >> 24).to(tl.int32)
+    return n
 
 
 @triton.jit
@@ -1292,7 +1387,96 @@ def _prefilter_select(
 
 
 @triton.jit
+def _nth_set_bit(word, r):
+    """Index of the r-th (from 0) lowest set bit of each uint32 ``word`` (r < its popcount):
+    halve the span five times by the popcount of its low half."""
+    p = tl.zeros_like(r)
+    for h in tl.static_range(5):
+        low = _popcount((word >> p.to(tl.uint32)) & ((1 << (16 >> h)) - 1))
+        skip = r >= low
+        r = tl.where(skip, r - low, r)
+        p = tl.where(skip, p + (16 >> h), p)
+    return p
+
+
+@triton.jit
+def _prefilter_select_marked(
+    x_row,
+    s_xn,
+    ws_row,
+    length,
+    total,
+    o_row,
+    s_oc,
+    page_limit,
+    bt_row,
+    s_btc,
+    block_size,
+    stride_rows,
+    K: tl.constexpr,
+    TILE: tl.constexpr,
+    LOG_WORDS: tl.constexpr,
+    FUSED: tl.constexpr,
+    RB: tl.constexpr,
+):
+    """Top K of a row with more than K (so at least one key is not selected, which
+    ``_finish`` relies on) and at most TILE candidates, marked in its bitmap: list them in
+    position order, load their scores, select in registers, then write the K positions in
+    ascending order.
+
+    The listing: the i-th candidate lies in the first word whose running count (a scan of
+    popcounts) exceeds i, found by a binary search on chip (``tl.gather``; the same search
+    over running counts stored to the workspace and read back through L1 measured 1 us
+    slower); it is the (i - count before that word)-th set bit of the word."""
+    WORDS: tl.constexpr = 1 << LOG_WORDS  # WORDS * 32 >= N
+    w = tl.arange(0, WORDS)
+    words = tl.load(ws_row + _WS_PF_BMP + w, mask=w * 32 < length, other=0)
+    words = words.to(tl.uint32, bitcast=True)
+    n_set = _popcount(words)
+    upto = tl.cumsum(n_set, 0)  # candidates in words 0..w
+    i = tl.arange(0, TILE)
+    valid = i < total
+    word = tl.zeros([TILE], tl.int32)  # words before the i-th candidate's
+    for step in tl.static_range(LOG_WORDS):
+        probe = word + (WORDS >> (step + 1))
+        word = tl.where(tl.gather(upto, probe - 1, 0) <= i, probe, word)
+    word = tl.minimum(word, WORDS - 1)  # past total: any word (masked below)
+    before = tl.gather(upto - n_set, word, 0)
+    pos = word * 32 + _nth_set_bit(tl.gather(words, word, 0), tl.maximum(i - before, 0))
+    key = _keys(tl.load(x_row + pos * s_xn, mask=valid, other=0.0))
+    prefix, need, done = _tile_select(key, valid, tl.full([], K, tl.int32), RB, 32 // RB, TILE)
+    thr, need = _finish(prefix, need, done)
+    take = valid & (key > thr)
+    if need > 0:
+        # Ties at the threshold (need > 0: no pass took its whole bin, so more keys equal
+        # thr than need): take the first need of them, in position order as listed.
+        eq = valid & (key == thr)
+        take = take | (eq & (tl.cumsum(eq.to(tl.int32), 0) <= need))
+    col = tl.cumsum(take.to(tl.int32), 0) - 1
+    ok = _emit(
+        o_row,
+        s_oc,
+        col,
+        pos,
+        take,
+        page_limit,
+        bt_row,
+        s_btc,
+        block_size,
+        stride_rows,
+        page_limit,
+        0,
+        FUSED,
+        0,
+    )
+    return _valid_count(ok, K, length - 1, page_limit, block_size, FUSED)
+
+
+@triton.jit
 def _prefilter_finish_kernel(
+    x_ptr,
+    s_xr,
+    s_xn,
     len_ptr,
     s_len,
     n_cols,
@@ -1314,17 +1498,19 @@ def _prefilter_finish_kernel(
     stride_rows,
     K: tl.constexpr,
     TILE: tl.constexpr,
-    WORDS: tl.constexpr,
+    LOG_WORDS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FUSED: tl.constexpr,
     COUNTS: tl.constexpr,
     RB: tl.constexpr,
     GATHER: tl.constexpr,
+    MARKED: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Writes every row that is short or has K + 1..TILE candidates, and each row's done
-    flag (a diagnostic for tests and benchmarks; the gathering pass listed every other row
-    for the radix launches)."""
+    flag (a diagnostic for tests and benchmarks; the gathering or marking pass listed every
+    other row for the radix launches). MARKED: the candidates are marked in the bitmap,
+    else copied to the buffer."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
     length = tl.minimum(tl.maximum(tl.load(len_ptr + row * s_len), 0), n_cols)
@@ -1349,6 +1535,26 @@ def _prefilter_finish_kernel(
                 BLOCK_K,
                 FUSED,
             )
+        elif MARKED:
+            nvalid = _prefilter_select_marked(
+                x_ptr + row.to(tl.int64) * s_xr,
+                s_xn,
+                ws_row,
+                length,
+                total,
+                o_row,
+                s_oc,
+                page_limit,
+                bt_row,
+                s_btc,
+                block_size,
+                stride_rows,
+                K,
+                TILE,
+                LOG_WORDS,
+                FUSED,
+                RB,
+            )
         else:
             nvalid = _prefilter_select(
                 ws_row,
@@ -1363,7 +1569,7 @@ def _prefilter_finish_kernel(
                 stride_rows,
                 K,
                 TILE,
-                WORDS,
+                1 << LOG_WORDS,
                 FUSED,
                 RB,
                 GATHER,
@@ -1594,6 +1800,7 @@ def select_topk(
         try:  # once forked, always joined (an open fork would break a capture)
             if pf:
                 tile, words = prefilter_tile(k), next_pow2(cdiv(n, 32))
+                marked = prefilter_marks(rows, n)
                 _prefilter_sample_kernel[(rows,)](
                     *common[:8],
                     fb,
@@ -1603,10 +1810,12 @@ def select_topk(
                     WORDS=words,
                     RB=TILE_RADIX_BITS,
                     PASSES=_tile_passes_for(16),
+                    MARKED=marked,
                     num_warps=PREFILTER_WARPS,
                     **pdl,
                 )
-                _prefilter_gather_kernel[grid](
+                pass_kernel = _prefilter_mark_kernel if marked else _prefilter_gather_kernel
+                pass_kernel[grid](
                     *common,
                     fb,
                     K=k,
@@ -1622,20 +1831,17 @@ def select_topk(
                     side = _side_stream(main)
                     side.wait_stream(main)
                 _prefilter_finish_kernel[(rows,)](
-                    lengths,
-                    lengths.stride(0),
-                    n,
-                    ws,
-                    WS_ROW_STRIDE,
+                    *common[:8],
                     *emit,
                     K=k,
                     TILE=tile,
-                    WORDS=words,
+                    LOG_WORDS=words.bit_length() - 1,
                     BLOCK_K=block_k,
                     FUSED=fused,
                     COUNTS=want_counts,
                     RB=TILE_RADIX_BITS,
                     GATHER=HAS_GATHER,
+                    MARKED=marked,
                     num_warps=PREFILTER_WARPS,
                     **pdl,
                 )
