@@ -56,6 +56,8 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
         # the listed rows then spread over several programs each. Candidates copied out
         # to a buffer, or marked in a bitmap.
         marked = request.param.endswith("marked")
+        if marked and not topk_mod.HAS_GATHER:
+            pytest.skip("the marking prefilter needs tl.gather")
         monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", 0 if marked else 1 << 62)
         monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
         monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", 256)
@@ -429,7 +431,9 @@ def test_prefilter_finished_and_fallback_rows(
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
     monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", fb_slice)
     monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", bits)
-    monkeypatch.setattr(topk_mod, "HAS_GATHER", gather and topk_mod.HAS_GATHER)
+    if (gather or marked) and not topk_mod.HAS_GATHER:
+        pytest.skip("needs tl.gather")
+    monkeypatch.setattr(topk_mod, "HAS_GATHER", gather)
     monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", 0 if marked else 1 << 62)
     assert topk_mod.prefilter_marks(1, 1) == marked
     # 512 sampled scores: row 0 (random) finishes unless its count strays 4.5 sd (~1e-5).
@@ -548,14 +552,17 @@ def test_prefilter_default_by_size(monkeypatch: pytest.MonkeyPatch):
 
 def test_prefilter_marks_by_size(monkeypatch: pytest.MonkeyPatch):
     """The prefilter marks its candidates from PREFILTER_MARK_MIN_SCORES scores per call
-    (shapes only); below, it copies them to the buffer."""
+    (shapes only); below, it copies them to the buffer. The copying call reuses the
+    workspace, so its bitmap starts with the marking call's bits."""
+    if not topk_mod.HAS_GATHER:
+        pytest.skip("the marking prefilter needs tl.gather")
     monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
     x = torch.randn(2, 1500, device=DEV)
     lengths = i32([1500, 1400])
+    ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
+    topk_mod.workspace_rows(ws, 2)[:, : topk_mod._STATE_OFF] = 0
     for min_scores, marked in ((3000, True), (3001, False)):
         monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", min_scores)
-        ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
-        topk_mod.workspace_rows(ws, 2)[:, : topk_mod._STATE_OFF] = 0
         run_checked(x, lengths, 128, num_splits=3, prefilter=True, workspace=ws)
         buf = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_BUF]
         assert (buf == POISON).all() if marked else (buf != POISON).all(), buf
