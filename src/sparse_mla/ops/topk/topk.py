@@ -35,10 +35,9 @@ Launch shapes, chosen from the shapes only (CUDA-graph safe, no device sync):
   every row whose count lies outside (k, tile]; when k < candidates <= tile, one program
   per row selects in registers (the top k of the row are the top k of the candidates,
   listed from the bitmap when marked) and writes the k positions in order. The listed
-  rows (flat or
-  tie-heavy scores, or a sample that missed) go through the six radix launches, which run
-  on a side stream beside that finish on a GPU. Exact either way; only the speed depends
-  on the scores.
+  rows (flat or tie-heavy scores, or a sample that missed) go through the six radix
+  launches, which run on a side stream beside that finish on a GPU. Exact either way; only
+  the speed depends on the scores.
 
 Radix passes over keys held in registers (the row kernel's single chunk, the prefilter)
 use narrower digits (``TILE_RADIX_BITS``): ``tl.histogram`` costs more per bit with more bins.
@@ -1089,12 +1088,11 @@ def _split_write_kernel(
 # program (no atomic round trip per chunk, which many rows queue on); the finish then
 # lists them in position order from the bitmap (popcounts, a scan and a binary search on
 # chip), loads their scores and selects; its output columns are one scan over the
-# selected. Otherwise (a flat or tie-heavy row, or an unlucky sample) the
-# pass puts the row on a list at the end of the workspace (the row's last program sees
-# the final count); the radix launches that follow work through
-# that list only, each row spread over many programs. The list is known before the
-# finish, so on a GPU the radix launches run on a side stream beside it: they cost nothing
-# on the critical path when no row falls back.
+# selected. Otherwise (a flat or tie-heavy row, or an unlucky sample) the pass puts the
+# row on a list at the end of the workspace (the row's last program sees the final count);
+# the radix launches that follow work through that list only, each row spread over many
+# programs. The list is known before the finish, so on a GPU the radix launches run on a
+# side stream beside it: they cost nothing on the critical path when no row falls back.
 
 
 @triton.jit
