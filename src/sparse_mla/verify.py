@@ -548,11 +548,19 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _rand_rows(g: torch.Generator, tokens: int, dim: int) -> torch.Tensor:
     """bf16 [tokens, dim]: each token at its own magnitude (all-zero and below the 1e-4 amax
-    floor included), sometimes as a strided view of a wider tensor."""
+    floor included), sometimes as a strided view of a wider tensor. About a quarter of the
+    tokens sit on a scale boundary: every 128th value is +-448 * 2**e and the rest are
+    smaller, so each quantisation group's amax / 448 is exactly a power of two."""
     scale = torch.tensor([0.0, 1e-7, 1e-3, 1.0, 30.0, 1e4, 1e30])
     mag = scale[torch.randint(0, len(scale), (tokens, 1), generator=g)]
-    wide = (torch.randn(tokens, dim + 5, generator=g) * mag).bfloat16()
+    wide = torch.randn(tokens, dim + 5, generator=g) * mag
+    edge = torch.rand(tokens, generator=g) < 0.25
+    top = 448.0 * torch.exp2(torch.randint(-12, 13, (tokens, 1), generator=g).float())
+    bounded = (torch.rand(tokens, dim + 5, generator=g) * 2 - 1) * top * 0.99
+    sign = torch.randint(0, 2, (tokens, 1), generator=g) * 2 - 1
     start = _rand_int(g, 0, 5)
+    bounded[:, start::128] = top * sign
+    wide = torch.where(edge[:, None], bounded, wide).bfloat16()
     return wide[:, start : start + dim]
 
 

@@ -21,13 +21,20 @@ from .kv_cache import (
 
 
 def pow2_scale_reference(amax: torch.Tensor) -> torch.Tensor:
-    """``2 ** ceil(log2(max(amax, 1e-4) / 448))`` as fp32 (computed in fp64, so exact).
+    """``2 ** ceil(log2(max(amax, 1e-4) / 448))`` as fp32, exactly, on any device.
+
+    ``torch.frexp`` splits ``x = amax / 448`` exactly into ``m * 2**e`` with m in [0.5, 1), so
+    ``ceil(log2(x))`` is ``e``, or ``e - 1`` when ``m == 0.5`` (x a power of two). Not
+    ``torch.log2``: on CUDA it is not exact at powers of two (amax = 7 gave 2**-5, not 2**-6).
+    The fp64 division cannot round an fp32 ``amax`` onto a power of two it is not.
 
     Args:
         amax: float tensor of any shape, the largest magnitude of each quantisation group.
     """
     a = amax.float().clamp_min(AMAX_FLOOR).double()  # the floor as the fp32 value, like kernels
-    return torch.exp2(torch.ceil(torch.log2(a / FP8_MAX))).float()
+    m, e = torch.frexp(a / FP8_MAX)
+    e = e.long() - (m == 0.5).long()
+    return ((e + 1023) << 52).view(torch.float64).float()  # 2**e from its IEEE-754 bits
 
 
 def quantize_pow2_e4m3(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
