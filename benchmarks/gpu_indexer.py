@@ -6,7 +6,7 @@ Run on a CUDA machine from the repository root (about a minute of GPU time):
 
 1. Checks (PASS/FAIL lines): the cache writers against the PyTorch references (bit-exact) and
    their round-trip error bound; ``index_logits`` against the fp64 reference on V3.2 shapes
-   (64 heads x 128 dims, page 64, bf16 and fp8 caches, next_n 1..4, random lengths up to 4K),
+   (64 heads x 128 dims, page 64, bf16 and fp8 caches, next_n 1..4 and 8, random lengths up to 4K),
    exact -inf pattern, and native == flattened == reference on integer-valued data (exact).
 2. Timing (CUDA events, warm-up, median of 30): 64 requests x 32K context, bf16 and fp8 caches,
    next_n = 1 and 4 (native), next_n = 4 flattened (4 single-token rows per request), a small
@@ -175,7 +175,7 @@ def check_writers(g) -> None:
 def check_logits(g) -> None:
     for fp8 in (False, True):
         kind = "fp8" if fp8 else "bf16"
-        for n in (1, 2, 3, 4):
+        for n in (1, 2, 3, 4, 8):  # 8: two token groups of 4
             num_req, max_ctx = CHECK_REQ, CHECK_CTX
             q, w, cache, lens, bt = make_problem(g, num_req, n, max_ctx, fp8)
             lens[0], lens[1] = max_ctx, 0

@@ -25,6 +25,7 @@ for step in "$@"; do
     gpu_*) run "$step" python3 "benchmarks/$step.py" --out "$W" ;;
     ncu) run ncu ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy -k regex:_remap_kernel python3 benchmarks/profile_remap.py ;;
     ncu_topk) run ncu_topk ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section InstructionStats -k regex:_topk_row_kernel python3 benchmarks/profile_topk_row.py ;;
+    ncu_logits) run ncu_logits ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis -k regex:_index_logits_kernel --launch-skip 1 --launch-count 3 python3 benchmarks/profile_logits.py ;;
     ncu_pf) run ncu_pf ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis -k regex:_prefilter --launch-skip 6 python3 benchmarks/profile_topk_prefilter.py ;;
     demo) run demo python3 -m sparse_mla.cli demo --skip-verify ;;
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;

@@ -180,14 +180,40 @@ def run_one(be: Backend, call, out: torch.Tensor, base, ref0, n: int, sizes: dic
 
 
 def candidates(default: IndexLogitsConfig, args) -> list:
-    """The grid without the default (which runs first)."""
+    """The grid without the default (which runs first). ``--tiles`` sets the positions per
+    program (in units of 64); by default they stay the heuristic's."""
+    positions = [t * 64 for t in args.tiles] or [default.tiles_per_program * default.block_s]
 
-    def cfg(bs: int, w: int, st: int) -> IndexLogitsConfig:
-        tiles = max(1, round(default.tiles_per_program * default.block_s / bs))
-        return IndexLogitsConfig(bs, tiles, w, st)
+    def cfg(bs: int, w: int, st: int, pos: int) -> IndexLogitsConfig:
+        return IndexLogitsConfig(bs, max(1, round(pos / bs)), w, st)
 
-    grid = [cfg(bs, w, st) for bs in args.block_s for w in args.warps for st in args.stages]
+    grid = [
+        cfg(bs, w, st, pos)
+        for pos in positions
+        for bs in args.block_s
+        for w in args.warps
+        for st in args.stages
+    ]
     return [c for c in dict.fromkeys(grid) if c != default]
+
+
+def _load_before():
+    """The session's starting logits module, if the lease carried a copy of it
+    (``.exp/logits_before.py``: ``git show`` of logits.py with absolute imports); it is timed
+    at its own default config beside the library's."""
+    path = Path(__file__).resolve().parents[1] / ".exp" / "logits_before.py"
+    if not path.exists():
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("logits_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks its module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BEFORE = _load_before()
 
 
 # ---- one case -------------------------------------------------------------------------------
@@ -238,9 +264,15 @@ def run_case(run: Run, cache_kind: str, cache: torch.Tensor, n: int, cases_left:
             rec.update(check(out, base, ref0, n))
         record("native", c, rec)
 
-    # Priority first (the default, the flattened form), then the grid while this case's share
-    # of the budget lasts.
+    # Priority first (the default, the session's start, the flattened form), then the grid
+    # while this case's share of the budget lasts.
     native(default)
+    if BEFORE is not None:
+        c = BEFORE.choose_index_logits_config(b, n, h, d, ctx, device=dev)
+        call = functools.partial(
+            BEFORE.index_logits, q, w, cache, lens, bt, next_n=n, out=out, config=c
+        )
+        record("before", c, run_one(be, call, out, base, ref0, n, run.sizes))
     flat = s["flat"]
     if flat is not None:
         c = choose_index_logits_config(b * n, 1, h, d, ctx, device=dev)
@@ -289,6 +321,7 @@ def run_case(run: Run, cache_kind: str, cache: torch.Tensor, n: int, cases_left:
         print(f"skipped (budget): {len(skipped)}: " + "; ".join(map(cfg_str, skipped)))
 
     best_native = best("native")
+    before = best("before")
     dflt = [
         r["us"]
         for r in rows
@@ -303,6 +336,7 @@ def run_case(run: Run, cache_kind: str, cache: torch.Tensor, n: int, cases_left:
         default_us=dflt[0] if dflt else None,
         best_native={k: best_native[k] for k in ("us", "config")} if best_native else None,
         best_flattened={k: best_flat[k] for k in ("us", "config")} if best_flat else None,
+        before_us=before["us"] if before else None,
         flattened_over_native=ref_us / best_native["us"] if ref_us and best_native else None,
         skipped=[dataclasses.asdict(c) for c in skipped],
     )
@@ -322,6 +356,7 @@ def main() -> int:
     ap.add_argument("--block-s", type=ints, default=None, help="default 64,128")
     ap.add_argument("--warps", type=ints, default=None, help="default 4,8")
     ap.add_argument("--stages", type=ints, default=None, help="default 2,3")
+    ap.add_argument("--tiles", type=ints, default=(), help="positions per program / 64")
     ap.add_argument("--graph-calls", type=int, default=None, help="calls per graph (20)")
     ap.add_argument("--reps", type=int, default=None, help="timed graph replays (10)")
     args = ap.parse_args()
@@ -398,6 +433,7 @@ def main() -> int:
             f"{sm['cache']:4} n={sm['n']}: default {dflt} | native {fmt(sm, sm['best_native'])}"
             f" | flattened {fmt(sm, sm['best_flattened'])}"
             f" | flat/native {f'{ratio:.2f}' if ratio else '-'}"
+            + (f" | before {sm['before_us']:.1f}" if sm["before_us"] else "")
         )
     bad = [r for r in results if "us" in r and not (r.get("same_ninf", True) and r["ref_ninf_ok"])]
     meta["elapsed_s"] = time.perf_counter() - t_start

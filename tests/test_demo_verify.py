@@ -116,7 +116,7 @@ def test_build_cases_counts():
     n_topk = len(verify.TOPK_DISTS) * 2 * len(verify.TOPK_MODES) * verify.TOPK_REPS
     assert kinds["topk"] == n_topk
     assert kinds["kvcache"] == len(verify.KV_CACHES) * 2 * verify.KV_REPS
-    assert kinds["logits"] == 2 * 4 * verify.LOGITS_REPS
+    assert kinds["logits"] == 2 * len(verify.FULL_SIZES.logits_next_n) * verify.LOGITS_REPS
     seeds = [c.seed for c in full]
     assert seeds == list(range(len(full)))  # unique, reproducible by number
     assert [c.seed for c in verify.build_cases(False, base_seed=1000)][:3] == [1000, 1001, 1002]

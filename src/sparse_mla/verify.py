@@ -20,7 +20,7 @@ PyTorch reference. Kinds:
   lengths, hostile lengths and page ids) against the fp64 reference within the tolerance of
   ``tests/ops/test_indexer.py``, with the ``-inf`` pattern exact.
 
-The full sweep (2328 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 48 logits)
+The full sweep (2352 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 72 logits)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
 contexts up to 16K); ``--quick`` (513) runs a subset at interpreter sizes (k 128/256, rows up to
 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
@@ -117,7 +117,7 @@ QUICK_SIZES = Sizes(
     logits_page=16,
     logits_max_width=32,
     logits_max_req=5,
-    logits_next_n=(1, 2, 3, 4),
+    logits_next_n=(1, 2, 3, 4, 6, 8),
 )
 FULL_SIZES = Sizes(
     topk_k=(512, 2048),
@@ -131,7 +131,7 @@ FULL_SIZES = Sizes(
     logits_page=64,
     logits_max_width=256,  # contexts up to 16K (the fp64 reference runs on the CPU)
     logits_max_req=8,
-    logits_next_n=(1, 2, 3, 4),
+    logits_next_n=(1, 2, 3, 4, 6, 8),  # 6 and 8: two token groups of 4 at 64 heads
 )
 
 
@@ -182,7 +182,8 @@ def _new_kind_cases(sz: Sizes) -> list[tuple[Case, bool]]:
             max_width=sz.logits_max_width,
             max_req=sz.logits_max_req,
         )
-        out.append((Case("logits", 0, params), rep < 4))
+        # n = 6 and 8 (two token groups of 4 at 64 heads) run in the full sweep only.
+        out.append((Case("logits", 0, params), rep < 4 and n <= 4))
     return out
 
 

@@ -15,12 +15,26 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparse_mla._runtime import default_device
+from sparse_mla._runtime import default_device, next_pow2
 from sparse_mla.ops.indexer import IndexLogitsConfig, index_logits, index_logits_reference
+from sparse_mla.ops.indexer.logits import (
+    MAX_CHUNK_PAGES,
+    MAX_QUERY_ROWS,
+    chunk_page_slots,
+    token_group,
+)
 from sparse_mla.ops.kv_cache import new_indexer_k_cache, write_indexer_k
 
 DEV = default_device()
 POISON = -7777.0
+
+# The two ways a tile finds its keys' pages (see chunk_page_slots): (page size, config).
+LOOKUPS = {
+    "per-position": (16, None),  # the default 64-position tiles cross 16-position pages
+    "per-chunk": (16, IndexLogitsConfig(16, 3, 4, 2)),  # chunks of 3 whole pages
+    # 48-position chunks in 64-position pages: positions 48..95 lie in two pages
+    "per-chunk-unaligned": (64, IndexLogitsConfig(16, 3, 4, 2)),
+}
 
 
 def make_case(
@@ -85,23 +99,27 @@ def rand_lens(g: torch.Generator, num_req: int, capacity: int) -> torch.Tensor:
 # ---- against the reference ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("lookup", LOOKUPS)
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 8])
-def test_random_vs_reference(seed, fp8, n):
+def test_random_vs_reference(seed, fp8, n, lookup):
     g = torch.Generator().manual_seed(seed)
-    num_req, width, page = 4, 20, 16  # contexts up to 320
+    page, cfg = LOOKUPS[lookup]
+    num_req, width = 4, 320 // page  # contexts up to 320
     q, w, cache, bt = make_case(g, num_req=num_req, n=n, width=width, page=page, fp8=fp8)
     lens = rand_lens(g, num_req, width * page).to(DEV)
-    got = index_logits(q, w, cache, lens, bt, next_n=n)
+    got = index_logits(q, w, cache, lens, bt, next_n=n, config=cfg)
     assert got.dtype == torch.float32 and got.shape == (num_req * n, width * page)
     check_close(got, q, w, cache, lens, bt, next_n=n)
 
 
+@pytest.mark.parametrize("n", [2, 8])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_v32_shape(seed, fp8):
-    """64 heads x 128 dims, page 64 (the model's shapes) with short contexts."""
+def test_v32_shape(seed, fp8, n):
+    """64 heads x 128 dims, page 64 (the model's shapes) with short contexts; n = 8 runs as
+    two token groups of 4 (a 512-row query block in one dot was wrong on the GPU)."""
     g = torch.Generator().manual_seed(seed)
-    n, num_req, width = 2, 2, 3
+    num_req, width = 2, 3
     q, w, cache, bt = make_case(
         g, num_req=num_req, n=n, heads=64, dim=128, page=64, width=width, fp8=fp8
     )
@@ -119,16 +137,20 @@ def flatten_rows(lens: torch.Tensor, bt: torch.Tensor, n: int):
     return per_row, bt.repeat_interleave(n, dim=0)
 
 
+@pytest.mark.parametrize("lookup", LOOKUPS)
 @pytest.mark.parametrize("fp8", [False, True])
-def test_native_equals_flattened_and_reference_exactly(seed, fp8):
+def test_native_equals_flattened_and_reference_exactly(seed, fp8, lookup):
     g = torch.Generator().manual_seed(seed)
+    page, cfg = LOOKUPS[lookup]
     n, num_req = 4, 3
-    q, w, cache, bt = make_case(g, num_req=num_req, n=n, fp8=fp8, integer=True)
+    q, w, cache, bt = make_case(
+        g, num_req=num_req, n=n, page=page, width=320 // page, fp8=fp8, integer=True
+    )
     lens = torch.tensor([300, 3, 0], dtype=torch.int32, device=DEV)  # 3 < n: rows clamp to 0
-    native = index_logits(q, w, cache, lens, bt, next_n=n)
+    native = index_logits(q, w, cache, lens, bt, next_n=n, config=cfg)
     flat_lens, flat_bt = flatten_rows(lens, bt, n)
-    flat = index_logits(q, w, cache, flat_lens, flat_bt)
-    two_d = index_logits(q, w, cache, flat_lens.view(num_req, n), bt)
+    flat = index_logits(q, w, cache, flat_lens, flat_bt, config=cfg)
+    two_d = index_logits(q, w, cache, flat_lens.view(num_req, n), bt, config=cfg)
     ref = index_logits_reference(q.cpu(), w.cpu(), cache.cpu(), lens.cpu(), bt.cpu(), next_n=n)
     assert torch.equal(native.cpu().double(), ref)
     assert torch.equal(native, flat)
@@ -153,6 +175,51 @@ def test_configs_agree(seed, cfg):
     assert torch.equal(got.cpu().double(), ref)
 
 
+def test_token_group():
+    assert token_group(8, 8) == 8  # 8 heads pad to 16: 128 query rows
+    assert token_group(8, 64) == 4 and token_group(5, 64) == 4 and token_group(3, 64) == 4
+    assert token_group(3, 128) == 2 and token_group(1, 256) == 1 and token_group(2, 3) == 2
+    for n in range(1, 9):
+        for heads in (1, 8, 64, 100, 128, 256):
+            assert token_group(n, heads) * max(16, next_pow2(heads)) <= MAX_QUERY_ROWS
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_token_groups(seed, fp8, n):
+    """128 heads: two tokens a program, so n = 3 / 5 / 8 run as 2 / 3 / 4 groups (the last
+    part-filled for odd n); against the reference, and bit for bit against flattened rows."""
+    g = torch.Generator().manual_seed(seed)
+    num_req, heads = 3, 128
+    q, w, cache, bt = make_case(g, num_req=num_req, n=n, heads=heads, width=6, fp8=fp8)
+    lens = torch.tensor([96, n - 1, 40], dtype=torch.int32, device=DEV)
+    got = torch.full((num_req * n, 96), float("nan"), device=DEV)  # poison: unwritten shows
+    index_logits(q, w, cache, lens, bt, next_n=n, out=got)
+    check_close(got, q, w, cache, lens, bt, next_n=n)
+    qi, wi, cache_i, bt_i = make_case(
+        g, num_req=num_req, n=n, heads=heads, width=6, fp8=fp8, integer=True
+    )
+    native = index_logits(qi, wi, cache_i, lens, bt_i, next_n=n)
+    flat_lens, flat_bt = flatten_rows(lens, bt_i, n)
+    assert torch.equal(native, index_logits(qi, wi, cache_i, flat_lens, flat_bt))
+
+
+def test_chunk_page_slots():
+    """Which tiles take their page ids from one load per program, and how many it loads."""
+    assert chunk_page_slots(16, 64, 960) == 0  # a tile spans 4 pages
+    assert chunk_page_slots(16, 16, 48) == 4  # 3 whole pages
+    assert chunk_page_slots(32, 16, 48) == 4  # not whole pages: may span 3
+    assert chunk_page_slots(64, 16, 48) == 2  # less than a page: may span 2
+    assert chunk_page_slots(64, 64, 15 * 64) == 16  # V3.2, the heuristic's 15 tiles
+    assert chunk_page_slots(64, 64, MAX_CHUNK_PAGES * 64) == MAX_CHUNK_PAGES
+    assert chunk_page_slots(64, 64, (MAX_CHUNK_PAGES + 1) * 64) == 0
+    assert chunk_page_slots(128, 64, 64) == 2
+    for page, cfg in LOOKUPS.values():
+        cfg = cfg or IndexLogitsConfig()
+        chunk = cfg.block_s * cfg.tiles_per_program
+        assert (chunk_page_slots(page, cfg.block_s, chunk) > 0) == (cfg.block_s <= page)
+
+
 def test_two_d_lengths_arbitrary(seed):
     """The native 2-D form takes any per-row lengths (not only L - n + 1 + j)."""
     g = torch.Generator().manual_seed(seed)
@@ -166,16 +233,18 @@ def test_two_d_lengths_arbitrary(seed):
 # ---- hostile device data, poisoned and strided outputs ------------------------------------
 
 
+@pytest.mark.parametrize("lookup", LOOKUPS)
 @pytest.mark.parametrize("fp8", [False, True])
-def test_lengths_and_page_ids_never_read_out_of_bounds(seed, fp8):
+def test_lengths_and_page_ids_never_read_out_of_bounds(seed, fp8, lookup):
     """Lengths past the block table's reach, negative lengths, invalid page ids.
 
     The block table is a view into a wider one whose extra columns name a poison page (NaN
     keys in the cache): reading past W columns, or any unmasked invalid page, shows as NaN.
     """
     g = torch.Generator().manual_seed(seed)
-    n, num_req, width, page = 2, 4, 6, 16
-    q, w, cache, bt = make_case(g, num_req=num_req, n=n, width=width, fp8=fp8)
+    page, cfg = LOOKUPS[lookup]
+    n, num_req, width = 2, 4, 6
+    q, w, cache, bt = make_case(g, num_req=num_req, n=n, width=width, page=page, fp8=fp8)
     pages = cache.shape[0]
     unused = sorted(set(range(pages)) - set(bt.flatten().tolist()))
     poison_page = unused[0]  # a spare page no block-table row uses
@@ -193,7 +262,7 @@ def test_lengths_and_page_ids_never_read_out_of_bounds(seed, fp8):
     bt_view[2, 3] = pages + 7
     cap = width * page
     lens = torch.tensor([cap + 1000, -5, cap, 2**31 - 1], dtype=torch.int32, device=DEV)
-    got = index_logits(q, w, cache, lens, bt_view, next_n=n, max_len=cap + 40)
+    got = index_logits(q, w, cache, lens, bt_view, next_n=n, max_len=cap + 40, config=cfg)
     assert not torch.isnan(got).any()
     check_close(got, q, w, cache, lens, bt_view, next_n=n, max_len=cap + 40)
     # columns past the capacity are -inf even for rows whose length says more
@@ -283,5 +352,8 @@ def test_bad_inputs():
         )  # fmt: skip
     with pytest.raises(ValueError, match="on meta"):
         index_logits(q, w, cache, lens.to("meta"), bt, next_n=2)
+    with pytest.raises(ValueError, match="at most 256 are supported"):
+        big = torch.zeros(4, 257, 32, dtype=torch.bfloat16, device=DEV)
+        index_logits(big, torch.zeros(4, 257, device=DEV), cache, lens, bt, next_n=2)
     with pytest.raises(ValueError, match="block_s must be a power of two"):
         index_logits(q, w, cache, lens, bt, next_n=2, config=IndexLogitsConfig(48, 1, 4, 1))

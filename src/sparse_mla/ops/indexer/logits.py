@@ -4,9 +4,16 @@
 scale on the fp8 path, applied after the head sum), ``-inf`` wherever row ``r`` cannot see
 position ``s``. One program owns one request and a chunk of ``tiles_per_program * block_s``
 key positions; for every key tile it loads the keys once and multiplies them against the
-queries of *all* ``next_n * H`` rows of the request (``[block_s, D] x [D, next_n * H]``), so
-the keys are read once per request however many draft tokens it has. Flattening the same work
+queries of all its rows (``[block_s, D] x [D, rows * H]``), so the keys are read once per
+request however many draft tokens it has. A program takes up to 256 query rows (4 tokens at
+64 heads); larger ``next_n`` runs as token groups, each a program of its own, adjacent in
+launch order so they read the request's keys at about the same time. Flattening the same work
 into ``next_n`` single-token rows reads them ``next_n`` times.
+
+When a tile lies inside one page (V3.2: 64-position tiles, page 64) a program loads its
+chunk's page ids once, so no key load waits on a block-table load inside the loop and Triton's
+pipeliner keeps ``num_stages - 1`` key tiles in flight; a lookup in the loop left each tile's
+load exposed (n = 4 is 1.36-1.38x faster this way on an H200; see docs/results).
 
 Precision: products of bf16 (or e4m3) values are exact in fp32 and the key scale is a power of
 two, so the result differs from exact arithmetic only by fp32 accumulation (D-term dots, the
@@ -27,7 +34,13 @@ from ..._checks import check_int, check_output, check_same_device, check_tensor
 from ..._runtime import INTERPRETER, cdiv, next_pow2, num_sms
 from ..kv_cache.kv_cache import indexer_k_cache_layout
 
-MAX_NEXT_N = 8  # the query block (next_n * H * D) must fit in shared memory
+MAX_NEXT_N = 8
+# Query rows (tokens x padded heads) one program multiplies: one 256-wide wgmma N block. A
+# wider block splits the dot across two warpgroups along N, which Triton 3.6 compiled wrongly
+# for bf16 (n = 8 at 64 heads: errors of 8% of the magnitude on an H200), so larger next_n
+# runs as token groups of separate programs.
+MAX_QUERY_ROWS = 256
+MAX_CHUNK_PAGES = 32  # page ids a program holds (one warp's width: picking one needs no barrier)
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,13 @@ class IndexLogitsConfig:
     num_stages: int = 3
 
 
+def token_group(next_n: int, num_heads: int) -> int:
+    """Query tokens one program takes: the largest power of two <= ``next_pow2(next_n)``
+    whose padded query block fits ``MAX_QUERY_ROWS`` (at least 1)."""
+    heads_p = max(next_pow2(num_heads), 16)
+    return max(1, min(next_pow2(next_n), MAX_QUERY_ROWS // heads_p))
+
+
 def choose_index_logits_config(
     num_requests: int,
     next_n: int,
@@ -56,22 +76,54 @@ def choose_index_logits_config(
     *,
     device: torch.device | None = None,
 ) -> IndexLogitsConfig:
-    """Heuristic launch shape: 64-position tiles (one wgmma M block), 4 warps up to a 256-wide
-    query block (n <= 4 at 64 heads) and 8 beyond, two pipeline stages, and ~16 programs per
-    SM (short chunks balance ragged lengths; longer ones amortise the per-program query load).
-    Measured on an H200 (benchmarks/tune_logits.py, 64 requests x 32K): at n = 4, 8 warps were
-    1.4-1.5x slower than 4; two stages beat three by 1-5%; 128-position tiles gained nothing
-    at n = 1."""
+    """Heuristic launch shape: 64-position tiles (one wgmma M block), 4 warps (one warpgroup
+    for a token group's whole query block), three pipeline stages (two key tiles in flight),
+    about 16 programs per SM at n = 1 and 8 at n >= 2 (short chunks balance ragged lengths;
+    longer ones amortise the per-program query load).
+    Measured on an H200 (benchmarks/tune_logits.py, 64 requests x 32K, docs/results): at n = 4,
+    8 warps were 1.4-1.5x slower than 4; a fourth stage was slower for bf16 at n >= 3 (one
+    program per SM: 348 against 275 us at n = 4) and for fp8 at n = 1 (8%), and 1-5% either
+    way elsewhere; 32-tile chunks (8 programs per SM) were 1-6% faster than 15-tile ones at
+    n = 2 and 4."""
     del head_dim  # the tile does not depend on it at the supported sizes
-    width = next_pow2(next_n) * max(next_pow2(num_heads), 16)
-    block_s = 64
-    num_warps = 4 if width <= 256 else 8
-    num_stages = 2
-    total_tiles = max(num_requests, 1) * max(cdiv(max_len, block_s), 1)
+    group = token_group(next_n, num_heads)
+    programs = max(num_requests, 1) * cdiv(next_n, group)
+    total_tiles = programs * max(cdiv(max_len, 64), 1)
     # Interpreter: 4 "SMs", so a few programs per request still exercise the chunking.
     sms = num_sms(device if device is not None else torch.device("cpu"), interpreter=4)
-    tiles = max(1, min(32, total_tiles // (16 * sms)))
-    return IndexLogitsConfig(block_s, tiles, num_warps, num_stages)
+    programs_per_sm = 16 if next_n == 1 else 8
+    tiles = max(1, min(32, total_tiles // (programs_per_sm * sms)))
+    return IndexLogitsConfig(64, tiles, 4, 3)
+
+
+def chunk_page_slots(page_size: int, block_s: int, chunk: int) -> int:
+    """How many page ids one program loads before its key loop: a power of two covering the
+    pages its ``chunk`` positions span, or 0 when a ``block_s`` tile can cross a page or the
+    span exceeds ``MAX_CHUNK_PAGES``; then every position looks its page up in the loop.
+    Chunks of whole pages start on a page boundary; others may span one page more."""
+    if page_size % block_s:
+        return 0
+    span = chunk // page_size if chunk % page_size == 0 else cdiv(chunk, page_size) + 1
+    return next_pow2(span) if span <= MAX_CHUNK_PAGES else 0
+
+
+@triton.jit
+def _tile_page(s0, chunk_pages, p0, CHUNK_PAGES: tl.constexpr, PAGE: tl.constexpr):
+    """Page id of the tile at position ``s0``, picked from the chunk's page ids."""
+    sel = tl.arange(0, CHUNK_PAGES) == s0 // PAGE - p0
+    return tl.sum(tl.where(sel, chunk_pages, 0), axis=0)
+
+
+@triton.jit
+def _tile_key_scales(
+    ks_ptr, s0, s_in, comp_end, chunk_pages, p0, num_pages, ks_page, ks_base,
+    CHUNK_PAGES: tl.constexpr, PAGE: tl.constexpr,
+):  # fmt: skip
+    """fp32 scales of the tile at ``s0`` (0 where not visible or the page id is invalid)."""
+    page = _tile_page(s0, chunk_pages, p0, CHUNK_PAGES, PAGE)
+    s = s0 + s_in
+    ok = tl.where((page >= 0) & (page < num_pages), s < comp_end, False)
+    return tl.load(ks_ptr + page.to(tl.int64) * ks_page + ks_base + s % PAGE, mask=ok, other=0.0)
 
 
 @triton.jit
@@ -104,7 +156,8 @@ def _index_logits_kernel(
     max_len,
     tiles_per_prog,
     N: tl.constexpr,
-    NP: tl.constexpr,
+    NG: tl.constexpr,
+    GROUPS: tl.constexpr,
     H: tl.constexpr,
     HP: tl.constexpr,
     D: tl.constexpr,
@@ -113,15 +166,19 @@ def _index_logits_kernel(
     BLOCK_S: tl.constexpr,
     FP8: tl.constexpr,
     LENS_2D: tl.constexpr,
+    CHUNK_PAGES: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    # A program takes NG of the request's N rows (token group g; groups of one request are
+    # adjacent in launch order, so they meet the request's keys in L2 together).
+    b = tl.program_id(0) // GROUPS
+    g = tl.program_id(0) % GROUPS
     chunk = tl.program_id(1)
     b64 = b.to(tl.int64)
 
-    # Visible length of each of the request's N rows, clamped to [0, capacity]: lengths are
+    # Visible length of each of the group's rows, clamped to [0, capacity]: lengths are
     # device data and must never send the block-table lookup past its W columns.
-    j = tl.arange(0, NP)
+    j = g * NG + tl.arange(0, NG)
     jm = j < N
     if LENS_2D:
         v = tl.load(lens_ptr + b64 * len_s0 + j * len_s1, mask=jm, other=0).to(tl.int64)
@@ -135,13 +192,13 @@ def _index_logits_kernel(
     col_start = chunk.to(tl.int64) * tiles_per_prog * BLOCK_S
     col_end = tl.minimum(col_start + tiles_per_prog * BLOCK_S, max_len)
     comp_end = tl.minimum(col_end, vmax)
-    out_row = out_ptr + (b64 * N + j) * out_s0  # [NP]
+    out_row = out_ptr + (b64 * N + j) * out_s0  # [NG]
     s_in = tl.arange(0, BLOCK_S)
 
     if comp_end > col_start:
-        # All N*H query rows of the request: the B operand of every tile's dot (loaded once).
-        m = tl.arange(0, NP * HP)
-        mj = m // HP
+        # The group's NG*H query rows: the B operand of every tile's dot (loaded once).
+        m = tl.arange(0, NG * HP)
+        mj = g * NG + m // HP
         mh = m % HP
         mok = (mj < N) & (mh < H)
         qrow = b64 * N + mj
@@ -155,14 +212,32 @@ def _index_logits_kernel(
         w = tl.load(w_ptr + qrow * w_s0 + mh * w_s1, mask=mok, other=0.0)
         if INTERPRET:
             q = q.to(tl.float32)  # the interpreter's bf16 tl.dot is wrong
-        qt = tl.trans(q)  # [DP, NP*HP]
+        qt = tl.trans(q)  # [DP, NG*HP]
 
+        if CHUNK_PAGES > 0:
+            # Every tile lies in one page: the chunk's page ids, loaded once, so no key load
+            # waits on a load in the loop and the pipeliner can issue it stages ahead.
+            p0 = col_start // PAGE
+            pcol = p0 + tl.arange(0, CHUNK_PAGES)
+            chunk_pages = tl.load(
+                bt_ptr + b64 * bt_s0 + pcol * bt_s1, mask=pcol * PAGE < comp_end, other=-1
+            )
+            if FP8:
+                # The pipeliner leaves the scales (they feed no dot) as an in-loop load: they
+                # are loaded one tile ahead here instead.
+                next_scales = _tile_key_scales(
+                    ks_ptr, col_start, s_in, comp_end, chunk_pages, p0, num_pages, ks_page,
+                    ks_base, CHUNK_PAGES, PAGE,
+                )  # fmt: skip
         for s0 in range(col_start, comp_end, BLOCK_S):
             s = s0 + s_in
             live = s < comp_end
-            page = tl.load(bt_ptr + b64 * bt_s0 + (s // PAGE) * bt_s1, mask=live, other=-1)
+            if CHUNK_PAGES > 0:
+                page = _tile_page(s0, chunk_pages, p0, CHUNK_PAGES, PAGE)
+            else:
+                page = tl.load(bt_ptr + b64 * bt_s0 + (s // PAGE) * bt_s1, mask=live, other=-1)
             # Page ids are trusted, but one outside [0, num_pages) is masked (scores -inf).
-            ok = live & (page >= 0) & (page < num_pages)
+            ok = tl.where((page >= 0) & (page < num_pages), live, False)
             page = page.to(tl.int64)
             off = s % PAGE
             km = ok[:, None] & dm[None, :]
@@ -171,7 +246,14 @@ def _index_logits_kernel(
                 kk = tl.load(
                     k_ptr + (page * k_s0 + off * D)[:, None] + d[None, :], mask=km, other=0.0
                 )
-                kscale = tl.load(ks_ptr + page * ks_page + ks_base + off, mask=ok, other=0.0)
+                if CHUNK_PAGES > 0:
+                    kscale = next_scales
+                    next_scales = _tile_key_scales(
+                        ks_ptr, s0 + BLOCK_S, s_in, comp_end, chunk_pages, p0, num_pages,
+                        ks_page, ks_base, CHUNK_PAGES, PAGE,
+                    )  # fmt: skip
+                else:
+                    kscale = tl.load(ks_ptr + page * ks_page + ks_base + off, mask=ok, other=0.0)
             else:
                 kk = tl.load(
                     k_ptr + (page * k_s0 + off * k_s1)[:, None] + d[None, :] * k_s2,
@@ -180,9 +262,9 @@ def _index_logits_kernel(
                 )
             if INTERPRET:
                 kk = kk.to(tl.float32)
-            acc = tl.dot(kk, qt)  # [BLOCK_S, NP*HP], fp32 accumulation
+            acc = tl.dot(kk, qt)  # [BLOCK_S, NG*HP], fp32 accumulation
             acc = tl.maximum(acc, 0.0) * w[None, :]
-            score = tl.sum(tl.reshape(acc, [BLOCK_S, NP, HP]), axis=2)  # [BLOCK_S, NP]
+            score = tl.sum(tl.reshape(acc, [BLOCK_S, NG, HP]), axis=2)  # [BLOCK_S, NG]
             if FP8:
                 score = score * kscale[:, None]
             vis = ok[:, None] & (s[:, None] < v[None, :])
@@ -196,7 +278,7 @@ def _index_logits_kernel(
     # Tiles no row of the request can see: -inf only, no key traffic.
     done = tl.maximum(comp_end - col_start, 0)
     fill_start = col_start + ((done + BLOCK_S - 1) // BLOCK_S) * BLOCK_S
-    ninf = tl.full([BLOCK_S, NP], float("-inf"), tl.float32)
+    ninf = tl.full([BLOCK_S, NG], float("-inf"), tl.float32)
     for s0 in range(fill_start, col_end, BLOCK_S):
         s = s0 + s_in
         tl.store(
@@ -265,6 +347,8 @@ def index_logits(
         )
     if heads < 1 or dim < 1:
         raise ValueError(f"q must have at least one head and one dim, got {tuple(q.shape)}")
+    if next_pow2(heads) > MAX_QUERY_ROWS:
+        raise ValueError(f"q has {heads} heads; at most {MAX_QUERY_ROWS} are supported")
     q_fp8 = q.dtype == torch.float8_e4m3fn
     if q_fp8 != lay.fp8:
         raise TypeError(
@@ -338,11 +422,14 @@ def index_logits(
         k_arg, ks_arg = c3, c3  # scale pointer unused
         k_s = c3.stride()
         ks_page = ks_base = 0
+    chunk_pages = chunk_page_slots(lay.page_size, cfg.block_s, chunk)
+    group = token_group(n, heads)
+    groups = cdiv(n, group)
     lens_2d = seq_lens.dim() == 2
     len_s0 = seq_lens.stride(0)
     len_s1 = seq_lens.stride(1) if lens_2d else 0
 
-    grid = (num_req, cdiv(max_len, chunk))
+    grid = (num_req * groups, cdiv(max_len, chunk))
     _index_logits_kernel[grid](
         q,
         weights,
@@ -365,7 +452,8 @@ def index_logits(
         max_len,
         tiles,
         N=n,
-        NP=next_pow2(n),
+        NG=group,
+        GROUPS=groups,
         H=heads,
         HP=max(next_pow2(heads), 16),
         D=dim,
@@ -374,6 +462,7 @@ def index_logits(
         BLOCK_S=cfg.block_s,
         FP8=lay.fp8,
         LENS_2D=lens_2d,
+        CHUNK_PAGES=chunk_pages,
         INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
