@@ -312,7 +312,7 @@ def index_logits(
 
     Args:
         q: ``[B * n, H, D]`` queries, bf16 (with a bf16 cache) or float8_e4m3fn (with the fp8
-            cache; fold q's per-(row, head) scale into ``weights``). Any strides.
+            cache; fold q's per-(row, head) scale into ``weights``), H <= 256. Any strides.
         weights: fp32 ``[B * n, H]`` head weights (V3.2 folds ``H**-0.5 * D**-0.5`` and the fp8
             q scale in). Any strides.
         k_cache: bf16 ``[num_pages, page_size, D]`` (or ``[..., 1, D]``), or uint8
