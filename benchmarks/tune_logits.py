@@ -15,15 +15,17 @@ context (every request full), page 64, q ``[64 * n, 64, 128]``, fp32 weights ``[
   (``tiles_per_program`` from the heuristic, rescaled to keep the positions per program).
   A candidate that fails to compile or launch (e.g. out of shared memory) is reported in one
   line and skipped;
-* also the flattened form for n > 1 (rows expanded with ``expand_decode_tokens`` to next_n = 1
-  rows, one block-table row and one length per row), with its default config;
+* also a baseline ("before": ``.exp/logits_before.py`` if present, e.g. the session's start,
+  at its own default config) and the flattened form for n > 1 (rows expanded with
+  ``expand_decode_tokens`` to next_n = 1 rows, one block-table row and one length per row),
+  with its default config; ``--tiles`` adds positions per program to the grid;
 * checks every candidate's output against the default config's output (max |diff| / max
   |value| over finite entries, identical -inf pattern, no NaN) and the first request's rows
   against the fp64 reference (max |err| / magnitude, ``magnitude = sum_h |w| (|q| . |k|)``).
 
-Candidates run in priority order (the default config, the flattened form, then the rest of
-the grid); once a case has used its share of ``--budget-s`` (counted from the start of the
-run) the rest of its grid is skipped and listed as skipped.
+Candidates run in priority order (the default config, the baseline, the flattened form, the
+rest of the grid); once a case has used its share of ``--budget-s`` (counted from the start
+of the run) the rest of its grid is skipped and listed as skipped.
 Compile time dominates (each candidate is a fresh Triton compile, ~0.5-2 s for sm_90a), so
 the default budget keeps the whole run under 4 minutes; narrow the sweep with ``--ns``,
 ``--caches``, ``--block-s``, ``--warps``, ``--stages`` to cover the rest.
@@ -198,9 +200,9 @@ def candidates(default: IndexLogitsConfig, args) -> list:
 
 
 def _load_before():
-    """The session's starting logits module, if the lease carried a copy of it
-    (``.exp/logits_before.py``: ``git show`` of logits.py with absolute imports); it is timed
-    at its own default config beside the library's."""
+    """A baseline logits module (e.g. the session's start), if the lease carried one
+    (``.exp/logits_before.py``: ``git show REV:`` of logits.py with absolute imports); it is
+    timed as "before" at its own default config beside the library's."""
     path = Path(__file__).resolve().parents[1] / ".exp" / "logits_before.py"
     if not path.exists():
         return None
@@ -264,7 +266,7 @@ def run_case(run: Run, cache_kind: str, cache: torch.Tensor, n: int, cases_left:
             rec.update(check(out, base, ref0, n))
         record("native", c, rec)
 
-    # Priority first (the default, the session's start, the flattened form), then the grid
+    # Priority first (the default, the baseline, the flattened form), then the grid
     # while this case's share of the budget lasts.
     native(default)
     if BEFORE is not None:

@@ -28,7 +28,8 @@ from sparse_mla.ops.kv_cache import new_indexer_k_cache, write_indexer_k
 DEV = default_device()
 POISON = -7777.0
 
-# The two ways a tile finds its keys' pages (see chunk_page_slots): (page size, config).
+# The two ways a tile finds its keys' pages (see chunk_page_slots), the second also with
+# chunks that do not start on a page boundary: (page size, config).
 LOOKUPS = {
     "per-position": (16, None),  # the default 64-position tiles cross 16-position pages
     "per-chunk": (16, IndexLogitsConfig(16, 3, 4, 2)),  # chunks of 3 whole pages

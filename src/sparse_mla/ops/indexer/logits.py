@@ -13,7 +13,7 @@ into ``next_n`` single-token rows reads them ``next_n`` times.
 When a tile lies inside one page (V3.2: 64-position tiles, page 64) a program loads its
 chunk's page ids once, so no key load waits on a block-table load inside the loop and Triton's
 pipeliner keeps ``num_stages - 1`` key tiles in flight; a lookup in the loop left each tile's
-load exposed (n = 4 is 1.36-1.38x faster this way on an H200; see docs/results).
+load exposed (docs/results, Session 12, has the measurements).
 
 Precision: products of bf16 (or e4m3) values are exact in fp32 and the key scale is a power of
 two, so the result differs from exact arithmetic only by fp32 accumulation (D-term dots, the
@@ -37,7 +37,7 @@ from ..kv_cache.kv_cache import indexer_k_cache_layout
 MAX_NEXT_N = 8
 # Query rows (tokens x padded heads) one program multiplies: one 256-wide wgmma N block. A
 # wider block splits the dot across two warpgroups along N, which Triton 3.6 compiled wrongly
-# for bf16 (n = 8 at 64 heads: errors of 8% of the magnitude on an H200), so larger next_n
+# for bf16 (n = 8 at 64 heads: errors of 7-8% of the magnitude on an H200), so larger next_n
 # runs as token groups of separate programs.
 MAX_QUERY_ROWS = 256
 MAX_CHUNK_PAGES = 32  # page ids a program holds (one warp's width: picking one needs no barrier)
@@ -170,7 +170,7 @@ def _index_logits_kernel(
     INTERPRET: tl.constexpr,
 ):
     # A program takes NG of the request's N rows (token group g; groups of one request are
-    # adjacent in launch order, so they meet the request's keys in L2 together).
+    # adjacent in launch order, so they read the request's keys at about the same time).
     b = tl.program_id(0) // GROUPS
     g = tl.program_id(0) % GROUPS
     chunk = tl.program_id(1)
