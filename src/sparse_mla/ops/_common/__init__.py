@@ -1,0 +1,2 @@
+"""Math several ops share, each rule written once: a Triton helper beside its PyTorch
+reference (DCP ownership and localisation, page -> cache slot)."""

@@ -1,0 +1,66 @@
+"""The shared DCP and paging helpers against their references, at every rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import sparse_mla  # noqa: F401  (decides the interpreter mode)
+from sparse_mla.ops._common.dcp import (
+    dcp_global,
+    dcp_global_reference,
+    dcp_local,
+    dcp_local_count,
+    dcp_local_count_reference,
+    dcp_local_reference,
+    dcp_owner,
+    dcp_owner_reference,
+)
+from sparse_mla.ops._common.paging import page_slot, page_slot_reference
+
+DEV = sparse_mla._runtime.default_device()
+
+
+@triton.jit
+def _probe(pos_ptr, page_ptr, out_ptr, n, rank, DCP_SIZE: tl.constexpr, INTERLEAVE: tl.constexpr):
+    o = tl.arange(0, 128)
+    m = o < n
+    p = tl.load(pos_ptr + o, mask=m)
+    tl.store(out_ptr + o, dcp_owner(p, DCP_SIZE, INTERLEAVE), mask=m)
+    tl.store(out_ptr + 128 + o, dcp_local(p, DCP_SIZE, INTERLEAVE), mask=m)
+    tl.store(out_ptr + 256 + o, dcp_global(p, rank, DCP_SIZE, INTERLEAVE), mask=m)
+    tl.store(out_ptr + 384 + o, dcp_local_count(p, rank, DCP_SIZE, INTERLEAVE), mask=m)
+    slot, _ = page_slot(tl.load(page_ptr + o, mask=m), p % 64, 64)
+    tl.store(out_ptr + 512 + o, slot, mask=m)
+
+
+@pytest.mark.parametrize("dcp_size,interleave", [(1, 1), (2, 1), (2, 2), (3, 4), (4, 64)])
+def test_dcp_and_paging_match_references(dcp_size: int, interleave: int) -> None:
+    pos = torch.arange(100, dtype=torch.int32)
+    pages = torch.randint(-3, 2**26, (100,), dtype=torch.int32)
+    pages[:4] = torch.tensor([-1, 2**25 - 1, 2**25, 0])  # padding, last fitting, first wrapping
+    for rank in range(dcp_size):
+        out = torch.full((640,), -7777, dtype=torch.int32, device=DEV)
+        _probe[(1,)](pos.to(DEV), pages.to(DEV), out, 100, rank, dcp_size, interleave)
+        out = out.cpu()
+        local = dcp_local_reference(pos, dcp_size, interleave)
+        own = dcp_owner_reference(pos, dcp_size, interleave) == rank
+        assert torch.equal(out[:100], dcp_owner_reference(pos, dcp_size, interleave))
+        assert torch.equal(out[128:228], local)
+        assert torch.equal(out[256:356], dcp_global_reference(pos, rank, dcp_size, interleave))
+        assert torch.equal(dcp_global_reference(local[own], rank, dcp_size, interleave), pos[own])
+        counts = dcp_local_count_reference(pos, rank, dcp_size, interleave)
+        assert torch.equal(out[384:484], counts)
+        slot, ok = page_slot_reference(pages, pos % 64, 64)
+        assert torch.equal(out[512:612], slot)
+        assert not ok[0] and ok[1] and not ok[2]
+
+
+def test_spec_examples() -> None:
+    p = torch.tensor([5])
+    assert dcp_owner_reference(p, 2, 1).item() == 1 and dcp_local_reference(p, 2, 1).item() == 2
+    assert dcp_owner_reference(p, 2, 2).item() == 0 and dcp_local_reference(p, 2, 2).item() == 3
+    lens = torch.tensor([8, 9, 10])
+    assert dcp_local_count_reference(lens, 1, 2, 1).tolist() == [4, 4, 5]
