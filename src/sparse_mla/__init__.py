@@ -29,6 +29,8 @@ from .ops.remap import (  # noqa: E402
 )
 from .ops.topk import select_topk, topk_workspace  # noqa: E402
 
+from . import dcp  # noqa: E402  (sparse_mla.dcp: DCP across ranks, torch.distributed)
+
 __all__ = [
     "DecodeMetadata",
     "DecodeMetadataBuilder",
