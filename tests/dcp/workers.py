@@ -9,6 +9,8 @@ first and compares afterwards, so a mismatch on one rank cannot desynchronise th
 
 from __future__ import annotations
 
+import os
+import time
 import traceback
 
 import torch
@@ -24,10 +26,11 @@ from sparse_mla.dcp.naive import (
 )
 from sparse_mla.ops._common.dcp import dcp_owner_reference
 from sparse_mla.ops.topk import select_topk_reference
-from sparse_mla.testing import POISON, dcp_scores, dcp_shard_scores, poison
+from sparse_mla.testing import POISON, dcp_scores, dcp_shard_scores
 
 K = 128
 PAGE = 64
+_TOPK_ROWS = 10
 
 
 def _gen(seed: int, salt: int) -> torch.Generator:
@@ -38,13 +41,17 @@ def _topk_rows(world: int, interleave: int, gen: torch.Generator):
     """Full rows of every adversarial kind, with their global lengths (same on every rank)."""
     span = world * interleave
     n = 5 * span if interleave > 1 else 640
-    lens = [0, 1, interleave - 1, interleave, span + 1, K - 1, K, K + 1, n // 2, n, n, n, n]
-    kinds = ["normal"] * 8 + ["ties", "special", "normal", "ties", "special"]
-    rows = [dcp_scores(1, n, kind=kd, generator=gen) for kd in kinds]
-    logits = torch.cat(rows)
-    logits[-3, :] = 1.0  # one score for the whole row: the lowest positions win
-    seq_lens = torch.tensor([max(min(v, n), 0) for v in lens], dtype=torch.int32)
-    return logits, seq_lens
+    few = 1 if interleave == 1 else interleave - 1  # only rank 0 owns any position
+    lens = [0, few, span + 1, K, K + 1, n // 2, n, n, n, n]  # _TOPK_ROWS
+    kinds = ["normal", "ties", "ties", "special", "normal", "ties", "normal", "special"]
+    logits = torch.cat([dcp_scores(1, n, kind=kd, generator=gen) for kd in kinds + ["ties"] * 2])
+    logits[-2, :] = 1.0  # one score for the whole row: the lowest positions win
+    # Last row: every position rank 0 owns outscores all others, and rank 0 owns more than
+    # k positions, so the exact top-k lies on rank 0 alone (the union mode's difference).
+    owner = dcp_owner_reference(torch.arange(n), world, interleave)
+    logits[-1] = torch.where(owner == 0, 10.0, 0.0) + torch.rand(n, generator=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return logits, seq_lens, owner
 
 
 def _check_equal(name: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
@@ -57,26 +64,39 @@ def _check_equal(name: str, got: torch.Tensor, want: torch.Tensor) -> str | None
     return None
 
 
-def topk_exact(group, rank: int, world: int, seed: int, interleave: int) -> str | None:
-    logits, seq_lens = _topk_rows(world, interleave, _gen(seed, interleave))
+def _joined(errs: list) -> str | None:
+    return "; ".join(e for e in errs if e) or None
+
+
+_WORKSPACES: dict[int, dcp.GlobalTopkWorkspace] = {}
+
+
+def _workspace(world: int) -> dcp.GlobalTopkWorkspace:
+    if world not in _WORKSPACES:
+        _WORKSPACES[world] = dcp.global_topk_workspace(_TOPK_ROWS, k=K, dcp_size=world)
+    return _WORKSPACES[world]
+
+
+def topk(group, rank: int, world: int, seed: int, interleave: int) -> dict[str, str | None]:
+    """Exact mode against single-GPU select_topk over the full rows, and the union mode."""
+    logits, seq_lens, owner = _topk_rows(world, interleave, _gen(seed, interleave))
     local, local_lens = dcp_shard_scores(
         logits, seq_lens, dcp_size=world, dcp_rank=rank, interleave=interleave
     )
-    # A strided view of the scores and a strided output buffer.
-    wide = torch.full((local.shape[0], local.shape[1] + 3), float("nan"))
-    wide[:, 1 : 1 + local.shape[1]] = local
-    view = wide[:, 1 : 1 + local.shape[1]]
-    big = torch.empty(local.shape[0], K + 7, dtype=torch.int32)
-    poison(big)
-    out = big[:, 3 : 3 + K]
+    rows, n_local = local.shape
     kw = dict(k=K, dcp_size=world, dcp_rank=rank, interleave=interleave, group=group)
-    got = dcp.global_topk(view, local_lens, out=out, **kw)
-    ws = dcp.global_topk_workspace(local.shape[0], k=K, dcp_size=world)
-    again = torch.full_like(out, POISON)
-    dcp.global_topk(local, local_lens, out=again, workspace=ws, **kw)
-    dcp.global_topk(local, local_lens, out=again, workspace=ws, **kw)  # workspace reused
+    # A strided view of the scores, a strided output buffer, and one workspace for every
+    # call of the process (reused from the second scenario on).
+    wide = torch.full((rows, n_local + 3), float("nan"))
+    wide[:, 1 : 1 + n_local] = local
+    big = torch.full((rows, K + 7), POISON, dtype=torch.int32)
+    out = big[:, 3 : 3 + K]
+    got = dcp.global_topk(
+        wide[:, 1 : 1 + n_local], local_lens, out=out, workspace=_workspace(world), **kw
+    )
+    union = dcp.global_topk(local, local_lens, mode="union", **kw)
 
-    want = select_topk(logits, seq_lens, k=K)  # the single-GPU kernel over the full rows
+    want = select_topk_reference(logits, seq_lens, K)
     shards = [
         dcp_shard_scores(logits, seq_lens, dcp_size=world, dcp_rank=r, interleave=interleave)
         for r in range(world)
@@ -84,48 +104,33 @@ def topk_exact(group, rank: int, world: int, seed: int, interleave: int) -> str 
     naive = global_topk_reference(
         [s[0] for s in shards], [s[1] for s in shards], K, interleave=interleave
     )
-    errs = [
-        _check_equal("single-GPU select_topk vs its reference", want, select_topk_reference(logits, seq_lens, K)),
+    exact_errs = [
         _check_equal("global_topk", got, want),
-        _check_equal("global_topk (workspace, reused)", again, want),
         _check_equal("naive global_topk_reference", naive, want),
+        None if got.data_ptr() == out.data_ptr() else "global_topk did not return out",
     ]
-    if got.data_ptr() != out.data_ptr():
-        errs.append("global_topk did not return out")
-    return "; ".join(e for e in errs if e) or None
+    if rank == 0:  # the single-GPU kernel over the full rows (once: it is the slow part)
+        exact_errs.append(_check_equal("select_topk", select_topk(logits, seq_lens, k=K), want))
 
-
-def topk_union(group, rank: int, world: int, seed: int, interleave: int) -> str | None:
-    logits, seq_lens = _topk_rows(world, interleave, _gen(seed, 7 + interleave))
-    # Last row: every position rank 0 owns outscores all the others, and rank 0 owns > K
-    # positions, so the exact top-k lies on rank 0 alone.
-    n = logits.shape[1]
-    owner = dcp_owner_reference(torch.arange(n), world, interleave)
-    logits[-1] = torch.where(owner == 0, 10.0, 0.0) + torch.rand(n, generator=_gen(seed, 99))
-    local, local_lens = dcp_shard_scores(
-        logits, seq_lens, dcp_size=world, dcp_rank=rank, interleave=interleave
-    )
-    kw = dict(k=K, dcp_size=world, dcp_rank=rank, interleave=interleave, group=group)
-    union = dcp.global_topk(local, local_lens, mode="union", **kw)
-    exact = dcp.global_topk(local, local_lens, **kw)
-
-    errs = []
-    _, want = local_topk_candidates_reference(
+    _, local_want = local_topk_candidates_reference(
         local, local_lens, K, dcp_rank=rank, dcp_size=world, interleave=interleave
     )
-    errs.append(_check_equal("union vs this rank's local top-k", union, want))
-    for t in range(logits.shape[0]):
-        ex = set(exact[t][exact[t] >= 0].tolist())
-        un = set(union[t][union[t] >= 0].tolist())
+    union_errs = [_check_equal("union vs this rank's local top-k", union, local_want)]
+    for t in range(rows):
+        ex = set(want[t][want[t] >= 0].tolist())
         mine = {p for p in ex if int(owner[p]) == rank}
-        if not mine <= un:  # the exactness lemma: the rank's share of the top-k is in it
-            errs.append(f"row {t}: exact positions owned here {sorted(mine - un)} not in union")
-    ex, un = set(exact[-1].tolist()), set(union[-1].tolist())
+        missing = mine - set(union[t].tolist())
+        if missing:  # the exactness lemma: the rank's share of the top-k is in its union
+            union_errs.append(f"row {t}: exact positions owned here {sorted(missing)} not in union")
+    ex, un = set(want[-1].tolist()), set(union[-1].tolist())
     if rank == 0 and un != ex:
-        errs.append("last row: rank 0's union should equal the exact top-k")
-    if rank > 0 and (un & ex or un == {-1}):
-        errs.append("last row: the union of rank > 0 should be its own positions, none exact")
-    return "; ".join(e for e in errs if e) or None
+        union_errs.append("last row: rank 0's union should equal the exact top-k")
+    if rank > 0 and (un & ex or -1 in un):
+        union_errs.append("last row: rank > 0's union should be k of its own, none exact")
+    return {
+        f"topk_exact_i{interleave}": _joined(exact_errs),
+        f"topk_union_i{interleave}": _joined(union_errs),
+    }
 
 
 def _combine_inputs(world: int, gen: torch.Generator, t: int = 6, h: int = 8, d: int = 40):
@@ -182,7 +187,7 @@ def combine_cases(group, rank: int, world: int, seed: int) -> str | None:
         atol = 1e-5 if fp32 else world * 2.0**-7
         errs.append(_check_close(name + " out", got_out, want_out, atol=atol, rtol=atol))
         errs.append(_check_close(name + " lse", got_lse, want_lse, atol=1e-5, rtol=1e-6))
-    return "; ".join(e for e in errs if e) or None
+    return _joined(errs)
 
 
 def attention(group, rank: int, world: int, seed: int, interleave: int) -> str | None:
@@ -221,15 +226,17 @@ def attention(group, rank: int, world: int, seed: int, interleave: int) -> str |
     part_out, part_lse = attention_rows_reference(q, cache, local_slots, sm_scale=scale, v_dim=dv)
     got_out, got_lse = dcp.combine(part_out, part_lse, group=group)
 
-    want_topk = select_topk(logits, seq_lens, k=K)
+    want_topk = select_topk_reference(logits, seq_lens, K)
     flat = torch.where(want_topk >= 0, req_id[:, None] * n + want_topk, -1)
-    want_out, want_lse = attention_rows_reference(q, kv.view(-1, dk), flat, sm_scale=scale, v_dim=dv)
+    want_out, want_lse = attention_rows_reference(
+        q, kv.view(-1, dk), flat, sm_scale=scale, v_dim=dv
+    )
     errs = [
         _check_equal("global top-k", topk, want_topk),
         _check_close("attention out", got_out, want_out, atol=1e-5, rtol=1e-5),
         _check_close("attention lse", got_lse, want_lse, atol=1e-5, rtol=1e-6),
     ]
-    return "; ".join(e for e in errs if e) or None
+    return _joined(errs)
 
 
 def _raises(name: str, fn, *, needle: str, calls: list) -> str | None:
@@ -271,6 +278,7 @@ def _error_cases(group, rank: int, world: int, calls: list) -> str | None:
         return lambda: dcp.combine(out, lse, **{"group": group, **over})
 
     ws_other = dcp.global_topk_workspace(3, k=K, dcp_size=world + 1)
+    scatter = "reduce_scatter_heads"
     cases = [
         ("group not a group", topk(group="world"), "group"),
         ("dcp_rank out of range", topk(dcp_rank=world), "dcp_rank"),
@@ -288,33 +296,41 @@ def _error_cases(group, rank: int, world: int, calls: list) -> str | None:
         ("combine group", comb(group=None), "group"),
         ("combine lse shape", comb(lse=lse[:, :4]), "lse"),
         ("combine reduce", comb(reduce="sum"), "reduce"),
-        ("combine heads", comb(out=out[:, :3], lse=lse[:, :3], reduce="reduce_scatter_heads"), "heads"),
+        (
+            "combine heads",
+            comb(out=out[:, :3], lse=lse[:, :3], reduce=scatter),
+            "heads",
+        ),
         ("combine out_buffer", comb(out_buffer=torch.empty(3, 8, 8)), "out_buffer"),
     ]
     errs = [_raises(name, fn, needle=needle, calls=calls) for name, fn, needle in cases]
     # Every rank is still in step: a real call afterwards completes on all of them.
     dcp.global_topk(x, lens, **good)
     dist.barrier(group=group)
-    return "; ".join(e for e in errs if e) or None
+    return _joined(errs)
 
 
-SCENARIOS = {
-    "topk_exact_i1": lambda g, r, w, s: topk_exact(g, r, w, s, 1),
-    "topk_exact_i64": lambda g, r, w, s: topk_exact(g, r, w, s, 64),
-    "topk_union_i1": lambda g, r, w, s: topk_union(g, r, w, s, 1),
-    "topk_union_i64": lambda g, r, w, s: topk_union(g, r, w, s, 64),
-    "combine": combine_cases,
-    "attention_i1": lambda g, r, w, s: attention(g, r, w, s, 1),
-    "attention_i64": lambda g, r, w, s: attention(g, r, w, s, 64),
-    "errors": errors,
-}
+# (the result names a scenario returns, the scenario); a dict return maps name -> result.
+SCENARIOS = [
+    (("topk_exact_i1", "topk_union_i1"), lambda g, r, w, s: topk(g, r, w, s, 1)),
+    (("topk_exact_i64", "topk_union_i64"), lambda g, r, w, s: topk(g, r, w, s, 64)),
+    (("combine",), combine_cases),
+    (("attention_i1",), lambda g, r, w, s: attention(g, r, w, s, 1)),
+    (("attention_i64",), lambda g, r, w, s: attention(g, r, w, s, 64)),
+    (("errors",), errors),
+]
 
 
 def run_all(group, rank: int, world: int, seed: int) -> dict[str, str | None]:
+    """Every scenario on this rank: {result name: None, or why it failed}."""
     results = {}
-    for name, fn in SCENARIOS.items():
+    for names, fn in SCENARIOS:
+        start = time.perf_counter()
         try:
-            results[name] = fn(group, rank, world, seed)
+            got = fn(group, rank, world, seed)
+            results.update(got if isinstance(got, dict) else {names[0]: got})
         except Exception:
-            results[name] = traceback.format_exc()
+            results.update(dict.fromkeys(names, traceback.format_exc()))
+        if os.environ.get("SPARSE_MLA_DCP_TIMES"):
+            print(f"rank {rank} {names[0]}: {time.perf_counter() - start:.1f} s", flush=True)
     return results

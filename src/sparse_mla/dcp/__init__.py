@@ -5,8 +5,14 @@ The KV cache of every request is sharded over the ranks of a DCP process group (
 ``sparse_mla.ops._common.dcp`` for the ownership rule); the caller passes the group.
 """
 
-from .combine import CombineWorkspace, combine, combine_workspace
-from .topk import GlobalTopkWorkspace, global_topk, global_topk_workspace
+from .combine import CombineWorkspace, combine, combine_workspace, rescale_partial
+from .topk import (
+    GlobalTopkWorkspace,
+    global_topk,
+    global_topk_workspace,
+    local_topk_candidates,
+    merge_topk_candidates,
+)
 
 __all__ = [
     "CombineWorkspace",
@@ -15,4 +21,7 @@ __all__ = [
     "combine_workspace",
     "global_topk",
     "global_topk_workspace",
+    "local_topk_candidates",
+    "merge_topk_candidates",
+    "rescale_partial",
 ]

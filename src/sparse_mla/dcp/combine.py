@@ -22,7 +22,7 @@ from .._checks import check_int, check_output, check_same_device, check_shape, c
 from .._runtime import cdiv, next_pow2
 from ._dist import all_gather_into, check_group, reduce_scatter_into
 
-__all__ = ["CombineWorkspace", "combine", "combine_workspace"]
+__all__ = ["CombineWorkspace", "combine", "combine_workspace", "rescale_partial"]
 
 _REDUCE = ("all_reduce", "reduce_scatter_heads")
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -157,6 +157,87 @@ def _check_workspace(ws: object, t: int, h: int, d: int, w: int, dtype, reduce, 
         raise ValueError(f"workspace is on {ws.lse_all.device}, the inputs on {device}")
 
 
+def _check_partial(out: object, lse: object) -> tuple[int, int, int]:
+    check_tensor("out", out, dtype=_OUT_DTYPES, ndim=3)
+    t, h, d = out.shape
+    check_tensor("lse", lse, dtype=torch.float32, ndim=2)
+    check_shape("lse", lse, (t, h))
+    return t, h, d
+
+
+def _check_reduce(reduce: object, heads: int, w: int) -> bool:
+    """Whether ``reduce`` splits heads (checked: one of _REDUCE, W divides H then)."""
+    if reduce not in _REDUCE:
+        raise ValueError(f"reduce must be one of {_REDUCE}, got {reduce!r}")
+    scatter = reduce == "reduce_scatter_heads"
+    if scatter and heads % w:
+        raise ValueError(
+            f"reduce_scatter_heads needs heads divisible by the group size: {heads} % {w}"
+        )
+    return scatter
+
+
+def rescale_partial(
+    out: torch.Tensor,
+    lse_all: torch.Tensor,
+    *,
+    dcp_rank: int,
+    reduce: str = "all_reduce",
+    dest: torch.Tensor,
+    lse_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The local step of :func:`combine` (no collective): the global lse, and this rank's
+    out weighted by ``exp(lse_r - lse)`` (0 where that is not finite; never 0 * NaN).
+
+    Args:
+        out: ``[T, H, D]`` bf16, fp16 or fp32 (any strides), rank ``dcp_rank``'s attention.
+        lse_all: contiguous fp32 ``[W, T, H]``, every rank's lse (device data: NaN and +inf
+            read as -inf).
+        dcp_rank: this rank, in ``[0, W)``.
+        reduce: the layout of ``dest``: ``"all_reduce"``: ``[T, H, D]``;
+            ``"reduce_scatter_heads"``: ``[W, T, H / W, D]`` (head chunk ``c`` at ``[c]``).
+        dest: contiguous bf16, fp16 or fp32 tensor of ``T * H * D`` elements, that layout.
+        lse_out: fp32 ``[T, H]`` (any strides), the global lse.
+
+    Returns:
+        ``(dest, lse_out)``; summing ``dest`` over ranks gives the merged out.
+    """
+    check_tensor("out", out, dtype=_OUT_DTYPES, ndim=3)
+    t, h, d = out.shape
+    check_tensor("lse_all", lse_all, dtype=torch.float32, ndim=3)
+    w = lse_all.shape[0]
+    check_shape("lse_all", lse_all, (w, t, h))
+    if not lse_all.is_contiguous():
+        raise ValueError("lse_all must be contiguous")
+    check_int("dcp_rank", dcp_rank, lo=0, hi=w - 1)
+    scatter = _check_reduce(reduce, h, w)
+    check_tensor("dest", dest, dtype=_OUT_DTYPES)
+    if dest.numel() != t * h * d or not dest.is_contiguous():
+        raise ValueError(f"dest must be contiguous with {t * h * d} elements, got {dest.shape}")
+    check_tensor("lse_out", lse_out, dtype=torch.float32, ndim=2)
+    check_output("lse_out", lse_out, (t, h))
+    check_same_device(out=out, lse_all=lse_all, dest=dest, lse_out=lse_out)
+    if t:
+        _lse_combine_kernel[(t, cdiv(h, _BLOCK_H))](
+            lse_all,
+            out,
+            *out.stride(),
+            dest,
+            lse_out,
+            *lse_out.stride(),
+            dcp_rank,
+            t,
+            h,
+            d,
+            h // w if scatter else h,
+            DCP_SIZE=w,
+            W_P2=next_pow2(w),
+            BLOCK_H=_BLOCK_H,
+            BLOCK_D=min(next_pow2(d), _MAX_BLOCK_D),
+        )
+    return dest, lse_out
+
+
 def combine(
     out: torch.Tensor,
     lse: torch.Tensor,
@@ -197,15 +278,8 @@ def combine(
         ValueError / TypeError naming the argument, before any collective.
     """
     w, rank = check_group(group)
-    if reduce not in _REDUCE:
-        raise ValueError(f"reduce must be one of {_REDUCE}, got {reduce!r}")
-    check_tensor("out", out, dtype=_OUT_DTYPES, ndim=3)
-    t, h, d = out.shape
-    check_tensor("lse", lse, dtype=torch.float32, ndim=2)
-    check_shape("lse", lse, (t, h))
-    scatter = reduce == "reduce_scatter_heads"
-    if scatter and h % w:
-        raise ValueError(f"reduce_scatter_heads needs heads divisible by the group size: {h} % {w}")
+    t, h, d = _check_partial(out, lse)
+    scatter = _check_reduce(reduce, h, w)
     res_shape = (t, h // w, d) if scatter else (t, h, d)
     if out_buffer is not None:
         check_tensor("out_buffer", out_buffer, dtype=_OUT_DTYPES, ndim=3)
@@ -231,24 +305,9 @@ def combine(
     # A collective needs a contiguous input (copied only when the caller's lse is a view).
     all_gather_into(lse_all, lse.contiguous().view(-1), group)
     dest = workspace.send[: t * h * d] if scatter else out_buffer
-    if t:
-        _lse_combine_kernel[(t, cdiv(h, _BLOCK_H))](
-            lse_all,
-            out,
-            *out.stride(),
-            dest,
-            lse_out,
-            *lse_out.stride(),
-            rank,
-            t,
-            h,
-            d,
-            h // w if scatter else h,
-            DCP_SIZE=w,
-            W_P2=next_pow2(w),
-            BLOCK_H=_BLOCK_H,
-            BLOCK_D=min(next_pow2(d), _MAX_BLOCK_D),
-        )
+    rescale_partial(
+        out, lse_all.view(w, t, h), dcp_rank=rank, reduce=reduce, dest=dest, lse_out=lse_out
+    )
     if scatter:
         reduce_scatter_into(out_buffer.view(-1), dest, group)
     else:

@@ -108,9 +108,7 @@ def global_topk_reference(
     """
     w = len(local_logits)
     cands = [
-        local_topk_candidates_reference(
-            x, n, k, dcp_rank=r, dcp_size=w, interleave=interleave
-        )
+        local_topk_candidates_reference(x, n, k, dcp_rank=r, dcp_size=w, interleave=interleave)
         for r, (x, n) in enumerate(zip(local_logits, local_seq_lens, strict=True))
     ]
     scores = torch.stack([c[0] for c in cands])
@@ -118,9 +116,7 @@ def global_topk_reference(
     return merge_candidates_reference(scores, positions, k)
 
 
-def combine_reference(
-    outs: torch.Tensor, lses: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def combine_reference(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact merge of per-rank partial attention (fp64 inside).
 
     Args:

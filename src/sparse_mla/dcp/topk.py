@@ -51,7 +51,13 @@ from ..ops._common.dcp import dcp_global
 from ..ops.topk import select_topk, supported_k, topk_workspace
 from ._dist import all_gather_into, check_group
 
-__all__ = ["GlobalTopkWorkspace", "global_topk", "global_topk_workspace"]
+__all__ = [
+    "GlobalTopkWorkspace",
+    "global_topk",
+    "global_topk_workspace",
+    "local_topk_candidates",
+    "merge_topk_candidates",
+]
 
 _POS_LIMIT = 2**31 - 1  # global positions must stay below it (the merge's "no candidate")
 _PACK_BLOCK = 1024
@@ -95,8 +101,7 @@ def global_topk_workspace(
     ``dcp_size`` (allocate once, outside CUDA-graph capture; reusable by every later call)."""
     check_int("rows", rows, lo=0)
     check_int("dcp_size", dcp_size, lo=1)
-    if not supported_k(k):
-        raise ValueError(f"k must be a positive multiple of 128 and at most 4096, got {k}")
+    _check_k(k)
     dev = _runtime.default_device() if device is None else torch.device(device)
     n = max(rows, 1)
 
@@ -235,6 +240,153 @@ def _check_workspace(ws: object, rows: int, k: int, dcp_size: int, device: torch
         raise ValueError(f"workspace is on {ws.local.device}, the inputs on {device}")
 
 
+def _check_dcp_layout(dcp_size: int, dcp_rank: int, interleave: int) -> None:
+    check_int("dcp_size", dcp_size, lo=1)
+    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
+    check_int("interleave", interleave, lo=1)
+
+
+def _check_k(k: object) -> None:
+    if not supported_k(k):
+        raise ValueError(f"k must be a positive multiple of 128 and at most 4096, got {k!r}")
+
+
+def local_topk_candidates(
+    local_logits: torch.Tensor,
+    local_seq_lens: torch.Tensor,
+    *,
+    k: int,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+    workspace: GlobalTopkWorkspace | None = None,
+    positions_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """This rank's candidates for the global top-k (steps 1-2 of the module notes; no
+    collective): its local top-k as fp32 score bits and global positions.
+
+    Args:
+        local_logits, local_seq_lens, k, dcp_size, dcp_rank, interleave: as
+            :func:`global_topk`.
+        workspace: optional :func:`global_topk_workspace` (at least T rows, same k and
+            dcp_size).
+        positions_out: optional int32 ``[T, k]`` (any strides): then only the global
+            positions are written there (the union mode) and it is returned.
+
+    Returns:
+        int32 ``[T, 2, k]`` (a view of ``workspace.send``): ``[t, 0, j]`` the fp32 bits of the
+        score of candidate j, ``[t, 1, j]`` its global position, ascending, -1 after the
+        ``min(k, local length)`` candidates (score bits 0 there).
+    """
+    _check_dcp_layout(dcp_size, dcp_rank, interleave)
+    _check_k(k)
+    check_tensor("local_logits", local_logits, dtype=torch.float32, ndim=2)
+    rows, n_local = local_logits.shape
+    check_tensor("local_seq_lens", local_seq_lens, dtype=torch.int32, ndim=1)
+    check_shape("local_seq_lens", local_seq_lens, (rows,))
+    if n_local * dcp_size >= _POS_LIMIT:
+        raise ValueError(
+            f"local_logits has {n_local} columns: global positions up to "
+            f"{n_local} * dcp_size={dcp_size} must stay below 2**31 - 1"
+        )
+    if positions_out is not None:
+        check_tensor("positions_out", positions_out, dtype=torch.int32, ndim=2)
+        check_output("positions_out", positions_out, (rows, k))
+    device = check_same_device(
+        local_logits=local_logits, local_seq_lens=local_seq_lens, positions_out=positions_out
+    )
+    if workspace is None:
+        workspace = global_topk_workspace(rows, k=k, dcp_size=dcp_size, device=device)
+    _check_workspace(workspace, rows, k, dcp_size, device)
+
+    local = workspace.local[: rows * k].view(rows, k)
+    select_topk(local_logits, local_seq_lens, k=k, out=local, workspace=workspace.topk)
+    send = workspace.send[: rows * 2 * k].view(rows, 2, k)
+    pos_out = send[:, 1] if positions_out is None else positions_out
+    if rows:
+        _pack_candidates_kernel[(rows, cdiv(k, _PACK_BLOCK))](
+            local_logits,
+            *local_logits.stride(),
+            n_local,
+            local,
+            pos_out,
+            *pos_out.stride(),
+            send,
+            send.stride(0),
+            dcp_rank,
+            dcp_size,
+            interleave,
+            K=k,
+            SCORES=positions_out is None,
+            BLOCK=_PACK_BLOCK,
+        )
+    return send if positions_out is None else positions_out
+
+
+def merge_topk_candidates(
+    candidates: torch.Tensor,
+    *,
+    k: int,
+    out: torch.Tensor | None = None,
+    workspace: GlobalTopkWorkspace | None = None,
+) -> torch.Tensor:
+    """The stable merge of every rank's candidates (steps 4-6 of the module notes; no
+    collective): the top k by (score descending, lowest global position), ascending.
+
+    Args:
+        candidates: contiguous int32 ``[W, T, 2, k]``, rank r's :func:`local_topk_candidates`
+            at ``[r]`` (what the all_gather of :func:`global_topk` makes). Device data: lists
+            that are not ascending, or positions on two ranks, give a wrong result but never
+            an access out of bounds.
+        k: positions per row (its last dimension).
+        out: optional int32 ``[T, k]`` (any strides); every entry is written.
+        workspace: optional :func:`global_topk_workspace` (at least T rows, same k and W).
+
+    Returns:
+        int32 ``[T, k]`` global positions, ascending, then -1.
+    """
+    _check_k(k)
+    check_tensor("candidates", candidates, dtype=torch.int32, ndim=4)
+    w, rows = candidates.shape[:2]
+    check_shape("candidates", candidates, (w, rows, 2, k))
+    if w < 1 or not candidates.is_contiguous():
+        raise ValueError("candidates must be a contiguous [W >= 1, T, 2, k] tensor")
+    if out is not None:
+        check_tensor("out", out, dtype=torch.int32, ndim=2)
+        check_output("out", out, (rows, k))
+    device = check_same_device(candidates=candidates, out=out)
+    if workspace is None:
+        workspace = global_topk_workspace(rows, k=k, dcp_size=w, device=device)
+    _check_workspace(workspace, rows, k, w, device)
+    if out is None:
+        out = torch.empty((rows, k), dtype=torch.int32, device=device)
+    if rows == 0:
+        return out
+
+    cols = w * k
+    merged_scores = workspace.merged_scores[: rows * cols].view(rows, cols)
+    merged_len = workspace.merged_len[:rows]
+    _merge_by_position_kernel[(rows, w, cdiv(k, _MERGE_BLOCK))](
+        candidates,
+        merged_scores,
+        workspace.merged_pos,
+        merged_len,
+        rows,
+        DCP_SIZE=w,
+        K=k,
+        LOG=next_pow2(k).bit_length() - 1,
+        W_P2=next_pow2(w),
+        BLOCK=_MERGE_BLOCK,
+        num_warps=_MERGE_WARPS,
+    )
+    selected = workspace.selected[: rows * k].view(rows, k)
+    select_topk(merged_scores, merged_len, k=k, out=selected, workspace=workspace.topk)
+    _gather_positions_kernel[(rows, cdiv(k, _PACK_BLOCK))](
+        selected, workspace.merged_pos, out, *out.stride(), K=k, COLS=cols, BLOCK=_PACK_BLOCK
+    )
+    return out
+
+
 def global_topk(
     local_logits: torch.Tensor,
     local_seq_lens: torch.Tensor,
@@ -286,20 +438,11 @@ def global_topk(
         rank).
     """
     check_group(group, dcp_size=dcp_size, dcp_rank=dcp_rank)
-    check_int("interleave", interleave, lo=1)
-    if not supported_k(k):
-        raise ValueError(f"k must be a positive multiple of 128 and at most 4096, got {k!r}")
     if mode not in ("exact", "union"):
         raise ValueError(f"mode must be 'exact' or 'union', got {mode!r}")
+    _check_k(k)
     check_tensor("local_logits", local_logits, dtype=torch.float32, ndim=2)
-    rows, n_local = local_logits.shape
-    check_tensor("local_seq_lens", local_seq_lens, dtype=torch.int32, ndim=1)
-    check_shape("local_seq_lens", local_seq_lens, (rows,))
-    if n_local * dcp_size >= _POS_LIMIT:
-        raise ValueError(
-            f"local_logits has {n_local} columns: global positions up to "
-            f"{n_local} * dcp_size={dcp_size} must stay below 2**31 - 1"
-        )
+    rows = local_logits.shape[0]
     if out is not None:
         check_tensor("out", out, dtype=torch.int32, ndim=2)
         check_output("out", out, (rows, k))
@@ -309,58 +452,17 @@ def global_topk(
     _check_workspace(workspace, rows, k, dcp_size, device)
     if out is None:
         out = torch.empty((rows, k), dtype=torch.int32, device=device)
-    ws = workspace
-
-    local = ws.local[: rows * k].view(rows, k)
-    select_topk(local_logits, local_seq_lens, k=k, out=local, workspace=ws.topk)
-    send = ws.send[: rows * 2 * k].view(rows, 2, k)
-    union = mode == "union"
-    pos_out = out if union else send[:, 1]
-    grid = (rows, cdiv(k, _PACK_BLOCK))
-    if rows:
-        _pack_candidates_kernel[grid](
-            local_logits,
-            *local_logits.stride(),
-            n_local,
-            local,
-            pos_out,
-            *pos_out.stride(),
-            send,
-            send.stride(0),
-            dcp_rank,
-            dcp_size,
-            interleave,
-            K=k,
-            SCORES=not union,
-            BLOCK=_PACK_BLOCK,
-        )
-    if union:
+    kw = dict(k=k, dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=interleave)
+    # Every remaining check is in here, still before the collective.
+    send = local_topk_candidates(
+        local_logits,
+        local_seq_lens,
+        workspace=workspace,
+        positions_out=out if mode == "union" else None,
+        **kw,
+    )
+    if mode == "union":
         return out
-
-    recv = ws.recv[: dcp_size * rows * 2 * k]
-    all_gather_into(recv, send.view(-1), group)
-    cols = dcp_size * k
-    merged_scores = ws.merged_scores[: rows * cols].view(rows, cols)
-    merged_len = ws.merged_len[:rows]
-    if rows:
-        _merge_by_position_kernel[(rows, dcp_size, cdiv(k, _MERGE_BLOCK))](
-            recv,
-            merged_scores,
-            ws.merged_pos,
-            merged_len,
-            rows,
-            DCP_SIZE=dcp_size,
-            K=k,
-            LOG=next_pow2(k).bit_length() - 1,
-            W_P2=next_pow2(dcp_size),
-            BLOCK=_MERGE_BLOCK,
-            num_warps=_MERGE_WARPS,
-        )
-    selected = ws.selected[: rows * k].view(rows, k)
-    select_topk(merged_scores, merged_len, k=k, out=selected, workspace=ws.topk)
-    if rows:
-        _gather_positions_kernel[(rows, cdiv(k, _PACK_BLOCK))](
-            selected, ws.merged_pos, out, *out.stride(), K=k, COLS=cols, BLOCK=_PACK_BLOCK
-        )
-    return out
-
+    recv = workspace.recv[: dcp_size * rows * 2 * k]
+    all_gather_into(recv, send.reshape(-1), group)
+    return merge_topk_candidates(recv.view(dcp_size, rows, 2, k), k=k, out=out, workspace=workspace)
