@@ -7,7 +7,7 @@ per rank:
 1. ``select_topk`` on the local scores: the rank's local top-k, ascending local positions.
 2. Pack (Triton): each candidate's score and its global position (``dcp_global``) into one
    int32 tensor ``[T, 2, k]`` (score bits, then positions; -1 = no candidate).
-3. One ``all_gather_into_tensor`` of the packs: ``[W, T, 2, k]`` on every rank.
+3. One all_gather (``all_gather_into_tensor``) of the packs: ``[W, T, 2, k]`` on every rank.
 4. Merge by position (Triton): every rank's candidates are already ascending in global
    position (``dcp_global`` is increasing in the local position), so the W lists are merged
    into one ascending list per row: a candidate's place is the sum over ranks of how many of
@@ -23,9 +23,10 @@ Why it is exact: let ``x`` be in the global top-k of a row and ``r`` its owner. 
 ``k`` positions of the whole row beat ``x`` (higher score, or equal score and lower global
 position), so fewer than ``k`` of ``r``'s own positions do. On ``r`` the local ranking breaks
 ties by the lowest local position, which is the lowest global position among ``r``'s
-positions, so ``x`` is in ``r``'s local top-k and hence among the candidates. The merge ranks
-the candidates by the single-GPU rule and every position that beats a candidate is itself a
-candidate, so the top k of the candidates are the top k of the row, bit for bit.
+positions, so ``x`` is in ``r``'s local top-k and hence among the candidates. So the global
+top-k is a subset of the candidates, which are a subset of the row, and the merge ranks the
+candidates by the single-GPU rule: its k best are the row's k best, bit for bit (a row with at
+most k visible positions has all of them among the candidates).
 
 ``mode="union"`` skips steps 3-6: each rank returns its own local top-k as global positions
 (no collective). Approximate: the rank's result holds every position of the global top-k
