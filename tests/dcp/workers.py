@@ -42,7 +42,8 @@ def _topk_rows(world: int, interleave: int, gen: torch.Generator):
     span = world * interleave
     n = 5 * span if interleave > 1 else 640
     few = 1 if interleave == 1 else interleave - 1  # only rank 0 owns any position
-    lens = [0, few, span + 1, K, K + 1, n // 2, n, n, n, n]  # _TOPK_ROWS
+    lens = [0, few, span + 1, K, K + 1, n // 2, n, n, n, n]
+    assert len(lens) == _TOPK_ROWS
     kinds = ["normal", "ties", "ties", "special", "normal", "ties", "normal", "special"]
     logits = torch.cat([dcp_scores(1, n, kind=kd, generator=gen) for kd in kinds + ["ties"] * 2])
     logits[-2, :] = 1.0  # one score for the whole row: the lowest positions win
@@ -182,9 +183,10 @@ def combine_cases(group, rank: int, world: int, seed: int) -> str | None:
         name = f"combine {reduce} {dtype} (sum in {sum_dtype or dtype})"
         if reduce != "all_reduce":
             want_out = want_out[:, hs]
-        # bf16: the weighted parts are rounded to bf16, and summed in bf16 unless sum_dtype.
-        fp32 = dtype == torch.float32
-        atol = 1e-5 if fp32 else world * 2.0**-7
+        # The reference sums the same (bf16) inputs in fp64: an fp32 sum is off by fp32
+        # rounding; a bf16 one rounds each weighted part and each partial sum to bf16.
+        fp32_sum = (sum_dtype or dtype) == torch.float32
+        atol = 1e-5 if fp32_sum else world * 2.0**-7
         errs.append(_check_close(name + " out", got_out, want_out, atol=atol, rtol=atol))
         errs.append(_check_close(name + " lse", got_lse, want_lse, atol=1e-5, rtol=1e-6))
     return _joined(errs)
