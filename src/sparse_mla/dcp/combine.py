@@ -107,7 +107,8 @@ def _lse_combine_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Program (t, head block): global lse of row t, and this rank's weighted out.
+    """Program (t, head block, dim block): global lse of row t (written by dim block 0), and
+    this rank's weighted out.
 
     ``lse_all`` fp32 ``[DCP_SIZE, tokens, heads]``. ``dest`` (the sum's dtype) gets head h of
     row t at ``[h // heads_per_chunk, t, h % heads_per_chunk, :]`` of a
@@ -115,6 +116,7 @@ def _lse_combine_kernel(
     """
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     in_h = h < heads
     r = tl.arange(0, W_P2)
     ld = lse_all + (r[:, None] * tokens + t) * heads + h[None, :]
@@ -126,21 +128,20 @@ def _lse_combine_kernel(
     any_row = m != float("-inf")
     m0 = tl.where(any_row, m, 0.0)
     total = tl.sum(tl.where(finite, tl.exp(lse_r - m0[None, :]), 0.0), axis=0)
-    lse = tl.where(any_row, m0 + tl.log(tl.where(any_row, total, 1.0)), float("-inf"))
-    tl.store(lse_out + t * s_lt + h * s_lh, lse, mask=in_h)
+    lse = tl.where(any_row, m0 + tl.log(tl.where(any_row, total, 1.0)), 0.0)  # 0: unused
+    if tl.program_id(2) == 0:
+        tl.store(lse_out + t * s_lt + h * s_lh, tl.where(any_row, lse, float("-inf")), mask=in_h)
 
-    mine = tl.sum(tl.where(r[:, None] == rank, lse_r, 0.0), axis=0)
-    mine_ok = tl.max(tl.where(r[:, None] == rank, finite.to(tl.int32), 0), axis=0) != 0
-    weight = tl.where(mine_ok & any_row, tl.exp(mine - tl.where(any_row, lse, 0.0)), 0.0)
+    mine = tl.load(lse_all + (rank * tokens + t) * heads + h, mask=in_h, other=float("-inf"))
+    mine_ok = (mine == mine) & (mine != float("inf")) & (mine != float("-inf")) & any_row
+    weight = tl.where(mine_ok, tl.exp(tl.where(mine_ok, mine, 0.0) - lse), 0.0)
     use = weight > 0
     chunk = h // heads_per_chunk
     dst_h = ((chunk * tokens + t) * heads_per_chunk + h % heads_per_chunk) * dim
-    for d0 in range(0, dim, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        m2 = in_h[:, None] & (d[None, :] < dim)
-        o = tl.load(out + t * s_ot + h[:, None] * s_oh + d[None, :] * s_od, mask=m2, other=0.0)
-        val = tl.where(use[:, None], weight[:, None] * o.to(tl.float32), 0.0)
-        tl.store(dest + dst_h[:, None] + d[None, :], val.to(dest.dtype.element_ty), mask=m2)
+    m2 = in_h[:, None] & (d[None, :] < dim)
+    o = tl.load(out + t * s_ot + h[:, None] * s_oh + d[None, :] * s_od, mask=m2, other=0.0)
+    val = tl.where(use[:, None], weight[:, None] * o.to(tl.float32), 0.0)
+    tl.store(dest + dst_h[:, None] + d[None, :], val.to(dest.dtype.element_ty), mask=m2)
 
 
 def _check_workspace(ws: object, t: int, h: int, d: int, w: int, dtype, reduce, device):
@@ -217,8 +218,9 @@ def rescale_partial(
     check_tensor("lse_out", lse_out, dtype=torch.float32, ndim=2)
     check_output("lse_out", lse_out, (t, h))
     check_same_device(out=out, lse_all=lse_all, dest=dest, lse_out=lse_out)
+    block_d = min(next_pow2(d), _MAX_BLOCK_D)
     if t:
-        _lse_combine_kernel[(t, cdiv(h, _BLOCK_H))](
+        _lse_combine_kernel[(t, cdiv(h, _BLOCK_H), cdiv(d, block_d))](
             lse_all,
             out,
             *out.stride(),
@@ -233,7 +235,7 @@ def rescale_partial(
             DCP_SIZE=w,
             W_P2=next_pow2(w),
             BLOCK_H=_BLOCK_H,
-            BLOCK_D=min(next_pow2(d), _MAX_BLOCK_D),
+            BLOCK_D=block_d,
         )
     return dest, lse_out
 

@@ -166,7 +166,7 @@ def _count_below(list_pos, p, K: tl.constexpr, LOG: tl.constexpr):
     cnt = tl.zeros_like(p)
     for s in tl.static_range(LOG + 1):
         probe = cnt + (1 << (LOG - s))
-        ok = probe <= K
+        ok = (probe <= K) & (p > 0)  # nothing is below 0 (or below a lane's -1)
         v = tl.load(list_pos + probe - 1, mask=ok, other=-1)
         cnt = tl.where(ok & (v >= 0) & (v < p), probe, cnt)
     return cnt
