@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
+from ..testing import POISON
 from .cases import Case, InputSet, OpSpec, Variant, kwargs_filter, register_op
 from .floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
 from .report import Result, Table, per_step_table
 
 BLOCK_SIZE = 64
-POISON = -7777
 
 GRIDS: dict[str, dict[str, Any]] = {
     "full": dict(

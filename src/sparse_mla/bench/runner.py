@@ -20,6 +20,7 @@ import torch
 import triton
 
 from .. import _runtime
+from ..testing import POISON
 from .cases import OPS, Case, OpSpec
 from .floor import FLOOR_RULE, floor_us
 from .page import Run, latest_per_op, load_runs, write_page
@@ -103,7 +104,7 @@ def run_case(
             for c in calls[1 : min(4, cfg.graph_calls)]:
                 c()
             backend.synchronize()
-            est = probe_us(calls, backend, n=min(4, cfg.graph_calls))
+            est = probe_us(calls, backend, n=min(4, cfg.graph_calls)) if backend.probe else 0.0
             n_calls, reps = plan_sizes(
                 est, max_calls=cfg.graph_calls, max_reps=cfg.reps, budget_ms=budget
             )
@@ -377,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
             "Eager: events around the same number of back-to-back calls, same repetitions.",
             "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
-            "poisoned (-7777), then checked against the reference variant before timing: bit "
+            f"poisoned ({POISON}), then checked against the reference variant before timing: bit "
             "for bit (compacted DCP rows compared as sorted rows) unless the op's notes below "
             "say otherwise (top-k: as sets of scores; logits: against fp64 on a subset).",
             "Rotation: calls cycle through independent input sets, enough for their working "
