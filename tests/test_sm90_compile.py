@@ -2,9 +2,10 @@
 (sm_90), with no GPU.
 
 The rest of the suite runs the kernels in Triton's interpreter, which accepts code the GPU
-compiler rejects (tests/sm90_compile.py says why and how this works). A few minutes: the
-sweep is run and its launches recorded in one process, then each kind of launch compiled in
-another. This is the suite's run of `sparse-mla verify --quick`.
+compiler rejects (tests/sm90_compile.py says why and how this works). The longest test:
+the sweep is run and its launches recorded by two interpreter processes side by side, then
+each kind of launch compiled by two others. This is the suite's run of `sparse-mla verify
+--quick`.
 """
 
 from __future__ import annotations
@@ -13,16 +14,37 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 SCRIPT = Path(__file__).with_name("sm90_compile.py")
+PARTS = 2  # processes sharing the recording and the compiling
 
 
 def _has_nvidia_backend() -> bool:
     return importlib.util.find_spec("triton.backends.nvidia") is not None
+
+
+def _run_parts(step: str, files: Callable[[int], list[Path]], env: dict, timeout: int) -> str:
+    """Run one step in PARTS processes side by side (the suite has two cores to itself at
+    its end, where this test runs); returns their output, or fails with it."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), step, *map(str, files(i)), f"--part={i}/{PARTS}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(PARTS)
+    ]
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    text = "\n".join(o[-6000:] for o in outs)
+    assert all(p.returncode == 0 for p in procs), text
+    return text
 
 
 # On a GPU every launch compiles for real in the rest of the suite, and the lease runs the
@@ -32,23 +54,14 @@ def _has_nvidia_backend() -> bool:
 def test_quick_sweep_passes_and_every_launch_compiles_for_sm90(tmp_path: Path) -> None:
     # The recording runs every case of `sparse-mla verify --quick` and fails if one does:
     # `make test` relies on it instead of running the quick sweep a second time.
-    launches = tmp_path / "launches.json"
+    recorded = [tmp_path / f"launches{i}.json" for i in range(PARTS)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_INTERPRET"] = "1"
-    subprocess.run(
-        [sys.executable, str(SCRIPT), "record", str(launches)], env=env, check=True, timeout=1800
-    )
+    _run_parts("record", lambda i: [recorded[i]], env, timeout=1800)
     if not _has_nvidia_backend():
         pytest.skip("the quick sweep passed; Triton without its NVIDIA backend cannot compile")
     # A fresh cache: every kernel is compiled here, none found from an earlier run.
     env.update(
         TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path / "c")
     )
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "compile", str(launches)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    _run_parts("compile", lambda i: recorded, env, timeout=1200)

@@ -129,9 +129,7 @@ def _facts(meta: dict[str, Any]) -> str:
     return "\n".join(["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows])
 
 
-def render_perf_page(
-    runs: Sequence[Run], plot_links: dict[str, str] | None = None, headline: str = ""
-) -> str:
+def render_perf_page(runs: Sequence[Run], plot_links: dict[str, str] | None = None) -> str:
     """The page: how the numbers are measured, then per op its run facts, summaries, one
     in-graph table per case group and its plot. ``plot_links`` maps plot stems to paths."""
     plot_links = plot_links or {}
@@ -144,8 +142,6 @@ def render_perf_page(
         "a GPU run: `sparse-mla bench --report docs/perf/results.json RUN_DIR --out docs`.",
         "",
     ]
-    if headline:
-        lines += [headline, ""]
     lines += ["## Method", ""] + [f"- {m}" for m in method] + [""]
     for run in runs:
         op = run.meta["ops"][0]
