@@ -28,23 +28,18 @@ def _has_nvidia_backend() -> bool:
     return importlib.util.find_spec("triton.backends.nvidia") is not None
 
 
-def _run_parts(step: str, files: Callable[[int], list[Path]], env: dict, timeout: int) -> str:
+def _run_parts(step: str, files: Callable[[int], list[Path]], env: dict, timeout: int) -> None:
     """Run one step in PARTS processes side by side (the suite has two cores to itself at
-    its end, where this test runs); returns their output, or fails with it."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), step, *map(str, files(i)), f"--part={i}/{PARTS}"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(PARTS)
-    ]
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    text = "\n".join(o[-6000:] for o in outs)
-    assert all(p.returncode == 0 for p in procs), text
-    return text
+    its end, where this test runs); fails with their output if one fails."""
+    logs = [files(0)[0].with_name(f"{step}{i}.log") for i in range(PARTS)]
+    procs = []
+    for i, log in enumerate(logs):
+        with open(log, "w") as out:
+            argv = [sys.executable, str(SCRIPT), step, *map(str, files(i)), f"--part={i}/{PARTS}"]
+            procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
+    codes = [p.wait(timeout=timeout) for p in procs]
+    text = "\n".join(log.read_text()[-6000:] for log in logs)
+    assert codes == [0] * PARTS, text
 
 
 # On a GPU every launch compiles for real in the rest of the suite, and the lease runs the
