@@ -31,10 +31,10 @@ from sparse_mla.ops.decode_metadata.naive import (
     expand_decode_tokens_torch_ops,
     native_decode_seq_lens_reference,
 )
+from sparse_mla.testing import POISON
 
 DEV = torch.device("cuda")
 W = 2048
-POISON = -7777
 FAILURES: list[str] = []
 
 

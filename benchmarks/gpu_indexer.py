@@ -53,6 +53,7 @@ from sparse_mla.ops.kv_cache.naive import (
     write_indexer_k_reference,
     write_mla_latent_reference,
 )
+from sparse_mla.testing import logits_tolerance_scale
 
 DEV = torch.device("cuda")
 H, D, PAGE = 64, 128, 64
@@ -61,10 +62,10 @@ TIME_REQ, TIME_CTX = 64, 32768  # timed problems
 RESULTS: dict = {"checks": [], "timings": []}
 FAILURES: list[str] = []
 
-# Tolerances, in units of mag = sum_h |w_h| (|q_h| . |k|) (see tests/ops/test_indexer.py):
-# bf16 MMA accumulates in fp32 (bound (D + H + 2) * 2**-24, x4 slack for the tensor cores'
-# accumulation rounding); Hopper's fp8 MMA accumulates with fewer bits (~14), so 2**-9.
-TOL = {"bf16": 4 * (D + H + 2) * 2.0**-24, "fp8": 2.0**-9}
+# Tolerances, in units of mag = sum_h |w_h| (|q_h| . |k|): the testing kit's one rule.
+TOL = {
+    kind: logits_tolerance_scale(H, D, fp8=kind == "fp8", device=DEV) for kind in ("bf16", "fp8")
+}
 
 
 def report(name: str, ok: bool, detail: str = "") -> None:

@@ -23,17 +23,9 @@ for step in "$@"; do
     verify) run verify python3 -m sparse_mla.cli verify --no-progress --jobs 12 ${VERIFY_ARGS:-} ;;
     memcheck) run memcheck compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 python3 -m pytest -q -n 8 ${MEMCHECK_TESTS:-tests/ops} ;;
     gpu_*) run "$step" python3 "benchmarks/$step.py" --out "$W" ;;
-    ncu) run ncu ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy -k regex:_remap_kernel python3 benchmarks/profile_remap.py ;;
-    ncu_topk) run ncu_topk ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section InstructionStats -k regex:_topk_row_kernel python3 benchmarks/profile_topk_row.py ;;
-    ncu_logits) run ncu_logits ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis -k regex:_index_logits_kernel --launch-skip 1 --launch-count 3 python3 benchmarks/profile_logits.py ;;
-    ncu_pf) run ncu_pf ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis -k regex:_prefilter --launch-skip 6 python3 benchmarks/profile_topk_prefilter.py ;;
+    ncu_*) run "$step" bash -c "$(python3 benchmarks/profile.py "${step#ncu_}" --ncu)" ;;
     demo) run demo python3 -m sparse_mla.cli demo --skip-verify ;;
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
-    exp_remap) run exp_remap python3 benchmarks/exp_remap.py --out "$W" ${EXP_REMAP_ARGS:-} ;;
-    exp_pdl) run exp_pdl python3 benchmarks/exp_pdl.py --out "$W" ${EXP_PDL_ARGS:-} ;;
-    exp_gemm_peak) run exp_gemm_peak python3 benchmarks/exp_gemm_peak.py --out "$W" ;;
-    exp_topk_indexer) run exp_topk_indexer python3 benchmarks/exp_topk_indexer.py ;;
-    exp_topk) run exp_topk python3 benchmarks/exp_topk.py --out "$W" ${EXP_TOPK_ARGS:-} ;;
     tune_topk) run tune_topk python3 benchmarks/tune_topk.py --out "$W" ${TUNE_TOPK_ARGS:-} ;;
     tune_logits) run tune_logits python3 benchmarks/tune_logits.py --out "$W" ${TUNE_LOGITS_ARGS:-} ;;
     bench) run bench python3 -m sparse_mla.cli bench --out "$W/bench" ${BENCH_ARGS:-} ;;

@@ -41,6 +41,7 @@ from sparse_mla._runtime import default_device
 from sparse_mla.ops.topk import topk as topk_mod
 from sparse_mla.ops.topk.naive import positions_to_slots_reference, select_topk_reference
 from sparse_mla.ops.topk.topk import select_topk, topk_workspace
+from sparse_mla.testing import POISON
 
 DEV = default_device()
 SIZES = (4096, 16384, 65536, 131072)
@@ -128,7 +129,7 @@ class Checks:
 def check_case(checks: Checks, name: str, x, lengths, k, **kw) -> None:
     want = select_topk_reference(x, lengths, k)
     for label, extra in (("auto", {}), ("row", {"num_splits": 1})):
-        out = torch.full((x.shape[0], k), -7777, dtype=torch.int32, device=DEV)
+        out = torch.full((x.shape[0], k), POISON, dtype=torch.int32, device=DEV)
         ws = topk_workspace(x.shape[0], DEV)
         got, counts = select_topk(
             x, lengths, k=k, out=out, workspace=ws, return_valid_counts=True, **extra, **kw
@@ -203,7 +204,7 @@ def run_exactness(checks: Checks, cfg: dict) -> None:
         for i in range(3):
             fresh = adversarial("few_values" if i == 1 else "random", rows, n, g)
             x.copy_(fresh.to(DEV))
-            out.fill_(-7777)
+            out.fill_(POISON)
             graph.replay()
             ok &= torch.equal(out, select_topk_reference(x, lengths, big_k))
         checks.record("cuda_graph_replay", ok, rows=rows, n=n)

@@ -39,7 +39,7 @@ logits written + q + weights + block table + lengths). TFLOPS count the q.k dot 
 
 A head-sum on tensor cores (split-bf16 P @ group matrix) and a per-token masked-sum loop were
 tried on the H200 (2026-11-29): the dot form spilled registers and was 1.2-1.8x slower, the
-loop equal to the reshape; see docs/results/2026-11-29-h200/tune_logits-headsum.log.
+loop equal to the reshape (the log is in git history under docs/results/).
 """
 
 from __future__ import annotations

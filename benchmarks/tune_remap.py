@@ -11,11 +11,16 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 
 from sparse_mla import RemapLayout, choose_remap_layout, convert_req_index_to_global_index
 from sparse_mla.bench.timing import CudaBackend, measure_graph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baselines.remap_layouts import seed_layout, tiled_atomic_layout  # noqa: E402
 
 
 def candidates(k: int) -> list[RemapLayout]:
@@ -58,8 +63,8 @@ def main() -> None:
             row = {"k": k, "tokens": tokens, "times": {}}
             auto = choose_remap_layout(k, count_valid=True, num_rows=tokens)
             for lay in candidates(k) + [
-                choose_remap_layout(k, count_valid=True, policy="seed"),
-                choose_remap_layout(k, count_valid=True, policy="tiled_atomic"),
+                seed_layout(k, count_valid=True),
+                tiled_atomic_layout(k, count_valid=True),
             ]:
                 calls = [
                     (

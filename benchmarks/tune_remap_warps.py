@@ -10,12 +10,17 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 
 from sparse_mla import choose_remap_layout, convert_req_index_to_global_index
 from sparse_mla.bench.remap import make_remap_set
 from sparse_mla.bench.timing import CudaBackend, measure_graph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baselines.remap_layouts import seed_layout  # noqa: E402
 
 
 def main() -> None:
@@ -37,7 +42,7 @@ def main() -> None:
             lays = {f"auto w{auto.num_warps}": auto}
             for w in (4, 8, 16):
                 lays[f"w{w}"] = dataclasses.replace(auto, num_warps=w)
-            lays["seed"] = choose_remap_layout(k, count_valid=True, policy="seed")
+            lays["seed"] = seed_layout(k, count_valid=True)
             row = {"k": k, "t": t, "sets": n_sets, "us": {}}
             for name, lay in lays.items():
                 calls = [

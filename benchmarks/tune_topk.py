@@ -55,6 +55,7 @@ from sparse_mla.bench.timing import (
     select_backend,
 )
 from sparse_mla.ops.topk import topk as topk_mod
+from sparse_mla.testing import POISON
 
 KNOBS = (
     "ROW_BLOCK",
@@ -223,7 +224,7 @@ def torch_call(s: dict, k: int) -> Callable[[], object]:
 
 def check(cand: Cand, s: dict, k: int, want_vals: torch.Tensor, default_pos) -> str:
     """'' when the candidate's output on set ``s`` is right, else what is wrong."""
-    s["out"].fill_(-7777)
+    s["out"].fill_(POISON)
     cand.call(s, k)()
     pos = s["out"].clone()
     if bool((pos < 0).any()) or bool((pos >= s["x"].shape[1]).any()):

@@ -6,8 +6,11 @@ the GPU (Triton specialises it), so ``n.to(...)`` on it compiles in the interpre
 fails on the GPU. This script has two steps, each in its own process, because the execution
 mode is fixed when Triton is first imported:
 
-    python tests/sm90_compile.py record LAUNCHES.json   # interpreter: record the launches
-    TRITON_INTERPRET=0 python tests/sm90_compile.py compile LAUNCHES.json
+    python tests/sm90_compile.py record LAUNCHES.json [--part=I/N]   # interpreter
+    TRITON_INTERPRET=0 python tests/sm90_compile.py compile LAUNCHES.json... [--part=I/N]
+
+``--part=I/N`` (e.g. ``0/2``) runs every N-th case from the I-th (or compiles every N-th kind of
+launch), so that several processes share the work.
 
 ``record`` runs ``sparse-mla verify --quick``'s cases (which must pass) with every kernel
 wrapped by a recorder, and keeps one launch of each kind: the kernel, its argument types,
@@ -51,7 +54,22 @@ def _describe(value):
     return ["const", value if isinstance(value, str) else repr(value)]
 
 
-def record(path: str) -> int:
+def _part(text: str | None) -> tuple[int, int]:
+    if not text:
+        return 0, 1
+    part, parts = (int(v) for v in text.split("/"))
+    assert 0 <= part < parts, text
+    return part, parts
+
+
+def _key(entry: dict) -> str:
+    # Launches that differ only in integer values compile alike but for the integers a GPU
+    # launch turns into the constant 1 (compile_all's two cases).
+    kinds = [a[0] for a in entry["args"]]
+    return json.dumps([entry["module"], entry["kernel"], entry["kwargs"], kinds])
+
+
+def record(path: str, part: str | None = None) -> int:
     from sparse_mla import verify  # first: it picks the interpreter before Triton loads
 
     # isort: split
@@ -75,11 +93,7 @@ def record(path: str) -> int:
                     "args": [_describe(a) for a in args],
                     "kwargs": {k: _describe(v) for k, v in sorted(kwargs.items())},
                 }
-                # Launches that differ only in integer values compile alike but for the
-                # integers a GPU launch turns into the constant 1 (compile_all's two cases).
-                kinds = [a[0] for a in entry["args"]]
-                key = json.dumps([self.module, self.name, entry["kwargs"], kinds])
-                launches.setdefault(key, entry)
+                launches.setdefault(_key(entry), entry)
 
             return launch
 
@@ -90,9 +104,12 @@ def record(path: str) -> int:
                 setattr(module, attr, Recorder(name, attr, value))
 
     dev = verify.default_device()
-    failed = [c for c in verify.build_cases(quick=True) if verify.run_case(c, dev) is not None]
+    i, n = _part(part)
+    cases = verify.build_cases(quick=True)[i::n]
+    failed = [c.label() for c in cases if verify.run_case(c, dev) is not None]
     assert not failed, f"verify cases failed while recording: {failed[:3]}"
-    _launch_the_rest()
+    if i == 0:
+        _launch_the_rest()
     with open(path, "w") as f:
         json.dump(list(launches.values()), f, indent=1)
     print(f"recorded {len(launches)} kinds of launch")
@@ -173,7 +190,7 @@ def _signature(fn, entry: dict, ones: bool) -> tuple[dict, dict]:
     return signature, constexprs
 
 
-def compile_all(path: str) -> int:
+def compile_all(paths: list[str], part: str | None = None) -> int:
     import os
 
     assert os.environ.get("TRITON_INTERPRET") == "0", "run with TRITON_INTERPRET=0"
@@ -182,8 +199,13 @@ def compile_all(path: str) -> int:
     from triton.compiler import ASTSource
 
     target = GPUTarget("cuda", 90, 32)
-    with open(path) as f:
-        launches = json.load(f)
+    launches: dict[str, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for entry in json.load(f):
+                launches.setdefault(_key(entry), entry)
+    i, n = _part(part)
+    launches = list(launches.values())[i::n]
     # Each kind of launch with every integer argument 1, and each kernel's first also with
     # none of them 1.
     failed = total = 0
@@ -209,5 +231,6 @@ def compile_all(path: str) -> int:
 
 
 if __name__ == "__main__":
-    step, out = sys.argv[1], sys.argv[2]
-    sys.exit(record(out) if step == "record" else compile_all(out))
+    step, args = sys.argv[1], sys.argv[2:]
+    part = args.pop().removeprefix("--part=") if args[-1].startswith("--part=") else None
+    sys.exit(record(args[0], part) if step == "record" else compile_all(args, part))

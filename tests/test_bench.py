@@ -12,13 +12,21 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from sparse_mla import _runtime
-from sparse_mla.bench import cases, floor, report, runner, timing
+from sparse_mla import _runtime, choose_remap_layout
+from sparse_mla.bench import cases, floor, page, report, runner, timing
 from sparse_mla.bench import expand as bench_expand
 from sparse_mla.bench import indexer as bench_indexer
 from sparse_mla.bench import remap as bench_remap
 from sparse_mla.bench import topk as bench_topk
 from sparse_mla.bench.report import Result, Table
+
+
+def _load(out):
+    """(meta, results, summaries) of a bench run's output directory (its ops merged)."""
+    runs = page.load_runs(out)
+    meta = dict(runs[0].meta, ops=[r.meta["ops"][0] for r in runs])
+    return meta, [x for r in runs for x in r.results], [t for r in runs for t in r.summaries]
+
 
 ON_GPU = not _runtime.INTERPRETER and torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="the smoke runs use the CPU interpreter backend")
@@ -348,31 +356,45 @@ def test_tables_and_markdown_render():
         "op_notes": {"remap": ["bytes: ..."]},
     }
     steps = report.per_step_table(rs, group="remap K=2048", ours="ours", baselines=("seed",))
-    page = report.render_markdown_page(meta, rs, [steps], {"remap_K2048": "plots/remap_K2048.png"})
+    run = page.Run(dict(meta, commit="abc123"), rs, [steps])
+    text = page.render_perf_page([run], {"remap_K2048": "perf/remap_K2048.png"})
     for needle in [
         "NVIDIA H200",
         "`sparse-mla bench --ops remap`",
-        "2.11 / 3.6",
-        "![remap_K2048](plots/remap_K2048.png)",
-        "## Eager",
+        "torch 2.11, triton 3.6",
+        "| commit | abc123 |",
+        "![remap_K2048](perf/remap_K2048.png)",
         "per decode step",
-        "graph capture failed",
+        "in graph: ...",
     ]:
-        assert needle in page, needle
-    assert "mean nothing" not in page
+        assert needle in text, needle
+    assert "mean nothing" not in text
 
 
-def test_json_and_csv_round_trip(tmp_path):
+def test_page_record_keeps_the_newest_run_of_each_op(tmp_path):
     rs = _sample_results()
     rs[1].note = 'a "quoted", comma note'
-    meta = {"gpu": "x", "seed": 1}
-    summ = [Table("t", ["a", "b"], [["1", "2"]], ["n"])]
-    report.write_json(tmp_path / "r.json", meta, rs, summ)
-    meta2, rs2, summ2 = report.load_json(tmp_path / "r.json")
-    assert meta2 == meta and rs2 == rs and summ2 == summ
-    report.write_csv(tmp_path / "r.csv", rs)
-    assert report.read_csv(tmp_path / "r.csv") == rs
+    topk = _ir("topk", "ours", 8.0, N=4096, B=8)
+    topk.op = "topk"
+    old = page.Run({"date": "2026-11-29T10:00:00", "gpu": "old"}, [*rs, topk])
+    new = page.Run(
+        {"date": "2026-11-30T10:00:00", "gpu": "new"},
+        rs[:1],
+        [Table("remap per decode step (K=2048)", ["a"], [["1"]], ["n"])],
+    )
+    runs = page.latest_per_op([old, new])
+    assert [(r.meta["ops"], r.meta["gpu"]) for r in runs] == [(["topk"], "old"), (["remap"], "new")]
+    assert runs[1].results == rs[:1] and runs[1].summaries == new.summaries
+    page.write_runs_json(tmp_path / "r.json", runs)
     json.loads((tmp_path / "r.json").read_text())  # plain JSON
+    back = page.load_runs(tmp_path / "r.json")
+    assert [(r.meta, r.results, r.summaries) for r in back] == [
+        (r.meta, r.results, r.summaries) for r in runs
+    ]
+    # a bench output directory, and the page regenerated from the record
+    assert runner.main(["--report", str(tmp_path / "r.json"), "--out", str(tmp_path / "d")]) == 0
+    assert "## topk" in (tmp_path / "d" / "PERF.md").read_text()
+    assert len(page.load_runs(tmp_path / "d")) == 2
 
 
 def test_plots(tmp_path):
@@ -407,6 +429,21 @@ def test_fields_helpers():
         return a
 
     assert cases.kwargs_filter(f)({"keep": 2, "drop": 3}) == {"keep": 2}
+
+
+def test_remap_baselines_come_from_benchmarks():
+    from sparse_mla.ops.remap import layout
+
+    base = bench_remap.baseline_layouts()
+    assert sorted(base) == ["seed", "tiled_atomic"]
+    lay = base["seed"](2048, count_valid=True)
+    assert (lay.col_tiles, lay.atomic, lay.num_warps, lay.pdl) == (1, False, 8, 0)
+    assert base["seed"](384, count_valid=True) == base["tiled_atomic"](384, count_valid=True)
+    assert base["tiled_atomic"](384, count_valid=True).col_tiles == 3
+    for name in set(base) & set(layout.POLICIES):  # while the library still names them
+        for k, counts, compact in [(384, True, False), (2048, True, True), (512, False, False)]:
+            want = layout.choose_remap_layout(k, count_valid=counts, compact=compact, policy=name)
+            assert base[name](k, count_valid=counts, compact=compact) == want
 
 
 def test_registry_loads_ops():
@@ -502,6 +539,9 @@ def standins(monkeypatch):
             dcp=_standin_remap,
             reference=_standin_remap,
             dcp_reference=_standin_remap,
+            choose_layout=choose_remap_layout,
+            # the stand-in sees the layout's name
+            baselines={name: lambda k, name=name, **kw: name for name in ("tiled_atomic", "seed")},
         ),
     )
     monkeypatch.setattr(
@@ -518,8 +558,8 @@ def test_smoke_pipeline_with_standins(tmp_path, standins, capsys):
     captured = capsys.readouterr()
     assert rc == 1  # the planted bug in the seed layout at K=384
     assert "mismatch" in captured.err and "times mean nothing" in captured.out
-    meta, rs, summ = report.load_json(out / "results.json")
-    assert meta["mode"] == "cpu" and meta["seed"] == 5 and meta["ops"] == ["remap", "expand"]
+    meta, rs, summ = _load(out)
+    assert meta["mode"] == "cpu" and meta["seed"] == 5 and meta["ops"] == ["expand", "remap"]
     bad = {(r.group, r.variant) for r in rs if r.check.startswith("mismatch")}
     assert bad == {("remap K=384", "seed")}
     assert all(r.check in ("ok", "reference") for r in rs if (r.group, r.variant) not in bad)
@@ -528,6 +568,7 @@ def test_smoke_pipeline_with_standins(tmp_path, standins, capsys):
     assert {r.variant for r in rs if r.group == "remap K=256"} == {
         "ours",
         "ours-nocount",
+        "ours-nopdl",
         "tiled_atomic",
         "seed",
         "torch",
@@ -539,11 +580,10 @@ def test_smoke_pipeline_with_standins(tmp_path, standins, capsys):
     # the ragged case carries the uniform case's token count
     tok = {(r.params["B"], r.params["data"]): r.x for r in rs if r.op == "expand"}
     assert tok[(3, "ragged")] == tok[(3, "uniform")] == 6
-    assert len(summ) == 2 and summ[0].title.startswith("remap per decode step (K=384")
-    assert summ[1].title.startswith("expansion: ragged kernel vs uniform kernel")
-    assert report.read_csv(out / "results.csv") == rs
-    page = (out / "results.md").read_text()
-    assert "sparse-mla bench --allow-cpu" in page and "mean nothing" in page
+    assert len(summ) == 2 and summ[1].title.startswith("remap per decode step (K=384")
+    assert summ[0].title.startswith("expansion: ragged kernel vs uniform kernel")
+    text = (out / "PERF.md").read_text()
+    assert "sparse-mla bench --allow-cpu" in text and "mean nothing" in text
     assert "per decode step" in (out / "table.txt").read_text()
 
 
@@ -553,13 +593,13 @@ def test_smoke_pipeline_real_kernels(tmp_path, capsys):
     rc = runner.main(["--allow-cpu", "--out", str(out), "--seed", "11", "--no-plots"])
     err = capsys.readouterr().err
     assert rc == 0, err
-    _, rs, _ = report.load_json(out / "results.json")
+    _, rs, _ = _load(out)
     assert rs and all(r.check in ("ok", "reference") for r in rs), [
         (r.group, r.case, r.variant, r.check, r.note)
         for r in rs
         if r.check not in ("ok", "reference")
     ]
-    assert not (out / "plots").exists()
+    assert not list((out / "perf").glob("*.png"))
 
 
 @cpu_only
@@ -609,19 +649,18 @@ def test_indexer_pages_needed_and_cache_pool(rng):
     full = bench_indexer.GRIDS["full"]
     # bf16: 64 requests x 512 pages; fp8: the largest layer case, 128 x 2048 pages
     assert bench_indexer.pages_needed(full) == {False: 64 * 512, True: 128 * 2048}
-    ops = bench_indexer._ops()
     pool = bench_indexer.CachePool()
     dev = _runtime.default_device()  # the writers really run
-    c = pool.get(ops, fp8=True, pages=3, page=64, dim=32, device=dev)
+    c = pool.get(fp8=True, pages=3, page=64, dim=32, device=dev)
     assert c.shape[0] == 3 and c.dtype == torch.uint8 and bool((c != 0).any())
-    assert pool.get(ops, fp8=True, pages=2, page=64, dim=32, device=dev) is c
+    assert pool.get(fp8=True, pages=2, page=64, dim=32, device=dev) is c
     assert pool.builds == 1  # filled once, shared
-    c5 = pool.get(ops, fp8=True, pages=5, page=64, dim=32, device=dev)
+    c5 = pool.get(fp8=True, pages=5, page=64, dim=32, device=dev)
     assert c5.shape[0] == 5 and pool.builds == 2  # grown when a case needs more pages
-    b = pool.get(ops, fp8=False, pages=2, page=64, dim=32, device=dev)
+    b = pool.get(fp8=False, pages=2, page=64, dim=32, device=dev)
     assert b.dtype == torch.bfloat16 and pool.builds == 3
     pool.clear()
-    assert pool.get(ops, fp8=False, pages=1, page=64, dim=32, device=dev) is not b
+    assert pool.get(fp8=False, pages=1, page=64, dim=32, device=dev) is not b
 
 
 def test_topk_and_indexer_gpu_grids_build_lazily():
@@ -732,12 +771,12 @@ def test_layer_check_helpers():
 def test_logits_checker_against_fp64(rng, fp8):
     ops = bench_indexer._ops()
     dev = _runtime.default_device()  # the writers really run
-    cache = bench_indexer.CachePool().get(ops, fp8=fp8, pages=9, page=64, dim=32, device=dev)
+    cache = bench_indexer.CachePool().get(fp8=fp8, pages=9, page=64, dim=32, device=dev)
     # ctx 200 is not a page multiple: columns 200..255 must be -inf
     s = bench_indexer.make_logits_set(
         ops, cache, requests=2, n=2, ctx=200, heads=8, dim=32, page=64, fp8=fp8, device=dev
     )
-    chk = bench_indexer._LogitsChecker(ops.reference, bench_indexer._tol(fp8, 8, 32), 2)
+    chk = bench_indexer._LogitsChecker(ops.reference, 2, heads=8, dim=32, fp8=fp8, device=dev)
     s = chk.keep(0, s)
     args = (s["q"], s["weights"], s["cache"])
     native = chk.snapshot(ops.logits(*args, s["seq_lens"], s["block_table"], next_n=2))
@@ -747,7 +786,7 @@ def test_logits_checker_against_fp64(rng, fp8):
     assert flat["self"] == "" and chk.compare(flat, native) == ""
     x = native["logits"].clone()
     x[3, 10] += 1.0  # request 1, row 1
-    assert "error" in chk.vs_reference(x) and chk.compare({"logits": x}, native).startswith(
+    assert "err/tol" in chk.vs_reference(x) and chk.compare({"logits": x}, native).startswith(
         "mismatch in logits"
     )
     x = native["logits"].clone()
@@ -856,8 +895,8 @@ def test_smoke_topk_indexer_real_kernels(tmp_path, capsys):
     rc = runner.main([*argv, "--graph-calls", "1", "--no-plots"])
     err = capsys.readouterr().err
     assert rc == 0, err
-    meta, rs, summ = report.load_json(out / "results.json")
-    assert meta["ops"] == ["topk", "indexer"] and meta["mode"] == "cpu"
+    meta, rs, summ = _load(out)
+    assert meta["ops"] == ["indexer", "topk"] and meta["mode"] == "cpu"
     assert not [
         (r.group, r.case, r.variant, r.check, r.note)
         for r in rs
@@ -887,11 +926,11 @@ def test_smoke_topk_indexer_real_kernels(tmp_path, capsys):
     stages = [r for r in layer if r.params["n"] == 2 and r.variant in bench_indexer.LAYER_STAGES]
     assert chain.bytes_moved == sum(r.bytes_moved for r in stages)
     titles = [t.title for t in summ]
-    assert titles[0].startswith("top-k: ours vs torch.topk")
-    assert titles[1].startswith("indexer logits") and titles[2].startswith("indexer side per layer")
-    assert len(summ[2].rows) == 2
-    page = (out / "results.md").read_text()
-    assert "indexer side per layer" in page and "% copy" in page and "fp64" in page
+    assert titles[0].startswith("indexer logits") and titles[1].startswith("indexer side per layer")
+    assert titles[2].startswith("top-k: ours vs torch.topk")
+    assert len(summ[1].rows) == 2
+    text = (out / "PERF.md").read_text()
+    assert "indexer side per layer" in text and "% copy" in text and "fp64" in text
     assert bench_indexer.POOL._caches == {}  # the shared caches are freed after the run
 
 
@@ -939,7 +978,7 @@ def test_smoke_topk_standin_planted_bug(tmp_path, monkeypatch, capsys, seed):
     argv = ["--allow-cpu", "--ops", "topk", "--out", str(out), "--seed", str(seed)]
     rc = runner.main([*argv, "--no-plots"])
     assert rc == 1 and "mismatch" in capsys.readouterr().err
-    _, rs, _ = report.load_json(out / "results.json")
+    _, rs, _ = _load(out)
     assert {(r.group, r.variant) for r in rs if r.check.startswith("mismatch")} == {
         ("topk N=2K k=128", "ours+slots")
     }

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..testing import POISON, ragged_lens
 from .cases import (
     Case,
     InputSet,
@@ -40,8 +41,6 @@ from .cases import (
 )
 from .floor import EXPAND_BYTES_RULE, expand_bytes
 from .report import Result, Table, fmt_ratio, fmt_us, paired_us
-
-POISON = -7777
 
 GRIDS: dict[str, dict[str, Any]] = {
     "full": dict(batches=(1, 8, 64, 256, 512), ns=(2, 3, 4, 8), width=2048, ctx=131072),
@@ -60,17 +59,6 @@ def _ops() -> SimpleNamespace:
         torch_ops=naive.expand_decode_tokens_torch_ops,
         knobs=expand,
     )
-
-
-def ragged_lens(total: int, n: int, rng: random.Random) -> list[int]:
-    """Decode lengths uniform in [1, n] whose sum is exactly ``total`` (last one trimmed)."""
-    lens: list[int] = []
-    left = total
-    while left > 0:
-        v = min(rng.randint(1, n), left)
-        lens.append(v)
-        left -= v
-    return lens
 
 
 def make_expand_set(lens: Sequence[int], *, width: int, ctx: int, device: torch.device) -> InputSet:

@@ -34,6 +34,14 @@ from typing import Any
 
 import torch
 
+from ..testing import (
+    POISON,
+    distinct_block_table,
+    filled_indexer_cache,
+    indexer_queries,
+    logits_error,
+    logits_tolerance_scale,
+)
 from .cases import (
     Case,
     InputSet,
@@ -58,7 +66,6 @@ from .floor import (
 )
 from .report import Result, Table, fmt_bytes, fmt_gbs, fmt_ratio, fmt_us, paired_us
 
-POISON = -7777
 LAYERS = 61  # DeepSeek V3.2: one indexer per layer
 
 GRIDS: dict[str, dict[str, Any]] = {
@@ -100,12 +107,6 @@ GRIDS: dict[str, dict[str, Any]] = {
 GRIDS["quick"] = dict(GRIDS["full"], layer_batches=(1, 128), layer_ctxs=(32768,), layer_ns=(1, 4))
 
 
-# Error bounds in units of the magnitude sum_h |w_h| (|q_h| . |k|) (benchmarks/gpu_indexer.py):
-# bf16 products are exact and accumulate in fp32; Hopper's fp8 MMA keeps fewer bits.
-def _tol(fp8: bool, heads: int, dim: int) -> float:
-    return 2.0**-9 if fp8 else 4 * (dim + heads + 2) * 2.0**-24
-
-
 def _ops() -> SimpleNamespace:
     """The implementations timed (tests replace this with stand-ins)."""
     import sparse_mla
@@ -118,35 +119,12 @@ def _ops() -> SimpleNamespace:
         select=sparse_mla.select_topk,
         workspace=sparse_mla.topk_workspace,
         remap=sparse_mla.convert_req_index_to_global_index,
-        new_cache=sparse_mla.new_indexer_k_cache,
-        write=sparse_mla.write_indexer_k,
     )
 
 
 # --------------------------------------------------------------------------------------------
 # Shared K caches
 # --------------------------------------------------------------------------------------------
-
-
-def fill_indexer_cache(
-    ops: SimpleNamespace,
-    pages: int,
-    page: int,
-    dim: int,
-    *,
-    fp8: bool,
-    device: torch.device,
-    chunk: int = 1 << 20,
-) -> torch.Tensor:
-    """A K cache of ``pages`` pages with random keys (through ``write_indexer_k``, so the fp8
-    format holds real scales), written ``chunk`` tokens at a time to bound the temporaries."""
-    cache = ops.new_cache(pages, page, dim, fp8=fp8, device=device)
-    total = pages * page
-    for s0 in range(0, total, chunk):
-        t = min(chunk, total - s0)
-        k = torch.randn(t, dim, device=device, dtype=torch.bfloat16)
-        ops.write(k, cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64))
-    return cache
 
 
 class CachePool:
@@ -159,7 +137,6 @@ class CachePool:
 
     def get(
         self,
-        ops: SimpleNamespace,
         *,
         fp8: bool,
         pages: int,
@@ -172,7 +149,7 @@ class CachePool:
         if cache is None or cache.shape[0] < pages:
             self._caches.pop(key, None)
             del cache
-            cache = fill_indexer_cache(ops, pages, page, dim, fp8=fp8, device=device)
+            cache = filled_indexer_cache(pages, page, dim, fp8=fp8, device=device)
             self._caches[key] = cache
             self.builds += 1
         return cache
@@ -182,20 +159,6 @@ class CachePool:
 
 
 POOL = CachePool()
-
-
-def _random_block_table(
-    cache: torch.Tensor, requests: int, width: int, device: torch.device
-) -> torch.Tensor:
-    perm = torch.randperm(cache.shape[0], device=device)[: requests * width]
-    return perm.view(requests, width).to(torch.int32)
-
-
-def _queries(rows: int, heads: int, dim: int, fp8: bool, device: torch.device):
-    q = torch.randn(rows, heads, dim, device=device)
-    q = q.to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
-    w = torch.randn(rows, heads, device=device) * (heads**-0.5 * dim**-0.5)
-    return q, w
 
 
 def _expand_kw(ops: SimpleNamespace, n: int) -> dict[str, Any]:
@@ -226,9 +189,9 @@ def make_logits_set(
     device: torch.device,
 ) -> InputSet:
     width = -(-ctx // page)
-    bt = _random_block_table(cache, requests, width, device)
+    bt = distinct_block_table(cache.shape[0], requests, width, device=device)
     seq_lens = torch.full((requests,), ctx, dtype=torch.int32, device=device)
-    q, w = _queries(requests * n, heads, dim, fp8, device)
+    q, w = indexer_queries(requests * n, heads, dim, fp8=fp8, device=device)
     s: InputSet = {
         "cache": cache,
         "block_table": bt,
@@ -248,11 +211,14 @@ def make_logits_set(
 class _LogitsChecker(SetRef):
     """Snapshot and checks of one logits case, over input set 0."""
 
-    def __init__(self, reference: Any, tol: float, ref_requests: int) -> None:
+    def __init__(
+        self, reference: Any, ref_requests: int, *, heads: int, dim: int, fp8: bool, device: Any
+    ) -> None:
         super().__init__()
         self.reference = reference
-        self.tol = tol
         self.ref_requests = ref_requests
+        self.kw = dict(heads=heads, dim=dim, fp8=fp8, device=device)
+        self.tol = logits_tolerance_scale(heads, dim, fp8=fp8, device=device)
 
     def vs_reference(self, out: torch.Tensor) -> str:
         """Rows of the first/last request against the fp64 reference over their own pages."""
@@ -273,21 +239,9 @@ class _LogitsChecker(SetRef):
             kw = dict(next_n=n, max_len=out.shape[1])
             ref = self.reference(*args, **kw)
             mag = self.reference(*args, **kw, magnitude=True)
-            got = out[b * n : (b + 1) * n].double()
-            if bool(torch.isnan(got).any()) or not torch.equal(
-                torch.isneginf(got), torch.isneginf(ref)
-            ):
-                return f"request {b}: -inf pattern differs from the fp64 reference"
-            fin = torch.isfinite(ref)
-            if not bool(torch.isfinite(got[fin]).all()):
-                return f"request {b}: non-finite logits where the reference is finite"
-            err = (
-                ((got - ref).abs()[fin] / mag[fin].clamp_min(1e-30)).max().item()
-                if fin.any()
-                else 0
-            )
-            if err > self.tol:
-                return f"request {b}: error {err:.2e} x magnitude > tol {self.tol:.1e} vs fp64"
+            why = logits_error(out[b * n : (b + 1) * n], ref, mag, **self.kw)
+            if why:
+                return f"request {b}: {why} (vs fp64)"
         return ""
 
     def snapshot(self, ret: Any) -> dict[str, Any]:
@@ -364,13 +318,15 @@ def _logits_cases(
         fp8 = dtype == "fp8"
         for n in g["ns"]:
             rows = b * n
-            chk = _LogitsChecker(ops.reference, _tol(fp8, heads, dim), g["ref_requests"])
+            chk = _LogitsChecker(
+                ops.reference, g["ref_requests"], heads=heads, dim=dim, fp8=fp8, device=device
+            )
             nbytes = indexer_bytes(
                 b, n, ctx, heads, dim, fp8=fp8, page_size=page, max_len=width * page
             )
 
             def make(i, n=n, fp8=fp8, chk=chk):
-                cache = POOL.get(ops, fp8=fp8, pages=pages[fp8], page=page, dim=dim, device=device)
+                cache = POOL.get(fp8=fp8, pages=pages[fp8], page=page, dim=dim, device=device)
                 s = make_logits_set(
                     ops,
                     cache,
@@ -448,9 +404,9 @@ def make_layer_set(
     (so each stage timed alone reads what its producer wrote)."""
     width = -(-ctx // page)
     rows = requests * n
-    bt = _random_block_table(cache, requests, width, device)
+    bt = distinct_block_table(cache.shape[0], requests, width, device=device)
     seq_lens = torch.full((requests,), ctx, dtype=torch.int32, device=device)
-    q, w = _queries(rows, heads, dim, fp8, device)
+    q, w = indexer_queries(rows, heads, dim, fp8=fp8, device=device)
     s: InputSet = {
         "cache": cache,
         "block_table": bt,
@@ -629,9 +585,7 @@ def _layer_cases(
                 rows = b * n
 
                 def make(i, b=b, n=n, ctx=ctx):
-                    cache = POOL.get(
-                        ops, fp8=fp8, pages=pages[fp8], page=page, dim=dim, device=device
-                    )
+                    cache = POOL.get(fp8=fp8, pages=pages[fp8], page=page, dim=dim, device=device)
                     return make_layer_set(
                         ops,
                         cache,

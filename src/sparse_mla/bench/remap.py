@@ -16,18 +16,20 @@ rest -1 (what top-k emits for short contexts).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import importlib.util
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from ..testing import POISON
 from .cases import Case, InputSet, OpSpec, Variant, kwargs_filter, register_op
 from .floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
 from .report import Result, Table, per_step_table
 
 BLOCK_SIZE = 64
-POISON = -7777
 
 GRIDS: dict[str, dict[str, Any]] = {
     "full": dict(
@@ -78,27 +80,15 @@ def _ops() -> SimpleNamespace:
         dcp=sparse_mla.filter_and_convert_dcp_index,
         reference=naive.convert_req_index_to_global_index_reference,
         # The reference takes dcp_size/dcp_rank/interleave/compact itself.
-        dcp_reference=getattr(
-            naive,
-            "filter_and_convert_dcp_index_reference",
-            naive.convert_req_index_to_global_index_reference,
-        ),
+        dcp_reference=naive.convert_req_index_to_global_index_reference,
+        baselines=baseline_layouts(),
     )
 
 
 def _auto_layout(ops: SimpleNamespace, k: int, t: int, compact: bool, width: int) -> str:
-    """What layout='auto' picks for this shape (for the record); "" when unknown."""
-    fn = getattr(ops, "choose_layout", None)
-    if fn is None:
-        return ""
-    try:
-        lay = fn(k, count_valid=True, compact=compact, policy="auto", num_rows=t, num_blocks=width)
-    except Exception:  # informational only: never let it stop a run
-        return ""
-    fields = getattr(lay, "__dataclass_fields__", None)
-    if not fields:
-        return str(lay)
-    return ",".join(f"{f}={getattr(lay, f)}" for f in fields)
+    """What layout='auto' picks for this shape (for the record)."""
+    lay = ops.choose_layout(k, count_valid=True, compact=compact, num_rows=t, num_blocks=width)
+    return ",".join(f"{f.name}={getattr(lay, f.name)}" for f in dataclasses.fields(lay))
 
 
 def make_remap_set(
@@ -182,11 +172,30 @@ def _without_pdl(ops: SimpleNamespace, s: InputSet, compact: bool) -> Any:
     return dataclasses.replace(lay, pdl=0)
 
 
+def baseline_layouts() -> dict[str, Callable[..., Any]]:
+    """The upstream remap layouts (name -> ``f(K, count_valid=, compact=)``) from
+    ``benchmarks/baselines`` of a source checkout; empty when that file is absent."""
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "baselines" / "remap_layouts.py"
+    if not path.exists():
+        return {}
+    spec = importlib.util.spec_from_file_location("_sparse_mla_remap_baselines", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return dict(mod.LAYOUTS)
+
+
 def _kernel_variants(ops: SimpleNamespace, fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
-    def bind_for(layout: str, counts: bool):
+    compact = base_kw.get("compact", False)
+
+    def bind_for(layout: str | Callable[..., Any], counts: bool):
         def bind(s: InputSet):
             args = (s["req_id"], s["block_table"], s["token_indices"])
-            lay = _without_pdl(ops, s, base_kw.get("compact", False)) if layout == "" else layout
+            if layout == "":
+                lay = _without_pdl(ops, s, compact)
+            elif callable(layout):
+                lay = layout(s["token_indices"].shape[1], count_valid=True, compact=compact)
+            else:
+                lay = layout
             kw = dict(base_kw, out=s["out"], return_valid_counts=counts, layout=lay)
             if counts:
                 kw["valid_counts_out"] = s["counts"]
@@ -198,13 +207,8 @@ def _kernel_variants(ops: SimpleNamespace, fn: Any, base_kw: dict[str, Any]) -> 
         Variant("ours", bind_for("auto", True), "ours"),
         Variant("ours-nocount", bind_for("auto", False), "extra", counts=False),
         # "" = the auto layout with programmatic dependent launch off
-        *(
-            [Variant("ours-nopdl", bind_for("", True), "extra")]
-            if getattr(ops, "choose_layout", None)
-            else []
-        ),
-        Variant("tiled_atomic", bind_for("tiled_atomic", True), "baseline"),
-        Variant("seed", bind_for("seed", True), "baseline"),
+        Variant("ours-nopdl", bind_for("", True), "extra"),
+        *(Variant(name, bind_for(f, True), "baseline") for name, f in ops.baselines.items()),
     ]
 
 
@@ -305,8 +309,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
             variants = [
                 v for v in _kernel_variants(ops, ops.dcp, dcp_kw) if v.name != "ours-nocount"
             ]
-            if ops.dcp_reference is not None:
-                variants.append(_torch_variant(ops.dcp_reference, dcp_kw))
+            variants.append(_torch_variant(ops.dcp_reference, dcp_kw))
             cases.append(
                 Case(
                     op="remap",
@@ -339,7 +342,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
                     poison=_poison,
                     snapshot=_snapshot,
                     compare=_compare(sorted_rows=True),
-                    reference="torch" if ops.dcp_reference is not None else "ours",
+                    reference="torch",
                 )
             )
     return cases

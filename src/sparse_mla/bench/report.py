@@ -1,13 +1,11 @@
 """Result records and everything that presents them: speedups, terminal and markdown tables,
-the per-decode-step table, JSON/CSV files, PNG plots and the markdown results page."""
+the per-decode-step table, JSON and PNG plots (the page itself: ``page``)."""
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -246,73 +244,8 @@ def render_markdown_table(table: Table) -> str:
     return "\n".join(out)
 
 
-def table_to_dict(t: Table) -> dict[str, Any]:
-    return asdict(t)
-
-
 def table_from_dict(d: dict[str, Any]) -> Table:
     return Table(d["title"], list(d["headers"]), [list(r) for r in d["rows"]], list(d["notes"]))
-
-
-# --------------------------------------------------------------------------------------------
-# Files
-# --------------------------------------------------------------------------------------------
-
-
-def write_json(
-    path: Path, meta: dict[str, Any], results: Sequence[Result], summaries: Sequence[Table] = ()
-) -> None:
-    doc = {
-        "meta": meta,
-        "results": [asdict(r) for r in results],
-        "summaries": [table_to_dict(t) for t in summaries],
-    }
-    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-
-
-def load_json(path: Path) -> tuple[dict[str, Any], list[Result], list[Table]]:
-    doc = json.loads(Path(path).read_text())
-    results = [Result(**r) for r in doc["results"]]
-    return doc["meta"], results, [table_from_dict(t) for t in doc.get("summaries", [])]
-
-
-_CSV_FIELDS = [f.name for f in fields(Result)]
-
-
-def write_csv(path: Path, results: Sequence[Result]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=_CSV_FIELDS)
-        w.writeheader()
-        for r in results:
-            row = asdict(r)
-            for k, v in row.items():
-                if isinstance(v, dict):
-                    row[k] = json.dumps(v, sort_keys=True)
-                elif v is None:
-                    row[k] = ""
-                elif isinstance(v, float):
-                    row[k] = repr(v)
-            w.writerow(row)
-
-
-def _parse(kind: str, s: str) -> Any:
-    if kind.startswith("dict"):
-        return json.loads(s) if s else {}
-    if "None" in kind and s == "":
-        return None
-    if kind.startswith("float"):
-        return float(s)
-    if kind.startswith("int"):
-        return int(s)
-    return s
-
-
-def read_csv(path: Path) -> list[Result]:
-    kinds = {f.name: str(f.type) for f in fields(Result)}
-    with open(path, newline="") as f:
-        return [
-            Result(**{k: _parse(kinds[k], v) for k, v in row.items()}) for row in csv.DictReader(f)
-        ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,7 +253,7 @@ def read_csv(path: Path) -> list[Result]:
 # --------------------------------------------------------------------------------------------
 
 
-def write_plots(results: Sequence[Result], out_dir: Path) -> list[Path]:
+def write_plots(results: Sequence[Result], out_dir: Path, *, dpi: int = 110) -> list[Path]:
     """One PNG per plot key (one panel per group): per-call time vs tokens, log-log, a line per
     variant (solid: in graph; dotted, same colour: eager) and the floor as a dashed black line.
     Returns the files written; [] when matplotlib is not installed."""
@@ -375,73 +308,7 @@ def write_plots(results: Sequence[Result], out_dir: Path) -> list[Path]:
             ax.axis("off")
         fig.tight_layout()
         path = out_dir / f"{plot}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=dpi)
         plt.close(fig)
         written.append(path)
     return written
-
-
-# --------------------------------------------------------------------------------------------
-# Markdown page
-# --------------------------------------------------------------------------------------------
-
-
-def render_markdown_page(
-    meta: dict[str, Any],
-    results: Sequence[Result],
-    summaries: Sequence[Table] = (),
-    plot_links: dict[str, str] | None = None,
-) -> str:
-    """A self-contained results page: run facts, method, per-group tables (graph and eager),
-    summaries and plot links. ``plot_links`` maps plot stems to paths relative to the page."""
-    plot_links = plot_links or {}
-    ops = ", ".join(meta.get("ops", [])) or "bench"
-    lines = [f"# sparse-mla benchmark: {ops}", ""]
-    facts = [
-        ("GPU", meta.get("gpu", "?")),
-        ("date", meta.get("date", "?")),
-        ("torch / triton", f"{meta.get('torch', '?')} / {meta.get('triton', '?')}"),
-        ("sparse-mla", meta.get("sparse_mla", "?")),
-        ("mode", meta.get("mode", "?")),
-        ("command", f"`{meta.get('command', '?')}`"),
-        ("seed", meta.get("seed", "?")),
-    ]
-    lines += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in facts] + [""]
-    if meta.get("mode") != "cuda":
-        lines += ["**CPU interpreter smoke run: the times below mean nothing.**", ""]
-    lines += ["## Method", ""]
-    lines += [f"- {m}" for m in meta.get("method", [])]
-    launch, bw = meta.get("launch_graph_us"), meta.get("copy_gbs")
-    if launch is not None and bw is not None:
-        lines.append(
-            f"- Measured in this run: empty Triton kernel {fmt_us(launch)} us per call in a "
-            f"graph ({fmt_us(meta.get('launch_eager_us'))} us eager, "
-            f"{fmt_us(meta.get('launch_graph_pdl_us'))} us in a graph with programmatic "
-            "dependent launch); copy bandwidth "
-            f"{bw:.0f} GB/s (read + written, {fmt_bytes(meta.get('copy_bytes', 0))}B per copy)."
-        )
-    for op, notes in meta.get("op_notes", {}).items():
-        lines += [f"- {op}: {n}" for n in notes]
-    lines.append("")
-    shown: set[str] = set()
-    lines += ["## Per-call times in a CUDA graph", ""]
-    for t in group_tables(results, "graph"):
-        group = t.title.rsplit(" (", 1)[0]
-        lines += [f"### {group}", "", render_markdown_table(t), ""]
-        plot = next(r.plot for r in results if r.group == group)
-        if plot in plot_links and plot not in shown:
-            shown.add(plot)
-            lines += [f"![{plot}]({plot_links[plot]})", ""]
-    if summaries:
-        lines += ["## Summaries", ""]
-        for s in summaries:
-            lines += [f"### {s.title}", "", render_markdown_table(s), ""]
-    lines += ["## Eager per-call times", ""]
-    for t in group_tables(results, "eager"):
-        lines += [f"### {t.title}", "", render_markdown_table(t), ""]
-    bad = [r for r in results if r.check.startswith("mismatch") or r.note]
-    if bad:
-        lines += ["## Notes", ""]
-        lines += [f"- {r.group} {r.case} {r.variant}: {r.check} {r.note}".rstrip() for r in bad]
-        lines.append("")
-    return "\n".join(lines)

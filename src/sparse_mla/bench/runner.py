@@ -7,6 +7,7 @@ import datetime as _dt
 import importlib
 import platform
 import shlex
+import subprocess
 import sys
 import time
 import traceback
@@ -19,20 +20,11 @@ import torch
 import triton
 
 from .. import _runtime
+from ..testing import POISON
 from .cases import OPS, Case, OpSpec
 from .floor import FLOOR_RULE, floor_us
-from .report import (
-    Result,
-    finalize,
-    fmt_bytes,
-    fmt_us,
-    group_tables,
-    render_markdown_page,
-    render_text,
-    write_csv,
-    write_json,
-    write_plots,
-)
+from .page import Run, latest_per_op, load_runs, write_page
+from .report import Result, finalize, fmt_bytes, fmt_us, group_tables, render_text
 from .timing import (
     Backend,
     measure_copy_bandwidth,
@@ -112,7 +104,7 @@ def run_case(
             for c in calls[1 : min(4, cfg.graph_calls)]:
                 c()
             backend.synchronize()
-            est = probe_us(calls, backend, n=min(4, cfg.graph_calls))
+            est = probe_us(calls, backend, n=min(4, cfg.graph_calls)) if backend.probe else 0.0
             n_calls, reps = plan_sizes(
                 est, max_calls=cfg.graph_calls, max_reps=cfg.reps, budget_ms=budget
             )
@@ -205,6 +197,22 @@ def _progress(i: int, n: int, case: Case, rs: list[Result]) -> str:
     return f"[{i}/{n}] {case.group} {case.label}: " + " | ".join(cells) + flag
 
 
+def _git_commit() -> str:
+    """``git describe --always --dirty`` of the source tree this package runs from ("" when it
+    is not a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=10"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="sparse-mla bench",
@@ -241,6 +249,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="SRC",
+        help="time nothing: merge these bench JSON files or output directories (the newest "
+        "run of each op wins) into OUT/PERF.md and OUT/perf/ (e.g. --out docs)",
+    )
+    p.add_argument(
         "--allow-cpu",
         action="store_true",
         help="without CUDA, run a tiny interpreter smoke grid (times meaningless)",
@@ -260,6 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = argv[1:]
     argv = list(argv)
     args = parse_args(argv)
+    if args.report:
+        runs = latest_per_op([run for src in args.report for run in load_runs(src)])
+        page = write_page(runs, args.out or Path("docs"), plots=not args.no_plots)
+        print(f"wrote {page} from {len(runs)} op(s): {', '.join(r.meta['ops'][0] for r in runs)}")
+        return 0
     ops = resolve_ops(args.ops)
     unknown = [o for o in ops if o not in OP_MODULES]
     if unknown or not ops:
@@ -327,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": now.isoformat(timespec="seconds"),
         "command": "sparse-mla bench " + shlex.join(argv),
         "process": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "commit": _git_commit(),
         "gpu": backend.device_name(),
         "mode": backend.name,
         "torch": torch.__version__,
@@ -356,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
             "Eager: events around the same number of back-to-back calls, same repetitions.",
             "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
-            "poisoned (-7777), then checked against the reference variant before timing: bit "
+            f"poisoned ({POISON}), then checked against the reference variant before timing: bit "
             "for bit (compacted DCP rows compared as sorted rows) unless the op's notes below "
             "say otherwise (top-k: as sets of scores; logits: against fp64 on a subset).",
             "Rotation: calls cycle through independent input sets, enough for their working "
@@ -376,26 +398,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     text += [render_text(t) for t in summaries]
     table_txt = "\n\n".join(text)
 
-    plots = [] if args.no_plots else write_plots(results, out_dir / "plots")
-    plot_links = {p.stem: f"plots/{p.name}" for p in plots}
     meta["duration_s"] = round(time.perf_counter() - t_start, 1)
-    write_json(out_dir / "results.json", meta, results, summaries)
-    write_csv(out_dir / "results.csv", results)
-    (out_dir / "table.txt").write_text(table_txt + "\n")
-    (out_dir / "results.md").write_text(
-        render_markdown_page(meta, results, summaries, plot_links) + "\n"
+    page = write_page(
+        latest_per_op([Run(meta, results, summaries)]), out_dir, plots=not args.no_plots
     )
-
+    (out_dir / "table.txt").write_text(table_txt + "\n")
     print()
     print(table_txt)
     print()
-    if not args.no_plots and not plots:
-        print("plots skipped: matplotlib is not installed (pip install 'sparse-mla[plot]')")
-    print(
-        f"wrote {out_dir}/results.json, results.csv, table.txt, results.md"
-        + (f", {len(plots)} plots" if plots else "")
-        + f" in {meta['duration_s']} s"
-    )
+    print(f"wrote {page}, {out_dir}/perf/ and table.txt in {meta['duration_s']} s")
     if errors:
         print(f"{len(errors)} problem(s):", file=sys.stderr)
         for e in errors:

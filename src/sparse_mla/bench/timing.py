@@ -47,6 +47,8 @@ class Backend:
     graphs: bool = False
     device: torch.device = torch.device("cpu")
     l2_bytes: int = 0
+    #: False: skip the sizing probe (every variant gets the full calls and repetitions).
+    probe: bool = True
 
     def synchronize(self) -> None:
         raise NotImplementedError
@@ -118,6 +120,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     graphs = False
+    probe = False  # each interpreted call costs a second: run every variant as few times as we can
 
     def __init__(self, l2_bytes: int = 1 << 20) -> None:
         # A nominal 1 MiB "cache" so the input-set rotation logic is exercised too.
@@ -136,7 +139,6 @@ class CpuBackend(Backend):
         return out
 
     def capture(self, body: Call) -> Call:
-        body()  # the warm-up a real capture does
         return body
 
     def device_name(self) -> str:

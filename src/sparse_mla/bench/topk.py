@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
+from ..testing import POISON
 from .cases import Case, InputSet, OpSpec, SetRef, Variant, kwargs_filter, register_op
 from .floor import TOPK_BYTES_RULE, copy_fraction, count_touched_pages, kfmt, topk_bytes
 from .report import Result, Table, fmt_ratio, fmt_us, paired_us
 
 BLOCK_SIZE = 64
-POISON = -7777
 
 GRIDS: dict[str, dict[str, Any]] = {
     # exact_rows: rows of set 0 compared position for position with the naive reference.

@@ -1,0 +1,1 @@
+"""Upstream designs that ``sparse-mla bench`` times beside ours (not library code)."""

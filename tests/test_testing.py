@@ -1,0 +1,57 @@
+"""The testing kit (``sparse_mla.testing``): what its checks catch and what its generators
+promise."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sparse_mla import testing
+
+
+def test_poison_fills_ints_and_floats():
+    i, f = torch.zeros(3, dtype=torch.int32), torch.zeros(2)
+    testing.poison(i, None, f)
+    assert (i == testing.POISON).all() and torch.isnan(f).all()
+
+
+def test_logits_error_catches_each_kind_of_wrong():
+    ref = torch.tensor([[1.0, -float("inf"), 3.0]], dtype=torch.float64)
+    mag = torch.full_like(ref, 4.0)
+    kw = dict(heads=8, dim=32, fp8=False)
+    tol = testing.logits_tolerance_scale(8, 32, fp8=False, device="cpu") * 4.0
+    assert testing.logits_tolerance_scale(8, 32, fp8=True, device="cuda") == 2.0**-9
+    assert testing.logits_error(ref.float(), ref, mag, **kw) is None
+    near = ref.clone()
+    near[0, 0] += 0.9 * tol
+    assert testing.logits_error(near, ref, mag, **kw) is None
+    assert testing.logits_error(near, ref, mag, exact=True, **kw).startswith("differs at")
+    far = ref.clone()
+    far[0, 0] += 1.5 * tol
+    assert testing.logits_error(far, ref, mag, **kw).startswith("max err/tol")
+    assert testing.logits_error(far, ref, mag, slack=2, **kw) is None
+    for bad, why in [(testing.POISON, "poison"), (float("nan"), "NaN"), (-float("inf"), "-inf")]:
+        got = ref.clone()
+        got[0, 2] = bad
+        assert why in testing.logits_error(got, ref, mag, **kw)
+    assert "shape" in testing.logits_error(ref[:, :2], ref, mag, **kw)
+
+
+def test_generators():
+    rng = random.Random(0)
+    for total, n in [(1, 4), (17, 3), (4096, 8)]:
+        lens = testing.ragged_lens(total, n, rng)
+        assert sum(lens) == total and all(1 <= v <= n for v in lens)
+    bt = testing.distinct_block_table(20, 3, 6)
+    assert bt.dtype == torch.int32 and bt.shape == (3, 6)
+    assert bt.unique().numel() == 18 and int(bt.min()) >= 0 and int(bt.max()) < 20
+    with pytest.raises(ValueError, match="num_pages"):
+        testing.distinct_block_table(17, 3, 6)
+    q, w = testing.indexer_queries(5, 4, 16, fp8=True)
+    assert q.shape == (5, 4, 16) and q.dtype == torch.float8_e4m3fn
+    assert w.shape == (5, 4) and w.dtype == torch.float32
+    assert testing.indexer_queries(1, 4, 16, fp8=False)[0].dtype == torch.bfloat16
+    cache = testing.filled_indexer_cache(3, 64, 32, fp8=True, chunk=100)
+    assert cache.shape[0] == 3 and cache.dtype == torch.uint8 and bool((cache != 0).all(-1).any())
