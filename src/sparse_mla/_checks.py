@@ -138,3 +138,16 @@ def check_int(name: str, v: object, *, lo: int | None = None, hi: int | None = N
     if hi is not None and v > hi:
         raise ValueError(f"{name} must be <= {hi}, got {v}")
     return v
+
+
+def check_dcp(dcp_size: int, dcp_rank: int, interleave: int) -> None:
+    """Decode-context-parallel arguments: ``dcp_size >= 1``, ``dcp_rank`` in ``[0, dcp_size)``,
+    ``interleave >= 1``, and ``dcp_size * interleave`` (one round of positions) within int32,
+    the width kernels compute positions in."""
+    check_int("dcp_size", dcp_size, lo=1, hi=INT32_MAX)
+    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
+    check_int("interleave", interleave, lo=1, hi=INT32_MAX)
+    if dcp_size * interleave > INT32_MAX:
+        raise ValueError(
+            f"dcp_size * interleave must fit in int32, got {dcp_size} * {interleave}"
+        )
