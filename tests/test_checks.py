@@ -30,7 +30,7 @@ def test_distinct_elements():
         torch.zeros(131).as_strided((3, 128), (1, 1)),
         torch.zeros(400).as_strided((3, 128), (100, 1)),
     ):
-        with pytest.raises(ValueError, match="o must not be a view whose elements overlap"):
+        with pytest.raises(ValueError, match="o must not be a broadcast view or a view whose"):
             _checks.check_distinct_elements("o", bad)
 
 

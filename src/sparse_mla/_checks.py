@@ -66,8 +66,9 @@ def check_distinct_elements(name: str, t: torch.Tensor) -> None:
     for st, sz in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1):
         if st <= reach:
             raise ValueError(
-                f"{name} must not be a view whose elements overlap (shape {tuple(t.shape)}, "
-                f"strides {t.stride()}): each element is written, so each needs its own memory"
+                f"{name} must not be a broadcast view or a view whose elements overlap (shape "
+                f"{tuple(t.shape)}, strides {t.stride()}): each element is written, so each "
+                "needs its own memory"
             )
         reach += (sz - 1) * st
 
@@ -148,6 +149,4 @@ def check_dcp(dcp_size: int, dcp_rank: int, interleave: int) -> None:
     check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
     check_int("interleave", interleave, lo=1, hi=INT32_MAX)
     if dcp_size * interleave > INT32_MAX:
-        raise ValueError(
-            f"dcp_size * interleave must fit in int32, got {dcp_size} * {interleave}"
-        )
+        raise ValueError(f"dcp_size * interleave must fit in int32, got {dcp_size} * {interleave}")
