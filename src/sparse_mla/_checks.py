@@ -42,18 +42,22 @@ def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
-def check_output(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
+def check_output(
+    name: str, t: torch.Tensor, shape: Sequence[int], *, wide_dims: Sequence[int] = ()
+) -> None:
     """An output buffer of this shape whose elements are distinct (each is written, so each
-    needs its own memory) and whose element offsets fit int32 (kernels index outputs with
-    32-bit offsets)."""
+    needs its own memory) and whose element offsets fit int32 (kernels index with 32-bit
+    offsets; ``wide_dims``: dimensions a kernel indexes in 64 bits)."""
     check_shape(name, t, shape)
     check_distinct_elements(name, t)
-    check_offsets_fit_int32(name, t)
+    check_offsets_fit_int32(name, t, wide_dims=wide_dims)
 
 
-def _reach(t: torch.Tensor) -> int:
-    """Largest element offset from ``t``'s first element that indexing ``t`` can reach."""
-    return sum((sz - 1) * st for sz, st in zip(t.shape, t.stride(), strict=True))
+def _reach(t: torch.Tensor, skip: Sequence[int] = ()) -> int:
+    """Largest element offset from ``t``'s first element that indexing ``t`` can reach
+    (leaving out the dimensions in ``skip``)."""
+    dims = zip(t.shape, t.stride(), strict=True)
+    return sum((sz - 1) * st for d, (sz, st) in enumerate(dims) if d not in skip)
 
 
 def check_distinct_elements(name: str, t: torch.Tensor) -> None:
@@ -73,12 +77,14 @@ def check_distinct_elements(name: str, t: torch.Tensor) -> None:
         reach += (sz - 1) * st
 
 
-def check_offsets_fit_int32(name: str, t: torch.Tensor) -> None:
+def check_offsets_fit_int32(name: str, t: torch.Tensor, *, wide_dims: Sequence[int] = ()) -> None:
     """Every element offset of ``t`` (from its first element, the pointer a kernel gets;
-    the storage offset is already in that pointer) fits int32, the width kernels index in."""
-    if t.numel() > 0 and _reach(t) > INT32_MAX:
+    the storage offset is already in that pointer) fits int32, the width kernels index in.
+    ``wide_dims``: dimensions the kernel indexes in 64 bits (their part is not counted)."""
+    reach = _reach(t, wide_dims)
+    if t.numel() > 0 and reach > INT32_MAX:
         raise ValueError(
-            f"{name} spans element offsets up to {_reach(t)} (shape {tuple(t.shape)}, strides "
+            f"{name} spans element offsets up to {reach} (shape {tuple(t.shape)}, strides "
             f"{t.stride()}), past the int32 range the kernels index with: use a view whose "
             f"offsets stay below 2**31"
         )

@@ -394,13 +394,13 @@ def _launch(
         prefill_workspace_starts=prefill_workspace_starts,
     )
     for name, t in inputs.items():
-        if t is not None:
-            check_offsets_fit_int32(name, t)
+        if t is not None:  # token rows are indexed in 64 bits, everything else in 32
+            check_offsets_fit_int32(name, t, wide_dims=(0,) if name == "token_indices" else ())
     if out is None:
         out = torch.empty((num_tokens, num_cols), dtype=torch.int32, device=device)
     else:
         check_tensor("out", out, dtype=torch.int32, ndim=2)
-        check_output("out", out, (num_tokens, num_cols))
+        check_output("out", out, (num_tokens, num_cols), wide_dims=(0,))
         check_no_overlap("out", out, **inputs, valid_counts_out=valid_counts_out)
     counts = None
     if count:
