@@ -9,7 +9,6 @@ import torch
 
 import sparse_mla
 from sparse_mla import RemapLayout, choose_remap_layout
-from sparse_mla.compat import vllm as compat
 from sparse_mla.ops.remap import remap as remap_mod
 from sparse_mla.ops.remap.naive import (
     convert_req_index_to_global_index_reference as reference,
@@ -495,52 +494,6 @@ def test_strided_views():
         )
         assert torch.equal(out.cpu(), want)
         assert (out_wide[:, :10] == POISON).all() and (out_wide[:, 266:] == POISON).all()
-
-
-# ---- vLLM compat -------------------------------------------------------------------------
-
-
-def test_vllm_compat_matches():
-    req, bt, idx = rand_case(31, 10, 512, page=64, invalid=0.3)
-    ws_ids = i32([-1, 0, -1, 1, -1, -1, 0, -1, -1, -1])
-    ws_starts = i32([1000, 9000])
-    got, cnt = compat.triton_convert_req_index_to_global_index(
-        req,
-        bt,
-        idx,
-        BLOCK_SIZE=64,
-        NUM_TOPK_TOKENS=512,
-        HAS_PREFILL_WORKSPACE=True,
-        prefill_workspace_request_ids=ws_ids,
-        prefill_workspace_starts=ws_starts,
-        return_valid_counts=True,
-    )
-    want, want_cnt = reference(
-        req.cpu(),
-        bt.cpu(),
-        idx.cpu(),
-        block_size=64,
-        prefill_request_ids=ws_ids.cpu(),
-        prefill_workspace_starts=ws_starts.cpu(),
-        return_valid_counts=True,
-    )
-    assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
-    got = compat.triton_filter_and_convert_dcp_index(
-        req, bt, idx, 2, 1, cp_kv_cache_interleave_size=16, BLOCK_SIZE=64, NUM_TOPK_TOKENS=512
-    )
-    want = reference(
-        req.cpu(),
-        bt.cpu(),
-        idx.cpu(),
-        block_size=64,
-        dcp_size=2,
-        dcp_rank=1,
-        interleave=16,
-        compact=True,
-    )
-    assert torch.equal(got.cpu(), want)
-    with pytest.raises(ValueError, match="NUM_TOPK_TOKENS"):
-        compat.triton_convert_req_index_to_global_index(req, bt, idx, NUM_TOPK_TOKENS=2048)
 
 
 # ---- bad input ---------------------------------------------------------------------------
