@@ -49,3 +49,19 @@ def test_meta_tensors_rejected():
         _checks.check_same_device(x=torch.empty(3, device="meta"))
     with pytest.raises(ValueError, match="device is on meta"):
         _runtime.canonical_device("meta")
+
+
+@pytest.mark.skipif(not _runtime.INTERPRETER, reason="the interpreter is where meta slipped through")
+def test_meta_inputs_rejected_by_the_ops():
+    """F09: all-meta inputs used to pass the device check under the interpreter."""
+    import sparse_mla
+
+    m = dict(dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="is on meta"):
+        sparse_mla.convert_req_index_to_global_index(
+            torch.zeros(2, **m), torch.zeros(2, 4, **m), torch.zeros(2, 128, **m)
+        )
+    with pytest.raises(ValueError, match="is on meta"):
+        sparse_mla.expand_decode_tokens(
+            torch.zeros(2, **m), torch.zeros(2, 4, **m), 1, max_decode_len=1
+        )
