@@ -51,7 +51,9 @@ def test_meta_tensors_rejected():
         _runtime.canonical_device("meta")
 
 
-@pytest.mark.skipif(not _runtime.INTERPRETER, reason="the interpreter is where meta slipped through")
+@pytest.mark.skipif(
+    not _runtime.INTERPRETER, reason="the interpreter is where meta slipped through"
+)
 def test_meta_inputs_rejected_by_the_ops():
     """F09: all-meta inputs used to pass the device check under the interpreter."""
     import sparse_mla

@@ -931,3 +931,15 @@ def test_builder_takes_an_int_and_dcp_ranges() -> None:
         builder(dcp_size=2**31)
     with pytest.raises(ValueError, match="dcp_size must be <= 2147483647"):
         expand_decode_tokens(seq_lens, bt, 2, max_decode_len=2, dcp_size=2**31)
+
+
+def test_dcp_local_len_agrees_with_the_shared_rule() -> None:
+    """The group-by-group count equals ops/_common's position-by-position reference."""
+    from sparse_mla.ops._common.dcp import dcp_local_count_reference
+
+    lens = torch.arange(0, 300)
+    for dcp_size, interleave in ((1, 1), (2, 1), (3, 4), (4, 16)):
+        for rank in range(dcp_size):
+            want = dcp_local_count_reference(lens, rank, dcp_size, interleave).tolist()
+            got = [dcp_local_len(int(v), dcp_size, rank, interleave) for v in lens]
+            assert got == want, (dcp_size, interleave, rank)

@@ -333,7 +333,7 @@ def _host_decode_lens(decode_lens: object, num_reqs: int, max_decode_len: int) -
 
 def _check_out_1d(name: str, t: object, n: int, device: torch.device) -> torch.Tensor:
     t = check_tensor(name, t, dtype=torch.int32, ndim=1, device=device)
-    check_output(name, t, (n,))
+    check_output(name, t, (n,), wide_dims=(0,))  # the kernels index in 64 bits
     return t
 
 
@@ -346,7 +346,7 @@ def _check_expanded_out(
         raise TypeError(f"out must be an ExpandedDecodeTokens, got {type(out).__name__}")
     _check_out_1d("out.seq_lens", out.seq_lens, num_tokens, device)
     bt = check_tensor("out.block_table", out.block_table, dtype=torch.int32, ndim=2, device=device)
-    check_output("out.block_table", bt, (num_tokens, width))
+    check_output("out.block_table", bt, (num_tokens, width), wide_dims=(0, 1))
     _check_out_1d("out.decode_lens", out.decode_lens, num_tokens, device)
     _check_out_1d("out.req_id", out.req_id, num_tokens, device)
     fields = {f"out.{k}": v for k, v in out._asdict().items()}
@@ -658,7 +658,7 @@ def native_decode_seq_lens(
         out = torch.empty((num_reqs, next_n), dtype=torch.int32, device=seq_lens.device)
     else:
         check_tensor("out", out, dtype=torch.int32, ndim=2, device=seq_lens.device)
-        check_output("out", out, (num_reqs, next_n))
+        check_output("out", out, (num_reqs, next_n), wide_dims=(0, 1))
         check_no_overlap("out", out, seq_lens=seq_lens)
     _launch_native(
         seq_lens,

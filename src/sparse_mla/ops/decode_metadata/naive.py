@@ -12,14 +12,22 @@ from collections.abc import Sequence
 
 import torch
 
-from .._common.dcp import dcp_local_count_reference
+from .._common.dcp import dcp_owner_reference
 from .expand import ExpandedDecodeTokens
 
 
 def dcp_local_len(length: int, dcp_size: int, dcp_rank: int, interleave: int = 1) -> int:
-    """Number of positions ``p < length`` owned by ``dcp_rank`` (the shared rule of
-    ``ops/_common/dcp.py``, counted position by position)."""
-    return int(dcp_local_count_reference(torch.tensor([length]), dcp_rank, dcp_size, interleave))
+    """Number of positions ``p < length`` owned by ``dcp_rank`` under ``ops/_common/dcp.py``'s
+    rule, counted group by group (no loop over positions: lengths may be near 2**31).
+
+    Positions form groups of ``interleave``; group ``g`` lives on rank ``g % dcp_size``: the
+    complete groups below ``length`` this rank owns, plus the partial last one if it is its.
+    """
+    length = max(length, 0)
+    groups, tail = divmod(length, interleave)
+    owned_groups = max(0, -(-(groups - dcp_rank) // dcp_size))  # g < groups, g % W == rank
+    last = dcp_owner_reference(torch.tensor(groups * interleave), dcp_size, interleave)
+    return owned_groups * interleave + (tail if int(last) == dcp_rank else 0)
 
 
 def _as_list(values: int | Sequence[int] | torch.Tensor, num_reqs: int) -> list[int]:
