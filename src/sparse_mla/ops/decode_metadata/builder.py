@@ -254,7 +254,7 @@ class DecodeMetadataBuilder:
                 seq_lens,
                 block_table,
                 out,
-                query_start_loc=self._stage_starts(host, num_reqs),
+                query_start_loc=self._stage_starts(decode_lens, num_reqs),  # ragged: not an int
                 max_decode_len=self.max_decode_len,
                 **dcp,
             )
