@@ -98,7 +98,7 @@ def sweep_expand(rng: random.Random) -> None:
         dcp = {
             "dcp_size": dcp_size,
             "dcp_rank": rng.randrange(dcp_size),
-            "dcp_interleave": interleave,
+            "interleave": interleave,
         }
         total = sum(host)
         num_tokens = total + rng.choice([0, 1, 37])
@@ -155,7 +155,7 @@ def sweep_native_and_dcp(rng: random.Random) -> None:
             dcp = {
                 "dcp_size": dcp_size,
                 "dcp_rank": rng.randrange(dcp_size),
-                "dcp_interleave": interleave,
+                "interleave": interleave,
             }
             out = torch.full((next_n, num_reqs), POISON, dtype=torch.int32, device=DEV).t()
             got = native_decode_seq_lens(seq_lens, next_n=next_n, out=out, **dcp)
@@ -193,7 +193,7 @@ def check_cuda_graph(rng: random.Random) -> None:
         "out": out,
         "dcp_size": 2,
         "dcp_rank": 1,
-        "dcp_interleave": 64,
+        "interleave": 64,
     }
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -212,7 +212,7 @@ def check_cuda_graph(rng: random.Random) -> None:
         out.seq_lens.fill_(POISON)
         graph.replay()
         want = expand_decode_tokens_torch_ops(
-            seq_lens, bt, host, num_tokens=num_tokens, dcp_size=2, dcp_rank=1, dcp_interleave=64
+            seq_lens, bt, host, num_tokens=num_tokens, dcp_size=2, dcp_rank=1, interleave=64
         )
         ok &= same(out, want)[0]
     report("CUDA graph replay of ragged expand (device decode_lens)", bool(ok))
@@ -220,7 +220,7 @@ def check_cuda_graph(rng: random.Random) -> None:
 
 def check_builder(rng: random.Random) -> None:
     builder = DecodeMetadataBuilder(
-        4096, 512, W, 8, native_decode_lens=(1, 2), dcp_size=2, dcp_rank=0, dcp_interleave=64
+        4096, 512, W, 8, native_decode_lens=(1, 2), dcp_size=2, dcp_rank=0, interleave=64
     )
     seq_lens = torch.randint(0, 131072, (512,), dtype=torch.int32, device=DEV)
     bt = block_table(512, "contiguous")
@@ -229,7 +229,7 @@ def check_builder(rng: random.Random) -> None:
         "uniform": [4] * 512,
         "ragged": [rng.randint(0, 8) for _ in range(512)],
     }
-    dcp = {"dcp_size": 2, "dcp_rank": 0, "dcp_interleave": 64}
+    dcp = {"dcp_size": 2, "dcp_rank": 0, "interleave": 64}
     for name, host in cases.items():
         for dl in (host, torch.tensor(host, dtype=torch.int32)):
             builder.build(seq_lens, bt, dl, num_tokens=4096)  # warm up: compile

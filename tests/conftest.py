@@ -27,3 +27,14 @@ def rng(seed: int) -> random.Random:
     """A ``random.Random`` seeded from :func:`seed`; also seeds torch's global generator."""
     torch.manual_seed(seed)
     return random.Random(seed)
+
+
+@pytest.fixture
+def huge_int32(tmp_path) -> torch.Tensor:
+    """An int32 tensor of 2**31 + 256 elements backed by a sparse file (no memory is used
+    until written): room for views whose element offsets pass int32."""
+    path = tmp_path / "huge.bin"
+    n = 2**31 + 256
+    with open(path, "wb") as f:
+        f.truncate(4 * n)
+    return torch.from_file(str(path), shared=True, size=n, dtype=torch.int32)

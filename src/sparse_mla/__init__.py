@@ -39,6 +39,7 @@ __all__ = [
     "IndexLogitsConfig",
     "RemapLayout",
     "choose_remap_layout",
+    "compat",
     "convert_req_index_to_global_index",
     "dcp",
     "dcp_local_seq_lens",
@@ -54,3 +55,6 @@ __all__ = [
     "write_indexer_k",
     "write_mla_latent",
 ]
+
+# After the ops, so `import sparse_mla` makes `sparse_mla.compat.vllm` available too.
+from . import compat  # noqa: E402

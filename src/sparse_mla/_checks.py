@@ -12,6 +12,8 @@ import torch
 
 from . import _runtime
 
+INT32_MAX = 2**31 - 1
+
 
 def check_tensor(
     name: str,
@@ -40,15 +42,82 @@ def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
-def check_output(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
-    """An output buffer of this shape whose elements are distinct: in a broadcast view (stride
-    0 along a dimension of more than one element) several programs would write one element."""
+def check_output(
+    name: str, t: torch.Tensor, shape: Sequence[int], *, wide_dims: Sequence[int] = ()
+) -> None:
+    """An output buffer of this shape whose elements are distinct (each is written, so each
+    needs its own memory) and whose element offsets fit int32 (kernels index with 32-bit
+    offsets; ``wide_dims``: dimensions a kernel indexes in 64 bits)."""
     check_shape(name, t, shape)
-    if any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape, strict=True)):
+    check_distinct_elements(name, t)
+    check_offsets_fit_int32(name, t, wide_dims=wide_dims)
+
+
+def _reach(t: torch.Tensor, skip: Sequence[int] = ()) -> int:
+    """Largest element offset from ``t``'s first element that indexing ``t`` can reach
+    (leaving out the dimensions in ``skip``)."""
+    dims = zip(t.shape, t.stride(), strict=True)
+    return sum((sz - 1) * st for d, (sz, st) in enumerate(dims) if d not in skip)
+
+
+def check_distinct_elements(name: str, t: torch.Tensor) -> None:
+    """No two indices of the view ``t`` address one element (no stride-0 broadcast, no
+    overlapping strides such as ``as_strided((3, 128), (1, 1))``).
+
+    Sufficient test: with the dimensions of more than one element sorted by stride, each
+    stride exceeds the largest offset the smaller-stride dimensions reach together."""
+    reach = 0
+    for st, sz in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1):
+        if st <= reach:
+            raise ValueError(
+                f"{name} must not be a broadcast view or a view whose elements overlap (shape "
+                f"{tuple(t.shape)}, strides {t.stride()}): each element is written, so each "
+                "needs its own memory"
+            )
+        reach += (sz - 1) * st
+
+
+def check_offsets_fit_int32(name: str, t: torch.Tensor, *, wide_dims: Sequence[int] = ()) -> None:
+    """Every element offset of ``t`` (from its first element, the pointer a kernel gets;
+    the storage offset is already in that pointer) fits int32, the width kernels index in.
+    ``wide_dims``: dimensions the kernel indexes in 64 bits (their part is not counted)."""
+    reach = _reach(t, wide_dims)
+    if t.numel() > 0 and reach > INT32_MAX:
         raise ValueError(
-            f"{name} must not be a broadcast view (shape {tuple(t.shape)}, strides "
-            f"{t.stride()}): each element is written, so each needs its own memory"
+            f"{name} spans element offsets up to {reach} (shape {tuple(t.shape)}, strides "
+            f"{t.stride()}), past the int32 range the kernels index with: use a view whose "
+            f"offsets stay below 2**31"
         )
+
+
+def check_no_overlap(out_name: str, out: torch.Tensor, **inputs: torch.Tensor | None) -> None:
+    """``out`` shares no memory with any given tensor (None entries are skipped).
+
+    Conservative: two views overlap when their byte ranges, from the first to the last
+    byte they can reach, intersect on one device, even if their elements interleave."""
+    span = _byte_span(out)
+    if span is None:
+        return
+    for k, v in inputs.items():
+        if v is None:
+            continue
+        other = _byte_span(v)
+        if other is None or v.device != out.device:
+            continue
+        if span[0] <= other[1] and other[0] <= span[1]:
+            raise ValueError(
+                f"{out_name} overlaps {k} in memory: an output must not alias an input "
+                f"(or another output); pass a separate buffer"
+            )
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int] | None:
+    """(first, last) byte address ``t`` can reach; None when it reaches none (no elements,
+    or a meta tensor, which has no memory)."""
+    if t.numel() == 0 or t.device.type == "meta":
+        return None
+    first = t.data_ptr()
+    return first, first + (_reach(t) + 1) * t.element_size() - 1
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
@@ -63,10 +132,7 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
         if v.device != dev:
             first = items[0][0]
             raise ValueError(f"{k} is on {v.device} but {first} is on {dev}: all on one device")
-    if dev.type != "cuda" and not _runtime.INTERPRETER:
-        raise ValueError(
-            f"{items[0][0]} is on {dev}, but the kernels run on the GPU: pass CUDA tensors"
-        )
+    _runtime.check_kernel_device(dev, items[0][0])
     return dev
 
 
@@ -79,3 +145,14 @@ def check_int(name: str, v: object, *, lo: int | None = None, hi: int | None = N
     if hi is not None and v > hi:
         raise ValueError(f"{name} must be <= {hi}, got {v}")
     return v
+
+
+def check_dcp(dcp_size: int, dcp_rank: int, interleave: int) -> None:
+    """Decode-context-parallel arguments: ``dcp_size >= 1``, ``dcp_rank`` in ``[0, dcp_size)``,
+    ``interleave >= 1``, and ``dcp_size * interleave`` (one round of positions) within int32,
+    the width kernels compute positions in."""
+    check_int("dcp_size", dcp_size, lo=1, hi=INT32_MAX)
+    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
+    check_int("interleave", interleave, lo=1, hi=INT32_MAX)
+    if dcp_size * interleave > INT32_MAX:
+        raise ValueError(f"dcp_size * interleave must fit in int32, got {dcp_size} * {interleave}")

@@ -40,10 +40,25 @@ def default_device() -> torch.device:
     return torch.device("cpu") if INTERPRETER else torch.device("cuda")
 
 
+def check_kernel_device(device: torch.device, name: str = "device") -> None:
+    """Raise ``ValueError`` unless kernels can run on ``device``: CUDA, or under the
+    interpreter also the CPU (a meta tensor has no memory to run on)."""
+    if device.type == "cuda" or (INTERPRETER and device.type == "cpu"):
+        return
+    if INTERPRETER:
+        raise ValueError(
+            f"{name} is on {device}, but the kernels run on the GPU or, in interpreter mode, "
+            "the CPU: pass CUDA or CPU tensors"
+        )
+    raise ValueError(f"{name} is on {device}, but the kernels run on the GPU: pass CUDA tensors")
+
+
 def canonical_device(device: torch.device | str | None) -> torch.device:
     """``device`` with its index filled in (``cuda`` -> ``cuda:0``), so it compares equal to
-    a tensor's ``.device``; None means :func:`default_device`."""
+    a tensor's ``.device``; None means :func:`default_device`. Raises ``ValueError`` for a
+    device kernels cannot run on."""
     d = default_device() if device is None else torch.device(device)
+    check_kernel_device(d)
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d

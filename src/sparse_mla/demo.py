@@ -395,7 +395,7 @@ def _decode_step(size: DemoSize, seed: int, dev: torch.device, stages: list[Stag
             size.max_decode_len,
             dcp_size=2,
             dcp_rank=rank,
-            dcp_interleave=size.dcp_interleave,
+            interleave=size.dcp_interleave,
             device=dev,
         )
         for rank in range(2)
@@ -415,7 +415,7 @@ def _decode_step(size: DemoSize, seed: int, dev: torch.device, stages: list[Stag
                 num_tokens=T,
                 dcp_size=2,
                 dcp_rank=rank,
-                dcp_interleave=size.dcp_interleave,
+                interleave=size.dcp_interleave,
             ).seq_lens
             ok &= torch.equal(local[rank].cpu(), want)
         ok &= torch.equal((local[0] + local[1]).cpu(), ref_exp.seq_lens)

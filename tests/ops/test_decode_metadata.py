@@ -217,7 +217,7 @@ def test_expand_random(
             "num_tokens": num_tokens,
             "dcp_size": dcp_size,
             "dcp_rank": dcp_rank,
-            "dcp_interleave": interleave,
+            "interleave": interleave,
         }
         if mode == "ragged_device":
             decode_lens = i32(host)
@@ -237,7 +237,7 @@ def test_expand_random(
             num_tokens=num_tokens,
             dcp_size=dcp_size,
             dcp_rank=dcp_rank,
-            dcp_interleave=interleave,
+            interleave=interleave,
         )
         out = poisoned_out(num_tokens, width, rng) if rng.random() < 0.7 else None
         got = expand_decode_tokens(seq_lens, bt, decode_lens, out=out, **kwargs)
@@ -252,7 +252,7 @@ def test_expand_random(
             num_tokens=num_tokens,
             dcp_size=dcp_size,
             dcp_rank=dcp_rank,
-            dcp_interleave=interleave,
+            interleave=interleave,
         )
         assert_same(ops, want, "torch_ops " + msg)
 
@@ -286,7 +286,7 @@ def test_device_decode_lens_adversarial(
         num_tokens = rng.randint(0, clamped_total + 2)
         dcp_size, interleave = rng.choice(DCP_CONFIGS)
         dcp_rank = rng.randrange(dcp_size)
-        dcp = {"dcp_size": dcp_size, "dcp_rank": dcp_rank, "dcp_interleave": interleave}
+        dcp = {"dcp_size": dcp_size, "dcp_rank": dcp_rank, "interleave": interleave}
         want = expand_decode_tokens_reference(
             seq_lens, bt, host, max_decode_len=max_n, num_tokens=num_tokens, **dcp
         )
@@ -309,7 +309,7 @@ def test_native_random(case: int, rng: random.Random, seed: int) -> None:
         dcp = {
             "dcp_size": dcp_size,
             "dcp_rank": rng.randrange(dcp_size),
-            "dcp_interleave": interleave,
+            "interleave": interleave,
         }
         want = native_decode_seq_lens_reference(seq_lens, next_n=next_n, **dcp)
         if rng.random() < 0.5:
@@ -470,7 +470,7 @@ def test_builder_modes() -> None:
 @pytest.mark.parametrize("case", range(3))
 def test_builder_random(case: int, rng: random.Random, seed: int) -> None:
     dcp_size, interleave = rng.choice(DCP_CONFIGS)
-    dcp = {"dcp_size": dcp_size, "dcp_rank": rng.randrange(dcp_size), "dcp_interleave": interleave}
+    dcp = {"dcp_size": dcp_size, "dcp_rank": rng.randrange(dcp_size), "interleave": interleave}
     b = builder(native_decode_lens=(1, 2), **dcp)
     for trial in range(4):
         num_reqs = rng.randint(0, 8)
@@ -715,7 +715,7 @@ def _good() -> tuple[torch.Tensor, torch.Tensor]:
         ({"dcp_size": 0}, ValueError, "dcp_size"),
         ({"dcp_size": 2, "dcp_rank": 2}, ValueError, "dcp_rank"),
         ({"dcp_size": 2, "dcp_rank": -1}, ValueError, "dcp_rank"),
-        ({"dcp_interleave": 0}, ValueError, "dcp_interleave"),
+        ({"interleave": 0}, ValueError, "interleave"),
         ({"uniform": 1}, TypeError, "uniform"),
         ({"uniform": True, "decode_lens": [1, 2]}, ValueError, "uniform"),
         ({"uniform": True, "decode_lens": "device"}, ValueError, "uniform"),
@@ -815,8 +815,8 @@ def test_builder_bad_input() -> None:
         builder(native_decode_lens=(5,))
     with pytest.raises(ValueError, match="dcp_rank"):
         builder(dcp_size=2, dcp_rank=2)
-    with pytest.raises(ValueError, match="dcp_interleave"):
-        builder(dcp_interleave=0)
+    with pytest.raises(ValueError, match="interleave"):
+        builder(interleave=0)
     with pytest.raises(ValueError, match="max_num_tokens"):
         builder(max_num_tokens=-1)
     b = builder()
@@ -872,3 +872,74 @@ def test_host_bounds_of_the_kernels() -> None:
         )
     with pytest.raises(ValueError, match="next_n must be <="):
         native_decode_seq_lens(ones[:2], next_n=MAX_NEXT_N + 1)
+
+
+def test_out_buffers_that_share_memory_are_rejected() -> None:
+    """F02/F04: out= fields over the inputs or over each other raise (they were accepted)."""
+    seq_lens, bt = i32([10, 7]), i32([[1, 2], [3, 4]], 2, 2)
+    out = poisoned_out(4, 2, random.Random(0))
+    two = poisoned_out(2, 2, random.Random(0))
+    with pytest.raises(ValueError, match="out.seq_lens overlaps seq_lens"):
+        expand_decode_tokens(seq_lens, bt, 1, max_decode_len=2, out=two._replace(seq_lens=seq_lens))
+    big = torch.zeros(4, 2, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="out.block_table overlaps block_table"):
+        expand_decode_tokens(
+            seq_lens, big[:2], 2, max_decode_len=2, out=out._replace(block_table=big)
+        )
+    with pytest.raises(ValueError, match="out.decode_lens overlaps out.req_id"):
+        expand_decode_tokens(
+            seq_lens, bt, 2, max_decode_len=2, out=out._replace(req_id=out.decode_lens)
+        )
+    qsl = i32([0, 2, 4, 0])
+    with pytest.raises(ValueError, match="out.seq_lens overlaps query_start_loc"):
+        expand_decode_tokens(
+            seq_lens,
+            bt,
+            None,
+            query_start_loc=qsl[:3],
+            max_decode_len=2,
+            out=out._replace(seq_lens=qsl),
+        )
+    with pytest.raises(ValueError, match="out overlaps seq_lens"):
+        native_decode_seq_lens(seq_lens, next_n=1, out=seq_lens.view(2, 1))
+    lens = i32([5, 6, 7])
+    with pytest.raises(ValueError, match="out overlaps seq_lens"):
+        dcp_local_seq_lens(lens[:2], dcp_size=2, dcp_rank=0, out=lens[1:])
+    dcp_local_seq_lens(lens, dcp_size=2, dcp_rank=0, out=lens)  # in place stays allowed
+    assert lens.cpu().tolist() == [3, 3, 4]
+
+
+def test_max_decode_len_past_the_largest_tile_is_named() -> None:
+    """F07: a request's rows are one tile; past Triton's largest block the argument is named."""
+    from sparse_mla.ops.decode_metadata.expand import MAX_DECODE_LEN
+
+    seq_lens, bt = i32([10, 7]), i32([[1, 2], [3, 4]], 2, 2)
+    with pytest.raises(ValueError, match=f"max_decode_len must be <= {MAX_DECODE_LEN}"):
+        expand_decode_tokens(seq_lens, bt, i32([1, 1]), max_decode_len=MAX_DECODE_LEN + 1)
+    with pytest.raises(ValueError, match=f"max_decode_len must be <= {MAX_DECODE_LEN}"):
+        builder(max_decode_len=MAX_DECODE_LEN + 1)
+
+
+def test_builder_takes_an_int_and_dcp_ranges() -> None:
+    """F10: decode_lens=2 means 2 per request (was a message 'must be an int ... got int');
+    F08: dcp_size past int32 is named."""
+    b = builder()
+    seq_lens, bt = i32([10, 7]), i32([[1, 2], [3, 4]], 2, 2)
+    m = b.build(seq_lens, bt, 2)
+    assert m.num_tokens == 4 and m.seq_lens.cpu().tolist() == [9, 10, 6, 7]
+    with pytest.raises(ValueError, match="dcp_size must be <= 2147483647"):
+        builder(dcp_size=2**31)
+    with pytest.raises(ValueError, match="dcp_size must be <= 2147483647"):
+        expand_decode_tokens(seq_lens, bt, 2, max_decode_len=2, dcp_size=2**31)
+
+
+def test_dcp_local_len_agrees_with_the_shared_rule() -> None:
+    """The group-by-group count equals ops/_common's position-by-position reference."""
+    from sparse_mla.ops._common.dcp import dcp_local_count_reference
+
+    lens = torch.arange(0, 300)
+    for dcp_size, interleave in ((1, 1), (2, 1), (3, 4), (4, 16)):
+        for rank in range(dcp_size):
+            want = dcp_local_count_reference(lens, rank, dcp_size, interleave).tolist()
+            got = [dcp_local_len(int(v), dcp_size, rank, interleave) for v in lens]
+            assert got == want, (dcp_size, interleave, rank)

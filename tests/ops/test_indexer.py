@@ -348,3 +348,19 @@ def test_bad_inputs():
         index_logits(big, torch.zeros(4, 257, device=DEV), cache, lens, bt, next_n=2)
     with pytest.raises(ValueError, match="block_s must be a power of two"):
         index_logits(q, w, cache, lens, bt, next_n=2, config=IndexLogitsConfig(48, 1, 4, 1))
+
+
+def test_out_sharing_memory_or_past_int32_is_rejected(huge_int32):
+    """F02: out over an input; F03: out columns whose offsets pass int32."""
+    g = torch.Generator().manual_seed(0)
+    q, w, cache, bt = make_case(g, num_req=2, n=2, fp8=False)
+    lens = torch.tensor([10, 20], dtype=torch.int32, device=DEV)
+    scratch = torch.empty(4 * 50 + 8, device=DEV)
+    with pytest.raises(ValueError, match="out overlaps weights"):
+        index_logits(q, scratch[: w.numel()].view_as(w), cache, lens, bt, next_n=2, max_len=50,
+                     out=scratch[:200].view(4, 50))  # fmt: skip
+    if DEV.type != "cpu":
+        return  # the huge CPU buffer stands in for device memory under the interpreter
+    out = huge_int32.view(torch.float32).as_strided((4, 50), (1, 43826197))
+    with pytest.raises(ValueError, match="out spans element offsets"):
+        index_logits(q, w, cache, lens, bt, next_n=2, max_len=50, out=out)

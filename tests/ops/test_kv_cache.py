@@ -312,3 +312,72 @@ def test_empty_and_all_skipped():
         torch.tensor([-1, -1, 32], device=DEV),
     )
     assert torch.all(cache.cpu() == POISON_BYTE)
+
+
+# ---- non-finite keys (fp8 formats) -----------------------------------------------------------
+
+
+def _special_keys(d: int) -> torch.Tensor:
+    """Rows with NaN (both signs), +-inf and a row of all non-finite values, among finite ones."""
+    k = torch.linspace(-3.0, 3.0, 4 * d).view(4, d).clone()
+    k[0, 1], k[0, 5] = float("nan"), -float("nan")
+    k[1, 2], k[1, 7] = float("inf"), -float("inf")
+    k[2, :] = float("inf")
+    k[2, 3] = float("nan")
+    return k.bfloat16()
+
+
+def test_fp8_writers_non_finite_keys_match_reference():
+    """F05: NaN stays NaN (0x7F, either sign), +-inf saturates to +-448, the scale comes from the
+    group's finite values; kernel and reference agree bit for bit."""
+    k = _special_keys(128)
+    slots = torch.arange(4, device=DEV)
+    got = write_indexer_k(k.to(DEV), new_indexer_k_cache(1, 4, 128, fp8=True, device=DEV), slots)
+    want = write_indexer_k_reference(
+        k, new_indexer_k_cache(1, 4, 128, fp8=True, device="cpu"), slots.cpu()
+    )
+    assert torch.equal(got.cpu(), want)
+    values, scales = indexer_k_cache_values_and_scales(want)
+    v = values[0].view(torch.uint8)
+    assert v[0, 1] == 0x7F and v[0, 5] == 0x7F and v[1, 2] == 0x7E and v[1, 7] == 0xFE
+    finite = k.float().abs().nan_to_num(nan=0.0, posinf=0.0)
+    assert scales[0].tolist() == pow2_scale_reference(finite.amax(dim=1)).tolist()
+    assert scales[0, 2] == 2.0**-22  # nothing finite but zeros: the floor's scale
+    kv = torch.cat([_special_keys(512), torch.randn(4, 64).bfloat16()], dim=1)
+    kv[0, 520] = float("nan")  # rope is copied as is
+    got = write_mla_latent(
+        kv[:, :512].to(DEV), kv[:, 512:].to(DEV), new_mla_cache(1, 4, fp8=True, device=DEV), slots
+    )
+    want = write_mla_latent_reference(
+        kv[:, :512], kv[:, 512:], new_mla_cache(1, 4, fp8=True, device="cpu"), slots.cpu()
+    )
+    assert torch.equal(got.cpu(), want)
+
+
+def test_allocators_validate_what_the_writers_need():
+    """F11: the helpers refuse caches their own writers would reject."""
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 4"):
+        new_indexer_k_cache(2, 4, 3, fp8=True, device=DEV)
+    new_indexer_k_cache(2, 4, 3, fp8=False, device=DEV)  # bf16 takes any head dim
+    with pytest.raises(ValueError, match="nope_dim must be a multiple of 128"):
+        new_mla_cache(2, 4, fp8=True, nope_dim=200, device=DEV)
+    with pytest.raises(ValueError, match="nope_dim must be >= 128"):
+        new_mla_cache(2, 4, fp8=True, nope_dim=-600, device=DEV)
+    with pytest.raises(ValueError, match="rope_dim must be >= 0"):
+        new_mla_cache(2, 4, fp8=False, rope_dim=-1, device=DEV)
+    with pytest.raises(TypeError, match="fp8 must be a bool"):
+        new_mla_cache(2, 4, fp8="no", device=DEV)
+    with pytest.raises(TypeError, match="fp8 must be a bool"):
+        new_indexer_k_cache(2, 4, fp8=1, device=DEV)
+    with pytest.raises(ValueError, match="device is on meta"):
+        new_mla_cache(2, 4, fp8=True, device="meta")
+
+
+def test_cache_sharing_memory_with_the_keys_is_rejected():
+    """F02: a cache that overlaps its inputs would be read while written."""
+    cache = new_indexer_k_cache(1, 4, 32, fp8=False, device=DEV)
+    with pytest.raises(ValueError, match="k_cache overlaps k"):
+        write_indexer_k(cache[0], cache, torch.arange(4, device=DEV))
+    mla = new_mla_cache(1, 4, fp8=False, device=DEV)
+    with pytest.raises(ValueError, match="kv_cache overlaps kv_c"):
+        write_mla_latent(mla[0, :, :512], mla[0, :, 512:], mla, torch.arange(4, device=DEV))

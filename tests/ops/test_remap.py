@@ -9,12 +9,10 @@ import torch
 
 import sparse_mla
 from sparse_mla import RemapLayout, choose_remap_layout
-from sparse_mla.compat import vllm as compat
 from sparse_mla.ops.remap import remap as remap_mod
 from sparse_mla.ops.remap.naive import (
     convert_req_index_to_global_index_reference as reference,
 )
-from sparse_mla.ops.remap.naive import dcp_owner_and_local
 
 DEV = sparse_mla._runtime.default_device()
 POISON = -7777
@@ -86,13 +84,6 @@ def test_block_stride_rows_worked_example():
         i32([0]), i32([[5, 2]]), i32([[0, 17, 31, 32]]), block_size=16, block_stride_rows=48
     )
     assert out.cpu().tolist() == [[5 * 48, 2 * 48 + 1, 2 * 48 + 15, -1]]
-
-
-def test_dcp_owner_examples():
-    owner, local = dcp_owner_and_local(torch.tensor([5]), 2, 1)
-    assert (owner.item(), local.item()) == (1, 2)
-    owner, local = dcp_owner_and_local(torch.tensor([5]), 2, 2)
-    assert (owner.item(), local.item()) == (0, 3)
 
 
 def test_dcp_worked_example_compacts_in_column_order():
@@ -505,52 +496,6 @@ def test_strided_views():
         assert (out_wide[:, :10] == POISON).all() and (out_wide[:, 266:] == POISON).all()
 
 
-# ---- vLLM compat -------------------------------------------------------------------------
-
-
-def test_vllm_compat_matches():
-    req, bt, idx = rand_case(31, 10, 512, page=64, invalid=0.3)
-    ws_ids = i32([-1, 0, -1, 1, -1, -1, 0, -1, -1, -1])
-    ws_starts = i32([1000, 9000])
-    got, cnt = compat.triton_convert_req_index_to_global_index(
-        req,
-        bt,
-        idx,
-        BLOCK_SIZE=64,
-        NUM_TOPK_TOKENS=512,
-        HAS_PREFILL_WORKSPACE=True,
-        prefill_workspace_request_ids=ws_ids,
-        prefill_workspace_starts=ws_starts,
-        return_valid_counts=True,
-    )
-    want, want_cnt = reference(
-        req.cpu(),
-        bt.cpu(),
-        idx.cpu(),
-        block_size=64,
-        prefill_request_ids=ws_ids.cpu(),
-        prefill_workspace_starts=ws_starts.cpu(),
-        return_valid_counts=True,
-    )
-    assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
-    got = compat.triton_filter_and_convert_dcp_index(
-        req, bt, idx, 2, 1, cp_kv_cache_interleave_size=16, BLOCK_SIZE=64, NUM_TOPK_TOKENS=512
-    )
-    want = reference(
-        req.cpu(),
-        bt.cpu(),
-        idx.cpu(),
-        block_size=64,
-        dcp_size=2,
-        dcp_rank=1,
-        interleave=16,
-        compact=True,
-    )
-    assert torch.equal(got.cpu(), want)
-    with pytest.raises(ValueError, match="NUM_TOPK_TOKENS"):
-        compat.triton_convert_req_index_to_global_index(req, bt, idx, NUM_TOPK_TOKENS=2048)
-
-
 # ---- bad input ---------------------------------------------------------------------------
 
 
@@ -585,7 +530,7 @@ def test_bad_input_messages():
     with pytest.raises(TypeError, match="out must have dtype"):
         conv(req, bt, idx, out=torch.empty(4, 128, dtype=torch.int64, device=DEV))
     broadcast = torch.empty(1, 128, dtype=torch.int32, device=DEV).expand(4, 128)
-    with pytest.raises(ValueError, match="out must not be a broadcast view"):
+    with pytest.raises(ValueError, match="out must not be a broadcast view or a view whose"):
         conv(req, bt, idx, out=broadcast)
     with pytest.raises(ValueError, match="valid_counts_out must not be a broadcast view"):
         conv(req, bt, idx, valid_counts_out=broadcast[:, 0], return_valid_counts=True)
@@ -617,6 +562,123 @@ def test_bad_input_messages():
         meta = torch.empty(4, dtype=torch.int32, device="meta")
         with pytest.raises(ValueError, match="req_id is on meta but token_indices is on cpu"):
             conv(meta, bt, idx)
+
+
+def test_negative_pages_and_int32_slots_give_minus_one_uncounted():
+    """F06: a -1-padded block table, and slots past int32, are no slots (not counted)."""
+    for layout in ("auto", flat(2, 1, 2), staged(2)):
+        out, cnt = sparse_mla.convert_req_index_to_global_index(
+            i32([0, 1]),
+            i32([[67108863, 5], [-1, -123]]),
+            i32([[63, 64], [3, 70]]),
+            return_valid_counts=True,
+            layout=layout,
+        )
+        assert out.cpu().tolist() == [[-1, 320], [-1, -1]], layout
+        assert cnt.cpu().tolist() == [1, 0], layout
+    # The largest slot that fits still maps.
+    out = sparse_mla.convert_req_index_to_global_index(
+        i32([0]), i32([[33554431]]), i32([[63, 0]]), block_size=64
+    )
+    assert out.cpu().tolist() == [[2**31 - 1, 2**31 - 64]]
+    # DCP: the same rule on local positions.
+    out, cnt = sparse_mla.filter_and_convert_dcp_index(
+        i32([0]),
+        i32([[-1, 7]]),
+        i32([[0, 2, 128, 130]]),
+        dcp_size=2,
+        dcp_rank=0,
+        return_valid_counts=True,
+    )
+    assert out.cpu().tolist() == [[7 * 64, 7 * 64 + 1, -1, -1]] and cnt.cpu().tolist() == [2]
+    want, want_cnt = reference(
+        i32([0, 1]).cpu(),
+        i32([[67108863, 5], [-1, -123]]).cpu(),
+        i32([[63, 64], [3, 70]]).cpu(),
+        return_valid_counts=True,
+    )
+    assert want.tolist() == [[-1, 320], [-1, -1]] and want_cnt.tolist() == [1, 0]
+
+
+def test_prefill_workspace_rows_past_int32_give_minus_one():
+    """F06: ``start + i`` outside ``[0, 2**31)`` is no workspace row."""
+    args = (i32([0, 0, 0]), i32([[1, 2]]), i32([[5, 6], [5, 6], [1, 2]]))
+    kw = dict(
+        block_size=64,
+        prefill_request_ids=i32([0, 1, 2]),
+        prefill_workspace_starts=i32([2**31 - 6, -3, 10]),
+        return_valid_counts=True,
+    )
+    out, cnt = sparse_mla.convert_req_index_to_global_index(*args, **kw)
+    assert out.cpu().tolist() == [[2**31 - 1, -1], [2, 3], [11, 12]]
+    assert cnt.cpu().tolist() == [1, 2, 2]
+    want, want_cnt = reference(
+        *(a.cpu() for a in args),
+        **{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()},
+    )
+    assert torch.equal(want, out.cpu()) and torch.equal(want_cnt, cnt.cpu())
+
+
+def test_outputs_that_alias_inputs_are_rejected():
+    """F02/F04: an out= buffer sharing memory with an input, or with itself, raises."""
+    req, bt, idx = rand_case(3, 4, 128)
+    conv = sparse_mla.convert_req_index_to_global_index
+    dcp = sparse_mla.filter_and_convert_dcp_index
+    with pytest.raises(ValueError, match="out overlaps token_indices"):
+        dcp(req, bt, idx, dcp_size=2, dcp_rank=0, block_size=16, out=idx, layout="tiled_atomic")
+    with pytest.raises(ValueError, match="valid_counts_out overlaps req_id"):
+        conv(req, bt, idx, block_size=16, return_valid_counts=True, valid_counts_out=req)
+    both = torch.empty(4 * 128 + 4, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="out overlaps valid_counts_out"):
+        conv(
+            req,
+            bt,
+            idx,
+            block_size=16,
+            return_valid_counts=True,
+            out=both[:512].view(4, 128),
+            valid_counts_out=both[508:512],
+        )
+    overlapping = torch.zeros(131, dtype=torch.int32, device=DEV).as_strided((4, 128), (1, 1))
+    with pytest.raises(ValueError, match="out must not be a broadcast view or a view whose"):
+        conv(req, bt, idx, block_size=16, out=overlapping)
+    # Disjoint parts of one buffer are fine.
+    got, cnt = conv(
+        req,
+        bt,
+        idx,
+        block_size=16,
+        return_valid_counts=True,
+        out=both[:512].view(4, 128),
+        valid_counts_out=both[512:],
+    )
+    want, want_cnt = reference(
+        req.cpu(), bt.cpu(), idx.cpu(), block_size=16, return_valid_counts=True
+    )
+    assert torch.equal(got.cpu(), want) and torch.equal(cnt.cpu(), want_cnt)
+
+
+def test_output_offsets_past_int32_are_rejected(huge_int32):
+    """F03: an out= view whose offsets pass int32 raises instead of writing out of bounds."""
+    if DEV.type != "cpu":
+        pytest.skip("the huge CPU buffer stands in for device memory under the interpreter")
+    req, bt, idx = rand_case(4, 1, 128)
+    out = huge_int32.as_strided((1, 128), (1, 16909321))
+    with pytest.raises(ValueError, match="out spans element offsets up to 2147483767"):
+        sparse_mla.convert_req_index_to_global_index(req, bt, idx, block_size=16, out=out)
+
+
+def test_int32_ranges_of_the_arguments():
+    """F08, F10: values past int32 are named, the one at fault."""
+    req, bt, idx = rand_case(5, 2, 128)
+    with pytest.raises(ValueError, match="dcp_size must be <= 2147483647"):
+        sparse_mla.filter_and_convert_dcp_index(req, bt, idx, dcp_size=2**31, dcp_rank=0)
+    with pytest.raises(ValueError, match="dcp_size \\* interleave must fit in int32"):
+        sparse_mla.filter_and_convert_dcp_index(
+            req, bt, idx, dcp_size=2**16, dcp_rank=0, interleave=2**16, block_size=2**16
+        )
+    with pytest.raises(ValueError, match="block_size must be <= 2147483647"):
+        sparse_mla.convert_req_index_to_global_index(req, bt, idx, block_size=2**31)
 
 
 def test_strided_one_dimensional_tensors():

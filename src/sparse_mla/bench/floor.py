@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ops._common.dcp import dcp_local_reference, dcp_owner_reference
+
 FLOOR_RULE = "floor = max(empty-kernel launch in graph, bytes / copy bandwidth)"
 INT = 4  # bytes per int32
 
@@ -107,16 +109,14 @@ def count_touched_pages(
     """Distinct (block-table row, page) pairs a remap call must read.
 
     With ``dcp_size > 1`` only the positions this rank owns count, at their local page
-    (owner ``(p // I) % W``, local ``(p // (W*I)) * I + p % I``). Pages outside
+    (``ops/_common/dcp.py``'s rule). Pages outside
     ``[0, max_blocks)`` are not read."""
     idx = token_indices.long()
     valid = idx >= 0
     if dcp_size > 1:
-        valid &= torch.div(idx, interleave, rounding_mode="floor") % dcp_size == dcp_rank
-        idx = (
-            torch.div(idx, dcp_size * interleave, rounding_mode="floor") * interleave
-            + idx % interleave
-        )
+        pos = idx.clamp_min(0)
+        valid &= dcp_owner_reference(pos, dcp_size, interleave) == dcp_rank
+        idx = dcp_local_reference(pos, dcp_size, interleave)
     page = torch.div(idx, block_size, rounding_mode="floor")
     valid &= page < max_blocks
     key = req_id.long()[:, None] * max_blocks + page

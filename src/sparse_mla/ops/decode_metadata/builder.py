@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._checks import check_int, check_tensor
+from ..._checks import check_dcp, check_int, check_tensor
 from ..._runtime import canonical_device
 from .expand import (
     _INT32_MAX,
+    MAX_DECODE_LEN,
     ExpandedDecodeTokens,
-    _check_dcp,
     _check_seq_lens_block_table,
     _host_decode_lens,
     _launch_expand,
@@ -64,7 +64,7 @@ class DecodeMetadataBuilder:
         max_decode_len: largest ``n_b`` accepted.
         native_decode_lens: the ``n`` the consuming kernel takes natively; when every request
             has the same ``n`` and it is in this set nothing is flattened.
-        dcp_size, dcp_rank, dcp_interleave: decode context parallelism of this rank.
+        dcp_size, dcp_rank, interleave: decode context parallelism of this rank.
         device: where buffers live (default: CUDA, or the CPU under the interpreter).
 
     :meth:`build` allocates no device memory, launches exactly one kernel and never reads
@@ -86,26 +86,26 @@ class DecodeMetadataBuilder:
         native_decode_lens: Iterable[int] = (1,),
         dcp_size: int = 1,
         dcp_rank: int = 0,
-        dcp_interleave: int = 1,
+        interleave: int = 1,
         device: torch.device | str | None = None,
     ) -> None:
         check_int("max_num_tokens", max_num_tokens, lo=0, hi=_INT32_MAX)
         check_int("max_num_requests", max_num_requests, lo=0, hi=_INT32_MAX)
         check_int("max_blocks_per_req", max_blocks_per_req, lo=0, hi=_INT32_MAX)
-        check_int("max_decode_len", max_decode_len, lo=1, hi=_INT32_MAX)
+        check_int("max_decode_len", max_decode_len, lo=1, hi=MAX_DECODE_LEN)
         if max_num_requests * max_decode_len > _INT32_MAX:
             raise ValueError("max_num_requests * max_decode_len must fit in int32")
         native = tuple(native_decode_lens)
         for n in native:
             check_int("native_decode_lens", n, lo=1, hi=max_decode_len)
-        _check_dcp(dcp_size, dcp_rank, dcp_interleave)
+        check_dcp(dcp_size, dcp_rank, interleave)
 
         self.max_num_tokens = max_num_tokens
         self.max_num_requests = max_num_requests
         self.max_blocks_per_req = max_blocks_per_req
         self.max_decode_len = max_decode_len
         self.native_decode_lens = frozenset(native)
-        self.dcp_size, self.dcp_rank, self.dcp_interleave = dcp_size, dcp_rank, dcp_interleave
+        self.dcp_size, self.dcp_rank, self.interleave = dcp_size, dcp_rank, interleave
         self.device = canonical_device(device)
 
         def buf(*shape: int) -> torch.Tensor:
@@ -164,7 +164,7 @@ class DecodeMetadataBuilder:
         self,
         seq_lens: torch.Tensor,
         block_table: torch.Tensor,
-        decode_lens: Sequence[int] | torch.Tensor,
+        decode_lens: int | Sequence[int] | torch.Tensor,
         *,
         num_tokens: int | None = None,
     ) -> DecodeMetadata:
@@ -175,8 +175,8 @@ class DecodeMetadataBuilder:
                 (including its query tokens); ``B <= max_num_requests``.
             block_table: int32 ``[B, W]`` on the same device, any strides;
                 ``W <= max_blocks_per_req``.
-            decode_lens: host-known ``n_b`` per request: a sequence of ints or a CPU int32/int64
-                tensor ``[B]``, each in ``[0, max_decode_len]``.
+            decode_lens: host-known ``n_b`` per request: an int (every request), a sequence of
+                ints or a CPU int32/int64 tensor ``[B]``, each in ``[0, max_decode_len]``.
             num_tokens: flattened rows to produce (CUDA-graph padding); default ``sum(n_b)``;
                 must lie in ``[sum(n_b), max_num_tokens]``. Native mode always has ``B * n``
                 rows (the value is only checked).
@@ -223,7 +223,7 @@ class DecodeMetadataBuilder:
         dcp = {
             "dcp_size": self.dcp_size,
             "dcp_rank": self.dcp_rank,
-            "dcp_interleave": self.dcp_interleave,
+            "dcp_interleave": self.interleave,
         }
 
         if len(distinct) == 1 and host[0] in self.native_decode_lens:
@@ -254,7 +254,7 @@ class DecodeMetadataBuilder:
                 seq_lens,
                 block_table,
                 out,
-                query_start_loc=self._stage_starts(decode_lens, num_reqs),
+                query_start_loc=self._stage_starts(decode_lens, num_reqs),  # ragged: not an int
                 max_decode_len=self.max_decode_len,
                 **dcp,
             )

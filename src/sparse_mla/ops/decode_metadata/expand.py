@@ -10,7 +10,7 @@ take one query token per row need every query token "flattened" into its own row
   ``n`` query tokens natively,
 * :func:`dcp_local_seq_lens` -- lengths localised to one decode-context-parallel rank.
 
-All three share :func:`_dcp_local_len`, so DCP localisation is identical everywhere.
+All three localise lengths with ``ops/_common/dcp.py``'s ``dcp_local_count``, the one DCP rule.
 """
 
 from __future__ import annotations
@@ -23,8 +23,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
+from ..._checks import (
+    check_dcp,
+    check_int,
+    check_no_overlap,
+    check_output,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
 from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
+from .._common.dcp import dcp_local_count
 
 _INT32_MAX = 2**31 - 1
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
@@ -32,6 +41,8 @@ _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 # next_pow2(n) wide.
 MAX_REQUESTS_RAGGED = 1 << 16
 MAX_NEXT_N = 1024
+# A request's rows are one tile of next_pow2(n) lanes: Triton's largest block.
+MAX_DECODE_LEN = 1 << 20
 # Block-table columns per program (grid = requests x chunks of a row): it loads them once
 # and stores them into each of its request's rows. The chunk is sized for about
 # COPY_PROGRAMS programs (COPY_PROGRAMS_OFFSETS for ragged rows given as offsets), within
@@ -79,18 +90,6 @@ class ExpandedDecodeTokens(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _dcp_local_len(length, dcp_size, dcp_rank, interleave):
-    # Number of positions p < length owned by dcp_rank, owner(p) = (p // interleave) % dcp_size.
-    # Closed form: every full round of dcp_size*interleave positions gives `interleave`, the
-    # partial round gives whatever of this rank's group falls below `length`. length >= 0.
-    span = dcp_size * interleave
-    full = length // span
-    rem = length - full * span
-    part = tl.minimum(tl.maximum(rem - dcp_rank * interleave, 0), interleave)
-    return full * interleave + part
 
 
 @triton.jit
@@ -196,7 +195,7 @@ def _expand_kernel(
         # Clamp before subtracting so a hostile negative length cannot wrap around.
         length = tl.maximum(tl.maximum(seq_len, 0) - n + j + 1, 0)
         if DCP:
-            length = _dcp_local_len(length, dcp_size, dcp_rank, dcp_interleave)
+            length = dcp_local_count(length, dcp_rank, dcp_size, dcp_interleave)
         rows64 = rows.to(tl.int64)
         tl.store(out_sl_ptr + rows64 * out_sl_stride, length, mask=mine)
         tl.store(out_dl_ptr + rows64 * out_dl_stride, j * 0 + 1, mask=mine)
@@ -237,7 +236,7 @@ def _native_lens_kernel(
     seq_len = tl.maximum(seq_len, 0)
     length = tl.maximum(seq_len[:, None] - next_n + 1 + js[None, :], 0)
     if DCP:
-        length = _dcp_local_len(length, dcp_size, dcp_rank, dcp_interleave)
+        length = dcp_local_count(length, dcp_rank, dcp_size, dcp_interleave)
     mask = in_r[:, None] & (js[None, :] < next_n)
     offs = reqs.to(tl.int64)[:, None] * out_s0 + js.to(tl.int64)[None, :] * out_s1
     tl.store(out_ptr + offs, length, mask=mask)
@@ -262,23 +261,13 @@ def _dcp_local_kernel(
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n_elem
     length = tl.load(seq_lens_ptr + offs.to(tl.int64) * sl_stride, mask=m, other=0)
-    length = _dcp_local_len(tl.maximum(length, 0), dcp_size, dcp_rank, dcp_interleave)
+    length = dcp_local_count(tl.maximum(length, 0), dcp_rank, dcp_size, dcp_interleave)
     tl.store(out_ptr + offs.to(tl.int64) * out_stride, length, mask=m)
 
 
 # ----------------------------------------------------------------------------------------------
 # Host-side checks shared by the wrappers and the builder
 # ----------------------------------------------------------------------------------------------
-
-
-def _check_dcp(dcp_size: int, dcp_rank: int, dcp_interleave: int) -> None:
-    check_int("dcp_size", dcp_size, lo=1)
-    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
-    check_int("dcp_interleave", dcp_interleave, lo=1)
-    if dcp_size * dcp_interleave > _INT32_MAX:
-        raise ValueError(
-            f"dcp_size * dcp_interleave must fit in int32, got {dcp_size} * {dcp_interleave}"
-        )
 
 
 def _copy_layout(num_reqs: int, width: int, offsets: bool = False) -> tuple[int, int]:
@@ -312,8 +301,11 @@ def _check_seq_lens_block_table(
 
 
 def _host_decode_lens(decode_lens: object, num_reqs: int, max_decode_len: int) -> list[int]:
-    """Validate host-known decode lengths (a sequence of ints or a CPU tensor) as a list."""
-    if isinstance(decode_lens, torch.Tensor):
+    """Validate host-known decode lengths (an int for every request, a sequence of ints or a
+    CPU tensor) as a list."""
+    if isinstance(decode_lens, int) and not isinstance(decode_lens, bool):
+        values = [decode_lens] * num_reqs
+    elif isinstance(decode_lens, torch.Tensor):
         check_tensor("decode_lens", decode_lens, dtype=(torch.int32, torch.int64), ndim=1)
         values = decode_lens.tolist()  # a CPU tensor: no device synchronisation
     elif isinstance(decode_lens, Sequence) and not isinstance(decode_lens, str | bytes):
@@ -341,20 +333,27 @@ def _host_decode_lens(decode_lens: object, num_reqs: int, max_decode_len: int) -
 
 def _check_out_1d(name: str, t: object, n: int, device: torch.device) -> torch.Tensor:
     t = check_tensor(name, t, dtype=torch.int32, ndim=1, device=device)
-    check_output(name, t, (n,))
+    check_output(name, t, (n,), wide_dims=(0,))  # the kernels index in 64 bits
     return t
 
 
 def _check_expanded_out(
-    out: object, num_tokens: int, width: int, device: torch.device
+    out: object, num_tokens: int, width: int, device: torch.device, **inputs: torch.Tensor | None
 ) -> ExpandedDecodeTokens:
+    """``out``'s four buffers: shapes, distinct elements, and no memory shared with each
+    other or with ``inputs``."""
     if not isinstance(out, ExpandedDecodeTokens):
         raise TypeError(f"out must be an ExpandedDecodeTokens, got {type(out).__name__}")
     _check_out_1d("out.seq_lens", out.seq_lens, num_tokens, device)
     bt = check_tensor("out.block_table", out.block_table, dtype=torch.int32, ndim=2, device=device)
-    check_output("out.block_table", bt, (num_tokens, width))
+    check_output("out.block_table", bt, (num_tokens, width), wide_dims=(0, 1))
     _check_out_1d("out.decode_lens", out.decode_lens, num_tokens, device)
     _check_out_1d("out.req_id", out.req_id, num_tokens, device)
+    fields = {f"out.{k}": v for k, v in out._asdict().items()}
+    names = list(fields)
+    for i, name in enumerate(names):
+        later = {k: fields[k] for k in names[i + 1 :]}
+        check_no_overlap(name, fields[name], **inputs, **later)
     return out
 
 
@@ -489,7 +488,7 @@ def expand_decode_tokens(
     query_start_loc: torch.Tensor | None = None,
     dcp_size: int = 1,
     dcp_rank: int = 0,
-    dcp_interleave: int = 1,
+    interleave: int = 1,
     out: ExpandedDecodeTokens | None = None,
 ) -> ExpandedDecodeTokens:
     """Flatten ``B`` decode requests into one single-query-token row per token (one launch).
@@ -529,9 +528,9 @@ def expand_decode_tokens(
             ``[0, max_decode_len]``. Where requests' rows then overlap (each other, or the
             padding rows from the total on), each entry of such a row comes from one of
             them; rows none claims below the total are not written.
-        dcp_size, dcp_rank, dcp_interleave: decode context parallelism. With ``dcp_size > 1``
+        dcp_size, dcp_rank, interleave: decode context parallelism. With ``dcp_size > 1``
             each per-token length is replaced, after expansion, by the number of positions
-            ``p < len`` this rank owns, ``owner(p) = (p // dcp_interleave) % dcp_size``.
+            ``p < len`` this rank owns, ``owner(p) = (p // interleave) % dcp_size``.
         out: optional pre-sized buffers with the shapes below (any strides); must not overlap
             the inputs. With ``out`` and device ``decode_lens`` or ``query_start_loc`` the call
             allocates nothing and does not synchronise (CUDA-graph safe).
@@ -543,8 +542,8 @@ def expand_decode_tokens(
     """
     seq_lens, block_table, device = _check_seq_lens_block_table(seq_lens, block_table)
     num_reqs, width = block_table.shape
-    check_int("max_decode_len", max_decode_len, lo=1)
-    _check_dcp(dcp_size, dcp_rank, dcp_interleave)
+    check_int("max_decode_len", max_decode_len, lo=1, hi=MAX_DECODE_LEN)
+    check_dcp(dcp_size, dcp_rank, interleave)
     if uniform is not None and not isinstance(uniform, bool):
         raise TypeError(f"uniform must be None or a bool, got {type(uniform).__name__}")
     if (decode_lens is None) == (query_start_loc is None):
@@ -600,7 +599,16 @@ def expand_decode_tokens(
     if out is None:
         out = _empty_expanded(num_tokens, width, device)
     else:
-        _check_expanded_out(out, num_tokens, width, device)
+        _check_expanded_out(
+            out,
+            num_tokens,
+            width,
+            device,
+            seq_lens=seq_lens,
+            block_table=block_table,
+            decode_lens=device_dl,
+            query_start_loc=query_start_loc,
+        )
 
     _launch_expand(
         seq_lens,
@@ -612,7 +620,7 @@ def expand_decode_tokens(
         max_decode_len=max_decode_len,
         dcp_size=dcp_size,
         dcp_rank=dcp_rank,
-        dcp_interleave=dcp_interleave,
+        dcp_interleave=interleave,
     )
     return out
 
@@ -623,7 +631,7 @@ def native_decode_seq_lens(
     next_n: int,
     dcp_size: int = 1,
     dcp_rank: int = 0,
-    dcp_interleave: int = 1,
+    interleave: int = 1,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token lengths in the un-flattened ``[B, next_n]`` layout (one launch).
@@ -633,9 +641,10 @@ def native_decode_seq_lens(
     Args:
         seq_lens: int32 ``[B]``, total length ``L_b`` of each request (negatives read as 0).
         next_n: query tokens per request (>= 1).
-        dcp_size, dcp_rank, dcp_interleave: as in :func:`expand_decode_tokens`; the lengths
+        dcp_size, dcp_rank, interleave: as in :func:`expand_decode_tokens`; the lengths
             are localised to ``dcp_rank`` after the causal offset is applied.
-        out: optional int32 ``[B, next_n]`` buffer on the same device (any strides).
+        out: optional int32 ``[B, next_n]`` buffer on the same device (any strides; sharing
+            memory with ``seq_lens`` raises ``ValueError``).
 
     Returns:
         int32 ``[B, next_n]``: ``out[b, j] = max(L_b - next_n + 1 + j, 0)`` (DCP-localised).
@@ -643,13 +652,14 @@ def native_decode_seq_lens(
     seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
     # The kernel holds a next_pow2(next_n)-wide tile of draft positions.
     check_int("next_n", next_n, lo=1, hi=MAX_NEXT_N)
-    _check_dcp(dcp_size, dcp_rank, dcp_interleave)
+    check_dcp(dcp_size, dcp_rank, interleave)
     num_reqs = seq_lens.shape[0]
     if out is None:
         out = torch.empty((num_reqs, next_n), dtype=torch.int32, device=seq_lens.device)
     else:
         check_tensor("out", out, dtype=torch.int32, ndim=2, device=seq_lens.device)
-        check_output("out", out, (num_reqs, next_n))
+        check_output("out", out, (num_reqs, next_n), wide_dims=(0, 1))
+        check_no_overlap("out", out, seq_lens=seq_lens)
     _launch_native(
         seq_lens,
         out,
@@ -657,7 +667,7 @@ def native_decode_seq_lens(
         next_n=next_n,
         dcp_size=dcp_size,
         dcp_rank=dcp_rank,
-        dcp_interleave=dcp_interleave,
+        dcp_interleave=interleave,
     )
     return out
 
@@ -677,23 +687,23 @@ def dcp_local_seq_lens(
         dcp_size: number of DCP ranks ``W`` (>= 1).
         dcp_rank: this rank, in ``[0, dcp_size)``.
         interleave: tokens per group ``I`` (>= 1); position ``p`` lives on rank ``(p // I) % W``.
-        out: optional int32 ``[N]`` buffer on the same device; may be ``seq_lens`` itself.
+        out: optional int32 ``[N]`` buffer on the same device; may be ``seq_lens`` itself
+            (the same view: in place), but no other view sharing its memory.
 
     Returns:
         int32 ``[N]``: the number of positions ``p < seq_lens[i]`` owned by ``dcp_rank``.
         Example: ``W=2``, rank 1, ``I=1``: ``[8, 9, 10] -> [4, 4, 5]``.
     """
     seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
-    check_int("dcp_size", dcp_size, lo=1)
-    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
-    check_int("interleave", interleave, lo=1)
-    if dcp_size * interleave > _INT32_MAX:
-        raise ValueError(f"dcp_size * interleave must fit in int32, got {dcp_size} * {interleave}")
+    check_dcp(dcp_size, dcp_rank, interleave)
     n = seq_lens.shape[0]
     if out is None:
         out = torch.empty(n, dtype=torch.int32, device=seq_lens.device)
     else:
         _check_out_1d("out", out, n, seq_lens.device)
+        same_view = out.data_ptr() == seq_lens.data_ptr() and out.stride() == seq_lens.stride()
+        if not same_view:  # elementwise: in place is fine, a shifted overlap is not
+            check_no_overlap("out", out, seq_lens=seq_lens)
     if n > 0:
         block = min(1024, max(16, next_pow2(n)))
         _dcp_local_kernel[(cdiv(n, block),)](

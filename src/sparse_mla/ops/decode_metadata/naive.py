@@ -12,20 +12,22 @@ from collections.abc import Sequence
 
 import torch
 
+from .._common.dcp import dcp_owner_reference
 from .expand import ExpandedDecodeTokens
 
 
 def dcp_local_len(length: int, dcp_size: int, dcp_rank: int, interleave: int = 1) -> int:
-    """Number of positions ``p < length`` owned by ``dcp_rank`` (``(p // interleave) % W``).
+    """Number of positions ``p < length`` owned by ``dcp_rank`` under ``ops/_common/dcp.py``'s
+    rule, counted group by group (no loop over positions: lengths may be near 2**31).
 
-    Counted group by group: positions form groups of ``interleave``, group ``g`` lives on rank
-    ``g % dcp_size``; the complete groups below ``length`` plus the partial last one.
+    Positions form groups of ``interleave``; group ``g`` lives on rank ``g % dcp_size``: the
+    complete groups below ``length`` this rank owns, plus the partial last one if it is its.
     """
     length = max(length, 0)
     groups, tail = divmod(length, interleave)
     owned_groups = max(0, -(-(groups - dcp_rank) // dcp_size))  # g < groups, g % W == rank
-    owns_tail = groups % dcp_size == dcp_rank
-    return owned_groups * interleave + (tail if owns_tail else 0)
+    last = dcp_owner_reference(torch.tensor(groups * interleave), dcp_size, interleave)
+    return owned_groups * interleave + (tail if int(last) == dcp_rank else 0)
 
 
 def _as_list(values: int | Sequence[int] | torch.Tensor, num_reqs: int) -> list[int]:
@@ -45,7 +47,7 @@ def expand_decode_tokens_reference(
     num_tokens: int | None = None,
     dcp_size: int = 1,
     dcp_rank: int = 0,
-    dcp_interleave: int = 1,
+    interleave: int = 1,
 ) -> ExpandedDecodeTokens:
     """Reference for :func:`sparse_mla.expand_decode_tokens`, one token at a time.
 
@@ -58,7 +60,7 @@ def expand_decode_tokens_reference(
         num_tokens: rows ``N`` to produce; default ``sum(n_b)``. Extra rows are padding
             (length 0, decode length 1, request 0, block-table row all 0); tokens past row
             ``N`` are dropped.
-        dcp_size, dcp_rank, dcp_interleave: lengths localised to ``dcp_rank`` after expansion.
+        dcp_size, dcp_rank, interleave: lengths localised to ``dcp_rank`` after expansion.
 
     Returns:
         :class:`ExpandedDecodeTokens` of int32 tensors on ``seq_lens.device``: ``seq_lens [N]``,
@@ -79,7 +81,7 @@ def expand_decode_tokens_reference(
             # The j-th of the request's n query tokens sees every position before it.
             visible = max(max(lens[b], 0) - n + j + 1, 0)
             if dcp_size > 1:
-                visible = dcp_local_len(visible, dcp_size, dcp_rank, dcp_interleave)
+                visible = dcp_local_len(visible, dcp_size, dcp_rank, interleave)
             rows_len.append(visible)
             rows_bt.append(list(table[b]))
             rows_req.append(b)
@@ -112,7 +114,7 @@ def expand_decode_tokens_torch_ops(
     num_tokens: int | None = None,
     dcp_size: int = 1,
     dcp_rank: int = 0,
-    dcp_interleave: int = 1,
+    interleave: int = 1,
 ) -> ExpandedDecodeTokens:
     """Vectorised PyTorch-ops expansion (what engines run in the ragged case): a baseline.
 
@@ -124,7 +126,7 @@ def expand_decode_tokens_torch_ops(
         total_tokens: host-known ``sum(n_b)`` (required with a device ``decode_lens``; lets
             ``repeat_interleave`` size its output without a device-to-host sync).
         num_tokens: rows ``N >= total_tokens`` (padding rows as in the kernel); default total.
-        dcp_size, dcp_rank, dcp_interleave: DCP localisation after expansion.
+        dcp_size, dcp_rank, interleave: DCP localisation after expansion.
 
     Returns:
         :class:`ExpandedDecodeTokens` of int32 tensors, same semantics as the kernel.
@@ -150,7 +152,7 @@ def expand_decode_tokens_torch_ops(
     lens = (seq_lens.clamp_min(0)[req] - dl[req] + j + 1).clamp_min(0)
     if dcp_size > 1:
         lens = dcp_local_seq_lens_reference(
-            lens, dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=dcp_interleave
+            lens, dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=interleave
         )
 
     out = ExpandedDecodeTokens(
@@ -171,7 +173,7 @@ def native_decode_seq_lens_reference(
     next_n: int,
     dcp_size: int = 1,
     dcp_rank: int = 0,
-    dcp_interleave: int = 1,
+    interleave: int = 1,
 ) -> torch.Tensor:
     """Reference for :func:`native_decode_seq_lens`.
 
@@ -189,7 +191,7 @@ def native_decode_seq_lens_reference(
         for j in range(next_n):
             visible = max(max(int(length), 0) - next_n + 1 + j, 0)
             if dcp_size > 1:
-                visible = dcp_local_len(visible, dcp_size, dcp_rank, dcp_interleave)
+                visible = dcp_local_len(visible, dcp_size, dcp_rank, interleave)
             row.append(visible)
         rows.append(row)
     return torch.tensor(rows, dtype=torch.int32, device=seq_lens.device).reshape(-1, next_n)
@@ -198,7 +200,8 @@ def native_decode_seq_lens_reference(
 def dcp_local_seq_lens_reference(
     seq_lens: torch.Tensor, *, dcp_size: int, dcp_rank: int, interleave: int = 1
 ) -> torch.Tensor:
-    """Reference for :func:`sparse_mla.dcp_local_seq_lens` (vectorised closed form).
+    """:func:`sparse_mla.dcp_local_seq_lens` in vectorised PyTorch ops, the closed form engines
+    use (the PyTorch-ops baseline; tests check it against :func:`dcp_local_len`).
 
     Args:
         seq_lens: int ``[N]`` global lengths (negatives read as 0).

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import check_int, check_output, check_same_device, check_tensor
+from ..._checks import check_int, check_no_overlap, check_output, check_same_device, check_tensor
 from ..._runtime import INTERPRETER, cdiv, next_pow2, num_sms
 from ..kv_cache.kv_cache import indexer_k_cache_layout
 
@@ -394,7 +394,16 @@ def index_logits(
         out = torch.empty((rows, max_len), dtype=torch.float32, device=device)
     else:
         check_tensor("out", out, dtype=torch.float32, ndim=2)
-        check_output("out", out, (rows, max_len))
+        check_output("out", out, (rows, max_len), wide_dims=(0,))  # rows: 64-bit offsets
+        check_no_overlap(
+            "out",
+            out,
+            q=q,
+            weights=weights,
+            k_cache=k_cache,
+            seq_lens=seq_lens,
+            block_table=block_table,
+        )
     if rows == 0 or max_len == 0:
         return out
 

@@ -19,7 +19,12 @@ the group's largest magnitude. The 1e-4 floor is applied to ``amax`` *before* th
 the rounding (as vLLM's indexer writer does), so an all-zero group gets the finite scale
 ``2**-22`` and stores zeros. Powers of two keep the scale exact when kernels convert it to
 bf16 or e8m0, and make ``x / scale`` exact, so the only rounding is the final fp32 -> e4m3
-round-to-nearest-even. ``|x / scale| <= 448`` by construction, so nothing saturates.
+round-to-nearest-even. ``|x / scale| <= 448`` by construction, so no finite value saturates.
+
+Non-finite inputs (fp8 formats): the scale comes from the group's finite values only, a NaN
+is stored as e4m3 NaN (0x7F, whatever its sign) and +-inf as +-448 (so it reads back as
++-448 * scale); the group's other values are quantised as if those were absent. The bf16
+formats store every value as given.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import check_int, check_same_device, check_tensor
+from ..._checks import check_int, check_no_overlap, check_same_device, check_tensor
 from ..._runtime import INTERPRETER, canonical_device, cdiv, next_pow2
 
 FP8_MAX = 448.0
@@ -162,8 +167,18 @@ def pow2_scale(amax):
 
 
 @triton.jit
+def finite_amax(x, axis: tl.constexpr):
+    """Largest finite magnitude along ``axis`` (NaN and +-inf count as 0): the scale of a
+    group is set by its finite values alone."""
+    ax = tl.abs(x)
+    return tl.max(tl.where(ax < float("inf"), ax, 0.0), axis=axis)
+
+
+@triton.jit
 def e4m3_bits(y):
-    """fp32 -> float8_e4m3fn bit pattern (uint8), round to nearest even, for |y| <= 448.
+    """fp32 -> float8_e4m3fn bit pattern (uint8), round to nearest even; magnitudes past 448
+    (inf included) saturate to +-448, as PyTorch's clamp-then-convert does, and every NaN
+    becomes 0x7F.
 
     Integer arithmetic instead of ``.to(tl.float8e4nv)``: Triton 3.9's interpreter rounds that
     conversion wrongly (no carry into the exponent, subnormals truncated); this gives the same
@@ -187,7 +202,9 @@ def e4m3_bits(y):
     up = (rem > half) | ((rem == half) & ((q & 1) == 1))
     sub = q + up.to(tl.int32)
     code = tl.where(e >= -6, normal, sub)
-    return (code | sign).to(tl.uint8)
+    code = tl.where(mag > 0x43E00000, 0x7E, code) | sign  # past 448.0 (inf too): saturate
+    # NaN: the one canonical e4m3 NaN (GPUs do not keep a NaN's sign through arithmetic).
+    return tl.where(mag > 0x7F800000, 0x7F, code).to(tl.uint8)
 
 
 # ---- indexer K writer -----------------------------------------------------------------------
@@ -226,7 +243,7 @@ def _write_indexer_k_kernel(
     x = tl.load(k_ptr + t.to(tl.int64)[:, None] * k_s0 + d[None, :] * k_s1, mask=m, other=0.0)
     if FP8:
         xf = x.to(tl.float32)
-        scale, inv = pow2_scale(tl.max(tl.abs(xf), axis=1))
+        scale, inv = pow2_scale(finite_amax(xf, 1))
         q = e4m3_bits(xf * inv[:, None])  # exact product: inv is a power of two
         # Page layout: all page_size * D values first, then page_size fp32 scales.
         tl.store(val_ptr + (page * c_s0 + off * D)[:, None] + d[None, :], q, mask=m)
@@ -274,6 +291,7 @@ def write_indexer_k(
         raise ValueError(f"k has head dim {d} but k_cache holds {lay.head_dim}-dim keys")
     _check_slots(slot_mapping, num_tokens)
     check_same_device(k=k, k_cache=k_cache, slot_mapping=slot_mapping)
+    check_no_overlap("k_cache", k_cache, k=k, slot_mapping=slot_mapping)
     if num_tokens == 0 or lay.num_pages == 0:
         return k_cache
     block_t = 64 if INTERPRETER else 8  # the interpreter pays per program, not per element
@@ -313,6 +331,13 @@ def write_indexer_k(
 # ---- MLA latent writer ----------------------------------------------------------------------
 
 
+def _check_mla_dims(nope_dim: int, rope_dim: int) -> None:
+    check_int("nope_dim", nope_dim, lo=MLA_TILE)
+    check_int("rope_dim", rope_dim, lo=0)
+    if nope_dim % MLA_TILE:
+        raise ValueError(f"nope_dim must be a multiple of {MLA_TILE}, got {nope_dim}")
+
+
 @dataclass(frozen=True)
 class MlaCacheLayout:
     """What :func:`mla_cache_layout` learned about an MLA latent cache (``cache3``: 3-D)."""
@@ -339,10 +364,7 @@ def mla_cache_layout(
             B]`` with ``B = nope + 4 * nope / 128 + 2 * rope`` (656 for V3.2), one token per
             row, bytes contiguous, strides multiples of 4.
     """
-    check_int("nope_dim", nope_dim, lo=MLA_TILE)
-    check_int("rope_dim", rope_dim, lo=0)
-    if nope_dim % MLA_TILE:
-        raise ValueError(f"nope_dim must be a multiple of {MLA_TILE}, got {nope_dim}")
+    _check_mla_dims(nope_dim, rope_dim)
     check_tensor(name, kv_cache, dtype=(torch.bfloat16, torch.uint8))
     c3 = _as_3d(name, kv_cache)
     pages, page, last = c3.shape
@@ -400,7 +422,7 @@ def _write_mla_kernel(
     pe = tl.load(kpe_ptr + t64[:, None] * kpe_s0 + r[None, :] * kpe_s1, mask=rm, other=0.0)
     if FP8:
         x3 = tl.reshape(x.to(tl.float32), [BLOCK_T, NT, TILE])
-        scale, inv = pow2_scale(tl.max(tl.abs(x3), axis=2))  # [BLOCK_T, NT]
+        scale, inv = pow2_scale(finite_amax(x3, 2))  # [BLOCK_T, NT]
         q = tl.reshape(e4m3_bits(x3 * inv[:, :, None]), [BLOCK_T, NOPE_P])
         tl.store(u8_ptr + row[:, None] + d[None, :], q, mask=dm)
         tile = tl.arange(0, NT)
@@ -444,6 +466,7 @@ def write_mla_latent(
     lay = mla_cache_layout(kv_cache, nope, k_pe.shape[1])
     _check_slots(slot_mapping, num_tokens)
     check_same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping)
+    check_no_overlap("kv_cache", kv_cache, kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping)
     if num_tokens == 0 or lay.num_pages == 0:
         return kv_cache
     c3 = lay.cache3
@@ -487,6 +510,11 @@ def write_mla_latent(
 # ---- allocation helpers ---------------------------------------------------------------------
 
 
+def _check_bool(name: str, v: object) -> None:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+
+
 def new_indexer_k_cache(
     num_pages: int,
     page_size: int,
@@ -496,11 +524,15 @@ def new_indexer_k_cache(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Zeroed indexer K cache: uint8 ``[num_pages, page_size, 1, head_dim + 4]`` (fp8) or bf16
-    ``[num_pages, page_size, head_dim]``, on ``device`` (default: where kernels run)."""
+    ``[num_pages, page_size, head_dim]``, on ``device`` (default: where kernels run). The
+    fp8 format needs ``head_dim`` a positive multiple of 4 (the scales stay 4-byte aligned)."""
     device = canonical_device(device)
     check_int("num_pages", num_pages, lo=0)
     check_int("page_size", page_size, lo=1)
     check_int("head_dim", head_dim, lo=1)
+    _check_bool("fp8", fp8)
+    if fp8 and head_dim % 4:
+        raise ValueError(f"head_dim must be a multiple of 4 for the fp8 format, got {head_dim}")
     if fp8:
         return torch.zeros(
             (num_pages, page_size, 1, head_dim + 4), dtype=torch.uint8, device=device
@@ -518,10 +550,13 @@ def new_mla_cache(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Zeroed MLA latent cache: uint8 ``[num_pages, page_size, 1, 656]`` (fp8) or bf16
-    ``[num_pages, page_size, 576]``, on ``device`` (default: where kernels run)."""
+    ``[num_pages, page_size, 576]``, on ``device`` (default: where kernels run). ``nope_dim``
+    is a positive multiple of 128 and ``rope_dim >= 0``, as the writer requires."""
     device = canonical_device(device)
     check_int("num_pages", num_pages, lo=0)
     check_int("page_size", page_size, lo=1)
+    _check_bool("fp8", fp8)
+    _check_mla_dims(nope_dim, rope_dim)
     if fp8:
         width = mla_fp8_bytes_per_token(nope_dim, rope_dim)
         return torch.zeros((num_pages, page_size, 1, width), dtype=torch.uint8, device=device)

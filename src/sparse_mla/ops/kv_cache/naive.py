@@ -41,15 +41,20 @@ def quantize_pow2_e4m3(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch
     """Quantise the last dim of ``x`` in groups of ``group`` values with power-of-two scales.
 
     Args:
-        x: float tensor ``[..., G * group]``.
+        x: float tensor ``[..., G * group]``; non-finite values as in the writers (NaN -> 0x7F,
+            +-inf saturated to +-448, the scale from the finite values).
     Returns:
         ``(values, scales)``: float8_e4m3fn ``[..., G * group]`` and fp32 ``[..., G]`` with
         ``x ~= values * scales`` (per group).
     """
     xf = x.float().unflatten(-1, (-1, group))
-    scale = pow2_scale_reference(xf.abs().amax(dim=-1))
+    # Scale from the finite values; NaN stays NaN, +-inf saturates to +-448 (module docs).
+    finite = xf.abs().nan_to_num(nan=0.0, posinf=0.0)
+    scale = pow2_scale_reference(finite.amax(dim=-1))
     y = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)  # exact: scale is a power of two
-    return y.to(torch.float8_e4m3fn).flatten(-2), scale
+    q = y.to(torch.float8_e4m3fn).view(torch.uint8)
+    q = torch.where(y.isnan(), 0x7F, q)  # one NaN code, whatever the sign
+    return q.view(torch.float8_e4m3fn).flatten(-2), scale
 
 
 def _slots(slot_mapping: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import torch
 
-
-def dcp_owner_and_local(pos: torch.Tensor, dcp_size: int, interleave: int):
-    """Owner rank and local position of global positions ``pos`` (any int tensor, >= 0)."""
-    owner = (pos // interleave) % dcp_size
-    local = (pos // (dcp_size * interleave)) * interleave + pos % interleave
-    return owner, local
+from .._common.dcp import dcp_local_reference, dcp_owner_reference
+from .._common.paging import INT32_MAX, page_slot_reference
 
 
 def convert_req_index_to_global_index_reference(
@@ -41,8 +37,9 @@ def convert_req_index_to_global_index_reference(
 
     valid = tok >= 0
     valid &= (req >= 0) & (req < num_req_rows)
-    owner, local = dcp_owner_and_local(tok.clamp_min(0), dcp_size, interleave)
-    valid &= owner == dcp_rank
+    pos = tok.clamp_min(0)
+    valid &= dcp_owner_reference(pos, dcp_size, interleave) == dcp_rank
+    local = dcp_local_reference(pos, dcp_size, interleave)
     page = local // block_size
     valid &= page < num_blocks
 
@@ -52,7 +49,9 @@ def convert_req_index_to_global_index_reference(
         base = block_table.long()[safe_req, safe_page]
     else:
         base = torch.zeros_like(tok)
-    out = base * stride_rows + local % block_size
+    out, slot_ok = page_slot_reference(base, local % block_size, stride_rows)
+    out = out.long()
+    valid &= slot_ok
 
     if prefill_request_ids is not None:
         pre = prefill_request_ids.long()[:, None].expand_as(tok)
@@ -63,10 +62,12 @@ def convert_req_index_to_global_index_reference(
             start = prefill_workspace_starts.long()[pre.clamp(0, num_prefill - 1)]
         else:  # no prefill request: every prefill id is out of range
             start = torch.zeros_like(tok)
-        # Prefill rows ignore req_id and the block table, but keep the -1 rules of i itself.
-        pre_valid = (tok >= 0) & (page < num_blocks) & pre_ok
+        # Prefill rows ignore req_id and the block table, but keep the -1 rules of i itself;
+        # a workspace row outside [0, 2**31) is no row.
+        slot = start + tok
+        pre_valid = (tok >= 0) & (page < num_blocks) & pre_ok & (slot >= 0) & (slot <= INT32_MAX)
         valid = torch.where(is_pre, pre_valid, valid)
-        out = torch.where(is_pre, start + tok, out)
+        out = torch.where(is_pre, slot, out)
 
     out = torch.where(valid, out, torch.full_like(out, -1))
     counts = valid.sum(dim=1).to(torch.int32)

@@ -13,8 +13,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
+from ..._checks import (
+    INT32_MAX,
+    check_dcp,
+    check_int,
+    check_no_overlap,
+    check_offsets_fit_int32,
+    check_output,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
 from ..._runtime import next_pow2, pdl_launch, pdl_prologue
+from .._common.dcp import dcp_local, dcp_owner
+from .._common.paging import page_slot
 from .layout import RemapLayout, choose_remap_layout, validate_layout
 
 
@@ -24,8 +36,8 @@ def _localise(tok, ok, num_blocks, dcp_rank, BLOCK_SIZE, DCP_SIZE, INTERLEAVE):
     may be read. Under DCP only this rank's positions stay valid."""
     valid = ok & (tok >= 0)
     if DCP_SIZE > 1:
-        valid = valid & ((tok // INTERLEAVE) % DCP_SIZE == dcp_rank)
-        local = (tok // (DCP_SIZE * INTERLEAVE)) * INTERLEAVE + tok % INTERLEAVE
+        valid = valid & (dcp_owner(tok, DCP_SIZE, INTERLEAVE) == dcp_rank)
+        local = dcp_local(tok, DCP_SIZE, INTERLEAVE)
     else:
         local = tok
     page = local // BLOCK_SIZE
@@ -36,11 +48,16 @@ def _localise(tok, ok, num_blocks, dcp_rank, BLOCK_SIZE, DCP_SIZE, INTERLEAVE):
 def _slots(
     page_id, local, tok, valid, is_pre, ws_start, block_stride_rows, BLOCK_SIZE, HAS_PREFILL
 ):
-    """Cache slots of valid entries (prefill rows: their workspace row), -1 elsewhere."""
-    val = page_id * block_stride_rows + local % BLOCK_SIZE
+    """(slots, valid): cache slots of valid entries (prefill rows: their workspace row), -1
+    elsewhere; a negative page id or a slot past int32 makes the entry invalid."""
+    val, ok = page_slot(page_id, local % BLOCK_SIZE, block_stride_rows)
     if HAS_PREFILL:
-        val = tl.where(is_pre, ws_start + tok, val)
-    return tl.where(valid, val, -1)
+        pre = ws_start.to(tl.int64) + tok
+        pre_ok = (pre >= 0) & (pre <= 2147483647)
+        val = tl.where(is_pre, pre.to(tl.int32), val)
+        ok = tl.where(is_pre, pre_ok, ok)
+    valid = valid & ok
+    return tl.where(valid, val, -1), valid
 
 
 @triton.jit
@@ -139,7 +156,7 @@ def _remap_kernel(
             page_id = tl.reshape(tl.gather(staged, tl.maximum(pg, 0), 0), [1, BLOCK_COLS])
         else:
             page_id = tl.load(bt_ptr + req[:, None] * bt_s0 + page * bt_s1, mask=bt_mask, other=0)
-        val = _slots(
+        val, valid = _slots(
             page_id,
             local,
             tok,
@@ -273,7 +290,7 @@ def _remap_flat_kernel(
             page_id = tl.gather(staged, tl.where(bt_mask, page, 0), 0)
         else:
             page_id = tl.load(bt_ptr + req * bt_s0 + page * bt_s1, mask=bt_mask, other=0)
-        val = _slots(
+        val, valid = _slots(
             page_id, local, tok, valid, is_pre, ws_start, block_stride_rows, BLOCK_SIZE, HAS_PREFILL
         )
         tl.store(out_ptr + out_off, val, mask=inside, eviction_policy=EVICT)
@@ -321,13 +338,11 @@ def _launch(
             f"req_id has {req_id.shape[0]} entries but token_indices has {num_tokens} rows: "
             "they must describe the same tokens"
         )
-    check_int("block_size", block_size, lo=1)
+    check_int("block_size", block_size, lo=1, hi=INT32_MAX)
     if block_stride_rows is None:
         block_stride_rows = block_size
-    check_int("block_stride_rows", block_stride_rows, lo=block_size, hi=2**31 - 1)
-    check_int("dcp_size", dcp_size, lo=1)
-    check_int("dcp_rank", dcp_rank, lo=0, hi=dcp_size - 1)
-    check_int("interleave", interleave, lo=1)
+    check_int("block_stride_rows", block_stride_rows, lo=block_size, hi=INT32_MAX)
+    check_dcp(dcp_size, dcp_rank, interleave)
     if block_size % interleave != 0:
         raise ValueError(
             f"block_size ({block_size}) must be a multiple of interleave ({interleave}) so an "
@@ -371,11 +386,22 @@ def _launch(
         out=out,
         valid_counts_out=valid_counts_out,
     )
+    inputs = dict(
+        req_id=req_id,
+        block_table=block_table,
+        token_indices=token_indices,
+        prefill_request_ids=prefill_request_ids,
+        prefill_workspace_starts=prefill_workspace_starts,
+    )
+    for name, t in inputs.items():
+        if t is not None:  # token rows are indexed in 64 bits, everything else in 32
+            check_offsets_fit_int32(name, t, wide_dims=(0,) if name == "token_indices" else ())
     if out is None:
         out = torch.empty((num_tokens, num_cols), dtype=torch.int32, device=device)
     else:
         check_tensor("out", out, dtype=torch.int32, ndim=2)
-        check_output("out", out, (num_tokens, num_cols))
+        check_output("out", out, (num_tokens, num_cols), wide_dims=(0,))
+        check_no_overlap("out", out, **inputs, valid_counts_out=valid_counts_out)
     counts = None
     if count:
         if valid_counts_out is None:
@@ -383,6 +409,7 @@ def _launch(
         else:
             check_tensor("valid_counts_out", valid_counts_out, dtype=torch.int32, ndim=1)
             check_output("valid_counts_out", valid_counts_out, (num_tokens,))
+            check_no_overlap("valid_counts_out", valid_counts_out, **inputs)
             counts = valid_counts_out
         if layout.atomic:
             counts.zero_()
@@ -478,16 +505,20 @@ def convert_req_index_to_global_index(
             ``prefill_workspace_starts[r] + i`` instead of going through the block table.
         prefill_workspace_starts: int32 ``[P]``, workspace offset of each prefill request.
         return_valid_counts: also return the number of entries != -1 per row.
-        out: optional int32 ``[T, K]`` output (any strides; must not alias the inputs).
-        valid_counts_out: optional int32 ``[T]`` for the counts.
+        out: optional int32 ``[T, K]`` output (any strides whose element offsets fit int32,
+            no two elements sharing memory); sharing memory with an input or with
+            ``valid_counts_out`` raises ``ValueError``.
+        valid_counts_out: optional int32 ``[T]`` for the counts (same rules).
         layout: ``"auto"`` (ours), ``"seed"``, ``"tiled_atomic"`` or a :class:`RemapLayout`.
 
     Returns:
         ``out`` int32 ``[T, K]``: ``block_table[req_id[t], i // block_size] *
         block_stride_rows + i % block_size`` for ``i = token_indices[t, c]``, and -1 where
         ``i < 0``, where the page ``i // block_size`` is not in ``[0, W)``, where ``req_id[t]``
-        is not in ``[0, R)`` (the whole row; upstream would read out of bounds), or where a
-        prefill id is ``>= P``. The page rule also applies to prefill rows, as upstream.
+        is not in ``[0, R)`` (the whole row; upstream would read out of bounds), where a
+        prefill id is ``>= P``, where the page id read is negative (a -1-padded block table)
+        or where the slot (prefill: ``start + i``) falls outside ``[0, 2**31)``; such entries
+        do not count as valid. The page rule also applies to prefill rows, as upstream.
         Positions are not checked against the request length: top-k emits -1 past the end.
         With ``return_valid_counts``: ``(out, valid_counts)``, valid_counts int32 ``[T]``.
     """
