@@ -124,7 +124,7 @@ def select_topk(
     cfg = DEFAULT_CONFIG if config is None else config
     device, fused, stride_rows = _check_args(
         logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
-        valid_counts_out, workspace, num_splits, prefilter, cfg, enable_pdl,
+        valid_counts_out, workspace, num_splits, prefilter, cfg,
     )  # fmt: skip
     rows, n = logits.shape
     if out is None:
@@ -140,7 +140,7 @@ def select_topk(
             rows, n, k, num_sms=num_sms(device, interpreter=8), fused=fused,
             block_size=block_size, num_splits=num_splits, prefilter=prefilter, config=cfg,
         )  # fmt: skip
-        pdl = pdl_launch(device, plan.pdl if enable_pdl is not False else 0)
+        pdl = pdl_launch(device, plan.pdl, enable_pdl)
         src = (logits, *logits.stride(), seq_lens, seq_lens.stride(0), n)
         cnt = counts if counts is not None else out
         dst = _destination(out, cnt, block_table, req_id, block_size, stride_rows)
@@ -150,7 +150,7 @@ def select_topk(
 
 def _check_args(
     logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
-    valid_counts_out, workspace, num_splits, prefilter, config, enable_pdl,
+    valid_counts_out, workspace, num_splits, prefilter, config,
 ) -> tuple[torch.device, bool, int]:  # fmt: skip
     """Every argument of :func:`select_topk`; returns (device, fused, block_stride_rows)."""
     check_tensor("logits", logits, dtype=torch.float32, ndim=2)
@@ -193,8 +193,6 @@ def _check_args(
         check_int("num_splits", num_splits, lo=1, hi=MAX_SPLITS)
     if prefilter is not None and not isinstance(prefilter, bool):
         raise TypeError(f"prefilter must be a bool or None, got {type(prefilter).__name__}")
-    if enable_pdl is not None and not isinstance(enable_pdl, bool):
-        raise TypeError(f"enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
     validate_config(config)
     device = check_same_device(
         logits=logits,
@@ -208,11 +206,13 @@ def _check_args(
     # Outputs (the workspace too) must not alias what the kernels read, nor each other.
     inputs = dict(logits=logits, seq_lens=seq_lens, block_table=block_table, req_id=req_id)
     if out is not None:
-        check_no_overlap("out", out, **inputs)
+        check_no_overlap(
+            "out", out, valid_counts_out=valid_counts_out, workspace=workspace, **inputs
+        )
     if valid_counts_out is not None:
-        check_no_overlap("valid_counts_out", valid_counts_out, out=out, **inputs)
+        check_no_overlap("valid_counts_out", valid_counts_out, workspace=workspace, **inputs)
     if workspace is not None:
-        check_no_overlap("workspace", workspace, out=out, valid_counts_out=valid_counts_out, **inputs)
+        check_no_overlap("workspace", workspace, **inputs)
     return device, fused, stride_rows
 
 

@@ -196,8 +196,9 @@ def prefilter_sample(n: int, config: TopKConfig) -> int:
 
 
 def prefilter_tile(k: int) -> int:
-    """Most candidates a row may keep and still finish on chip (a power of two >= 2k)."""
-    return min(PF_CAP, next_pow2(4 * k))
+    """Most candidates a row may keep and still finish on chip (a power of two >= 2k; at
+    least 256, so tiny k keep tiles of the sizes measured)."""
+    return min(PF_CAP, max(next_pow2(4 * k), 256))
 
 
 def tile_passes_for(bits: int, radix_bits: int) -> int:
@@ -242,7 +243,7 @@ def plan_topk(
         config: the knobs.
     """
     c = config
-    block_k = min(next_pow2(k), 1024)
+    block_k = min(max(next_pow2(k), 16), 1024)
     splits = choose_num_splits(rows, n, k, num_sms, c) if num_splits is None else num_splits
     slice_len = cdiv(cdiv(max(n, 1), c.split_block), splits) * c.split_block
     splits = cdiv(max(n, 1), slice_len)  # no empty trailing slices

@@ -147,4 +147,3 @@ def popcount(x):
         x = (x + (x >> 4)) & 0x0F0F0F0F
         n = ((x * 0x01010101) >> 24).to(tl.int32)
     return n
-

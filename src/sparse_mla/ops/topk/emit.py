@@ -127,4 +127,3 @@ def emit_short_row(
         n = tl.minimum(tl.maximum(length - c0, 0), BLOCK_K)
         nvalid += valid_count(ok, n, FUSED)
     return nvalid
-

@@ -170,7 +170,6 @@ def _prefilter_pass_kernel(
                 tl.store(fb_ptr + 1 + tl.atomic_add(fb_ptr, 1, sem="relaxed"), row)
 
 
-
 @triton.jit
 def _nth_set_bit(word, r):
     """Index of the r-th (from 0) lowest set bit of each uint32 ``word`` (r < its popcount):
