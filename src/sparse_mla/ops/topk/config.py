@@ -92,7 +92,11 @@ def validate_config(config: TopKConfig) -> None:
     """Reject a config the kernels cannot run (TypeError/ValueError naming the field)."""
     if not isinstance(config, TopKConfig):
         raise TypeError(f"config must be a TopKConfig, got {type(config).__name__}")
+    _validate(config)
 
+
+@lru_cache(maxsize=64)  # called on every launch: a config is checked once
+def _validate(config: TopKConfig) -> None:
     def pow2(v: int) -> bool:
         return v >= 1 and v & (v - 1) == 0
 
