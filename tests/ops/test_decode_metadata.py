@@ -900,6 +900,12 @@ def test_expand_config_and_enable_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
         expand_decode_tokens(i32([5] * 64), bt, 2, max_decode_len=2, enable_pdl=on)
     expand_decode_tokens(i32([5] * 64), bt, 2, max_decode_len=2, config=ExpandConfig(pdl=0))
     assert modes == [2, 2, 0, 0]
+    b = DecodeMetadataBuilder(8, 4, 16, 2, device=DEV, config=ExpandConfig(pdl=1))
+    for on in (None, False):
+        b.build(
+            i32([5, 6]), torch.zeros(2, 16, dtype=torch.int32, device=DEV), [2, 2], enable_pdl=on
+        )
+    assert modes[4:] == [1, 0]
     with pytest.raises(TypeError, match="config must be an ExpandConfig"):
         expand_decode_tokens(i32([5]), bt[:1], 2, max_decode_len=2, config={"pdl": 2})
     with pytest.raises(ValueError, match="config.min_copy_chunk must be a power of two"):
