@@ -121,9 +121,10 @@ class Cand:
             prefilter=self.kw.get("prefilter"),
             config=c,
         )
+        key = dataclasses.astuple(plan)  # JSON-friendly
         if plan.path == "row":
-            return (plan, c.row_warps, c.tile_radix_bits)
-        return (plan, c.split_block, c.split_warps, c.prefilter_warps, c.tile_radix_bits)
+            return (*key, c.row_warps, c.tile_radix_bits)
+        return (*key, c.split_block, c.split_warps, c.prefilter_warps, c.tile_radix_bits)
 
     def call(self, s: dict, k: int) -> Callable[[], object]:
         kw = dict(self.kw, k=k, out=s["out"], workspace=s["ws"], config=self.config)
