@@ -24,6 +24,7 @@ Exit status 1 if any exactness check failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -37,10 +38,11 @@ import sparse_mla  # noqa: F401  (first: it picks the interpreter mode before tr
 import triton
 import triton.testing
 
-from sparse_mla._runtime import default_device
-from sparse_mla.ops.topk import topk as topk_mod
+from sparse_mla._runtime import default_device, num_sms
+from sparse_mla.ops.topk import TopKConfig, select_topk, topk_workspace
+from sparse_mla.ops.topk import workspace as ws_layout
+from sparse_mla.ops.topk.config import choose_num_splits
 from sparse_mla.ops.topk.naive import positions_to_slots_reference, select_topk_reference
-from sparse_mla.ops.topk.topk import select_topk, topk_workspace
 from sparse_mla.testing import POISON
 
 DEV = default_device()
@@ -136,7 +138,7 @@ def check_case(checks: Checks, name: str, x, lengths, k, **kw) -> None:
         )
         ok = torch.equal(got, want)
         ok &= torch.equal(counts, lengths.long().clamp(0, x.shape[1]).clamp_max(k).int())
-        ok &= bool((topk_mod.workspace_rows(ws, x.shape[0])[:, : topk_mod._STATE_OFF] == 0).all())
+        ok &= bool((ws_layout.workspace_rows(ws, x.shape[0])[:, : ws_layout.STATE_OFF] == 0).all())
         checks.record(name, ok, path=label, rows=x.shape[0], n=x.shape[1], k=k)
 
 
@@ -270,7 +272,7 @@ def run_timing() -> list[dict]:
             bt = torch.arange(rows * (n // 64), dtype=torch.int32, device=DEV).view(rows, -1)
             req = torch.arange(rows, dtype=torch.int32, device=DEV)
             cnt = torch.empty(rows, dtype=torch.int32, device=DEV)
-            splits = topk_mod.choose_num_splits(rows, n, k, DEV)
+            splits = choose_num_splits(rows, n, k, num_sms(DEV, interpreter=8), TopKConfig())
 
             def ours(x=x, lengths=lengths, out=out, ws=ws):
                 select_topk(x, lengths, k=k, out=out, workspace=ws)
@@ -327,7 +329,7 @@ def run_split_sweep(quick: bool) -> list[dict]:
         ws = topk_workspace(rows, DEV)
         line = []
         for s in (1, 4, 8, 16, 32, 64, 128, 160):
-            if s > 1 and s > triton.cdiv(n, topk_mod.SPLIT_BLOCK):
+            if s > 1 and s > triton.cdiv(n, TopKConfig().split_block):
                 continue
 
             def fn(x=x, lengths=lengths, out=out, ws=ws, s=s):
@@ -353,10 +355,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name() if DEV.type == "cuda" else str(DEV),
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "knobs": {
-            k: getattr(topk_mod, k)
-            for k in ("ROW_BLOCK", "ROW_WARPS", "SPLIT_BLOCK", "SPLIT_WARPS", "CTAS_PER_SM")
-        },
+        "knobs": dataclasses.asdict(TopKConfig()),
     }
     print(info, flush=True)
     t0 = time.time()

@@ -12,11 +12,12 @@ For k = 2048 and (B, N) in {(1, 64K), (8, 64K), (8, 128K), (64, 4K), (64, 16K), 
    device time and count.
 2. Sweep, each candidate timed per call inside a CUDA graph of back-to-back calls rotating
    over enough input sets that the working set exceeds twice the L2 (where memory allows),
-   like ``sparse-mla bench``: the prefilter forced on and off, its knobs (PREFILTER_SAMPLE,
-   PREFILTER_WARPS, CTAS_PER_SM), the digit width of the radix passes in
-   registers (TILE_RADIX_BITS), forced ``num_splits`` (1 = the one-program-per-row kernel), then the
-   module knobs SPLIT_BLOCK x SPLIT_WARPS x CTAS_PER_SM (set on the module, restored
-   afterwards; candidates whose launches coincide are timed once). torch.topk (sorted,
+   like ``sparse-mla bench``: the prefilter forced on and off, its knobs (``TopKConfig``
+   fields prefilter_sample, prefilter_warps, ctas_per_sm), the digit width of the radix
+   passes in registers (tile_radix_bits), forced ``num_splits`` (1 = the
+   one-program-per-row kernel), then split_block x split_warps x ctas_per_sm (each
+   candidate passes its ``TopKConfig`` per call; candidates whose launches coincide are
+   timed once). torch.topk (sorted,
    into pre-sized out= buffers) is timed in the same run, in a graph and eagerly, and so
    are the default and ``prefilter=False`` calls.
    Every candidate's output on set 0 is checked before timing: its selected scores, sorted,
@@ -32,12 +33,12 @@ candidates, host clock: the numbers mean nothing). Exit status 1 if any check fa
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -46,7 +47,7 @@ import sparse_mla  # noqa: F401  (first: it picks the interpreter mode before tr
 # isort: split
 import triton
 
-from sparse_mla._runtime import cdiv
+from sparse_mla._runtime import num_sms
 from sparse_mla.bench.timing import (
     Backend,
     measure_eager,
@@ -54,21 +55,8 @@ from sparse_mla.bench.timing import (
     rotation_sets,
     select_backend,
 )
-from sparse_mla.ops.topk import topk as topk_mod
+from sparse_mla.ops.topk import TopKConfig, plan_topk, select_topk, topk_workspace
 from sparse_mla.testing import POISON
-
-KNOBS = (
-    "ROW_BLOCK",
-    "ROW_WARPS",
-    "SPLIT_BLOCK",
-    "SPLIT_WARPS",
-    "SPLIT_MIN_N",
-    "CTAS_PER_SM",
-    "PREFILTER_MIN_SCORES",
-    "PREFILTER_SAMPLE",
-    "PREFILTER_WARPS",
-    "TILE_RADIX_BITS",
-)
 
 FULL = dict(
     k=2048,
@@ -114,59 +102,35 @@ QUICK = dict(
 )
 
 
-@contextlib.contextmanager
-def knobs(**kw) -> Iterator[None]:
-    """Set module knobs of the top-k for the duration of the block (restored afterwards)."""
-    old = {k: getattr(topk_mod, k) for k in kw}
-    try:
-        for k, v in kw.items():
-            setattr(topk_mod, k, v)
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(topk_mod, k, v)
-
-
 class Cand:
-    """One configuration: module knob overrides plus select_topk keywords."""
+    """One configuration: ``TopKConfig`` fields plus select_topk keywords."""
 
     def __init__(self, name: str, knob: dict | None = None, **kw) -> None:
         self.name = name
-        self.knob = knob or {}
+        self.config = TopKConfig(**(knob or {}))
         self.kw = kw
 
     def launch(self, rows: int, n: int, k: int, device: torch.device) -> tuple:
         """What the kernels see (the key under which identical launches are timed once)."""
-        with knobs(**self.knob):
-            s = self.kw.get("num_splits")
-            if s is None:
-                s = topk_mod.choose_num_splits(rows, n, k, device)
-            blk = topk_mod.SPLIT_BLOCK
-            slice_len = cdiv(cdiv(max(n, 1), blk), s) * blk
-            s = cdiv(max(n, 1), slice_len)
-            if s <= 1 or n <= k:
-                return ("row", topk_mod.ROW_BLOCK, topk_mod.ROW_WARPS, topk_mod.TILE_RADIX_BITS)
-            pf = self.kw.get("prefilter")
-            if pf is None:
-                pf = rows * n >= topk_mod.PREFILTER_MIN_SCORES
-            pf = pf and topk_mod.prefilter_applies(n, k)
-            if pf:
-                pf = (
-                    topk_mod.prefilter_sample(n),
-                    topk_mod.PREFILTER_WARPS,
-                    topk_mod.TILE_RADIX_BITS,
-                )
-            return ("split", blk, topk_mod.SPLIT_WARPS, s, pf)
+        c = self.config
+        plan = plan_topk(
+            rows,
+            n,
+            k,
+            num_sms=num_sms(device, interpreter=8),
+            num_splits=self.kw.get("num_splits"),
+            prefilter=self.kw.get("prefilter"),
+            config=c,
+        )
+        key = dataclasses.astuple(plan)  # JSON-friendly
+        if plan.path == "row":
+            return (*key, c.row_warps, c.tile_radix_bits)
+        return (*key, c.split_block, c.split_warps, c.prefilter_warps, c.tile_radix_bits)
 
     def call(self, s: dict, k: int) -> Callable[[], object]:
-        kw = dict(self.kw, k=k, out=s["out"], workspace=s["ws"])
-        x, lengths, knob = s["x"], s["lengths"], self.knob
-
-        def fn() -> None:
-            with knobs(**knob):
-                topk_mod.select_topk(x, lengths, **kw)
-
-        return fn
+        kw = dict(self.kw, k=k, out=s["out"], workspace=s["ws"], config=self.config)
+        x, lengths = s["x"], s["lengths"]
+        return lambda: select_topk(x, lengths, **kw)
 
 
 def candidates(cfg: dict, rows: int) -> tuple[list[Cand], int]:
@@ -175,15 +139,15 @@ def candidates(cfg: dict, rows: int) -> tuple[list[Cand], int]:
     registers, the row kernel; then the knob grid."""
     out = [Cand("default"), Cand("prefilter", prefilter=True)]
     for sample in cfg["pf_sample"]:
-        knob = dict(PREFILTER_SAMPLE=sample)
+        knob = dict(prefilter_sample=sample)
         out.append(Cand(f"prefilter sample={sample}", knob, prefilter=True))
     for w in cfg["pf_warps"]:
-        out.append(Cand(f"prefilter warps={w}", dict(PREFILTER_WARPS=w), prefilter=True))
+        out.append(Cand(f"prefilter warps={w}", dict(prefilter_warps=w), prefilter=True))
     for c in cfg["pf_ctas"]:
-        out.append(Cand(f"prefilter ctas={c}", dict(CTAS_PER_SM=c), prefilter=True))
+        out.append(Cand(f"prefilter ctas={c}", dict(ctas_per_sm=c), prefilter=True))
     for b in cfg["tile_bits"]:
-        out.append(Cand(f"prefilter tile bits={b}", dict(TILE_RADIX_BITS=b), prefilter=True))
-        out.append(Cand(f"tile bits={b}", dict(TILE_RADIX_BITS=b)))
+        out.append(Cand(f"prefilter tile bits={b}", dict(tile_radix_bits=b), prefilter=True))
+        out.append(Cand(f"tile bits={b}", dict(tile_radix_bits=b)))
     out.append(Cand("radix only (prefilter=False)", prefilter=False))
     out.append(Cand("row kernel (num_splits=1)", num_splits=1))
     core = len(out)
@@ -193,7 +157,7 @@ def candidates(cfg: dict, rows: int) -> tuple[list[Cand], int]:
     for blk in cfg["blocks"]:
         for w in cfg["warps"]:
             for c in cfg["ctas"]:
-                knob = dict(SPLIT_BLOCK=blk, SPLIT_WARPS=w, CTAS_PER_SM=c)
+                knob = dict(split_block=blk, split_warps=w, ctas_per_sm=c)
                 out.append(Cand(f"blk={blk} w={w} ctas={c}", knob))
     return out, core
 
@@ -209,7 +173,7 @@ def make_sets(rows: int, n: int, k: int, be: Backend, max_sets: int) -> list[dic
                 "x": torch.randn(rows, n, device=dev),
                 "lengths": torch.full((rows,), n, dtype=torch.int32, device=dev),
                 "out": torch.empty(rows, k, dtype=torch.int32, device=dev),
-                "ws": topk_mod.topk_workspace(rows, dev),
+                "ws": topk_workspace(rows, dev),
                 "values": torch.empty(rows, k, dtype=torch.float32, device=dev),
                 "indices": torch.empty(rows, k, dtype=torch.int64, device=dev),
             }
@@ -310,7 +274,7 @@ def main() -> int:
         "triton": triton.__version__,
         "l2_bytes": be.l2_bytes,
         "k": k,
-        "knobs": {name: getattr(topk_mod, name) for name in KNOBS},
+        "knobs": dataclasses.asdict(TopKConfig()),
     }
     print(info, flush=True)
     t0 = time.time()

@@ -31,7 +31,8 @@ import time
 MODULES = (
     "sparse_mla.ops.decode_metadata.expand",
     "sparse_mla.ops.remap.remap",
-    "sparse_mla.ops.topk.topk",
+    "sparse_mla.ops.topk.radix",
+    "sparse_mla.ops.topk.prefilter",
     "sparse_mla.ops.indexer.logits",
     "sparse_mla.ops.kv_cache.kv_cache",
 )

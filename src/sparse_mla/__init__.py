@@ -10,6 +10,7 @@ from ._runtime import info, mode  # noqa: E402  (decides interpreter mode before
 from .ops.decode_metadata import (  # noqa: E402
     DecodeMetadata,
     DecodeMetadataBuilder,
+    ExpandConfig,
     ExpandedDecodeTokens,
     dcp_local_seq_lens,
     expand_decode_tokens,
@@ -27,7 +28,7 @@ from .ops.remap import (  # noqa: E402
     convert_req_index_to_global_index,
     filter_and_convert_dcp_index,
 )
-from .ops.topk import select_topk, topk_workspace  # noqa: E402
+from .ops.topk import TopKConfig, plan_topk, select_topk, topk_workspace  # noqa: E402
 
 # isort: split
 from . import dcp  # noqa: E402  (sparse_mla.dcp: DCP across ranks, over torch.distributed)
@@ -35,9 +36,11 @@ from . import dcp  # noqa: E402  (sparse_mla.dcp: DCP across ranks, over torch.d
 __all__ = [
     "DecodeMetadata",
     "DecodeMetadataBuilder",
+    "ExpandConfig",
     "ExpandedDecodeTokens",
     "IndexLogitsConfig",
     "RemapLayout",
+    "TopKConfig",
     "choose_remap_layout",
     "compat",
     "convert_req_index_to_global_index",
@@ -50,6 +53,7 @@ __all__ = [
     "mode",
     "new_indexer_k_cache",
     "new_mla_cache",
+    "plan_topk",
     "select_topk",
     "topk_workspace",
     "write_indexer_k",

@@ -106,10 +106,14 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(canonical_device(device))[0] >= 9
 
 
-def pdl_launch(device: torch.device, mode: int) -> dict:
+def pdl_launch(device: torch.device, mode: int, enable_pdl: bool | None = None) -> dict:
     """Launch keywords for a kernel that starts with ``pdl_prologue(PDL)``: ``PDL=mode`` with
-    ``launch_pdl`` where :func:`pdl_supported`, else ``PDL=0`` (mode 0 also means off)."""
-    if mode and pdl_supported(device):
+    ``launch_pdl`` where :func:`pdl_supported`, else ``PDL=0`` (mode 0 also means off).
+    ``enable_pdl``: the caller's per-call switch; False turns it off, None or True leave it
+    on where supported."""
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
+    if mode and enable_pdl is not False and pdl_supported(device):
         return dict(PDL=mode, launch_pdl=True)
     return dict(PDL=0)
 

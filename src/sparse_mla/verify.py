@@ -56,12 +56,12 @@ from .ops.remap import (
 )
 from .ops.remap.naive import convert_req_index_to_global_index_reference
 from .ops.topk import (
+    TopKConfig,
     positions_to_slots_reference,
     select_topk,
     select_topk_reference,
     topk_workspace,
 )
-from .ops.topk import topk as topk_mod
 from .testing import POISON, logits_error
 
 TOPK_WIDTHS = (128, 384, 512, 1024, 2048)
@@ -441,16 +441,14 @@ def _run_topk(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     """One top-k case, its prefilter (when it runs) marking the candidates or copying them
     out, drawn at random (the choice is otherwise by size)."""
     marked = _rand_int(g, 0, 1) == 1
-    old = topk_mod.PREFILTER_MARK_MIN_SCORES
-    topk_mod.PREFILTER_MARK_MIN_SCORES = 0 if marked else 1 << 62
-    try:
-        err = _run_topk_case(case, g, dev)
-    finally:
-        topk_mod.PREFILTER_MARK_MIN_SCORES = old
+    config = TopKConfig(prefilter_mark_min_scores=0 if marked else 1 << 62)
+    err = _run_topk_case(case, g, dev, config)
     return err and f"prefilter marks={marked} {err}"
 
 
-def _run_topk_case(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
+def _run_topk_case(
+    case: Case, g: torch.Generator, dev: torch.device, config: TopKConfig
+) -> str | None:
     p = case.params
     k, mode = p["k"], p["mode"]
     rows = _rand_int(g, 4, max(4, p["max_rows"]))
@@ -459,12 +457,12 @@ def _run_topk_case(case: Case, g: torch.Generator, dev: torch.device) -> str | N
         n = k if _rand_int(g, 0, 2) == 0 else _rand_int(g, 1, k)
         num_splits = _rand_choice(g, (None, 1))
     else:
-        lo = k + 1 if mode != "split" else max(k, topk_mod.SPLIT_BLOCK) + 1
+        lo = k + 1 if mode != "split" else max(k, config.split_block) + 1
         n = _log_uniform_int(g, lo, max(lo, p["max_n"]))
         if mode == "row":
             num_splits = 1
         elif mode == "split":
-            num_splits = _rand_int(g, 2, min(32, cdiv(n, topk_mod.SPLIT_BLOCK)))
+            num_splits = _rand_int(g, 2, min(32, cdiv(n, config.split_block)))
     prefilter = _rand_choice(g, (None, True, False)) if mode == "split" else None
     x = _topk_scores(p["dist"], rows, n, k, g)
     lengths = _topk_lengths(rows, n, k, g)
@@ -483,6 +481,7 @@ def _run_topk_case(case: Case, g: torch.Generator, dev: torch.device) -> str | N
         workspace=ws,
         num_splits=num_splits,
         prefilter=prefilter,
+        config=config,
     )
     err = _compare("positions", got.cpu(), want) or _compare("counts", counts.cpu(), want_counts)
     if err:
@@ -520,6 +519,7 @@ def _run_topk_case(case: Case, g: torch.Generator, dev: torch.device) -> str | N
         workspace=ws,
         num_splits=num_splits,
         prefilter=prefilter,
+        config=config,
     )
     err = (
         _compare("fused slots vs two-step", fused.cpu(), two_step.cpu())

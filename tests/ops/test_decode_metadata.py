@@ -12,6 +12,7 @@ import sparse_mla
 from sparse_mla._runtime import default_device
 from sparse_mla.ops.decode_metadata import (
     DecodeMetadataBuilder,
+    ExpandConfig,
     ExpandedDecodeTokens,
     dcp_local_seq_lens,
     expand_decode_tokens,
@@ -166,10 +167,9 @@ DCP_CONFIGS = [(1, 1), (2, 1), (2, 16), (4, 1), (4, 16), (4, 64), (2, 64)]
 COPY_CHUNKS = [None, 16]
 
 
-def force_copy_chunk(monkeypatch: pytest.MonkeyPatch, chunk: int | None) -> None:
-    if chunk is not None:
-        monkeypatch.setattr(expand_mod, "MIN_COPY_CHUNK", chunk)
-        monkeypatch.setattr(expand_mod, "MAX_COPY_CHUNK", chunk)
+def copy_chunk_config(chunk: int | None) -> ExpandConfig | None:
+    """The expansion's config for this copy chunk (None: the defaults)."""
+    return None if chunk is None else ExpandConfig(min_copy_chunk=chunk, max_copy_chunk=chunk)
 
 
 def as_query_start_loc(host: list[int], rng: random.Random) -> torch.Tensor:
@@ -188,11 +188,9 @@ def as_query_start_loc(host: list[int], rng: random.Random) -> torch.Tensor:
     "mode", ["uniform", "ragged_host", "ragged_device", "forced_ragged", "query_start_loc"]
 )
 @pytest.mark.parametrize("case", range(6))
-def test_expand_random(
-    mode: str, case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_expand_random(mode: str, case: int, rng: random.Random, seed: int) -> None:
     chunk = COPY_CHUNKS[case % len(COPY_CHUNKS)]
-    force_copy_chunk(monkeypatch, chunk)
+    config = copy_chunk_config(chunk)
     for trial in range(4):
         num_reqs = rng.choice([0, 1, 2, 3, 5, 7])
         width = rng.choice([0, 1, 3, 17, 64]) if trial < 3 else 1030  # > one copy chunk
@@ -240,7 +238,7 @@ def test_expand_random(
             interleave=interleave,
         )
         out = poisoned_out(num_tokens, width, rng) if rng.random() < 0.7 else None
-        got = expand_decode_tokens(seq_lens, bt, decode_lens, out=out, **kwargs)
+        got = expand_decode_tokens(seq_lens, bt, decode_lens, out=out, config=config, **kwargs)
         if out is not None:
             assert got is out
         assert_same(got, want, msg)
@@ -271,11 +269,9 @@ def test_torch_ops_device_lens(rng: random.Random, seed: int) -> None:
 
 
 @pytest.mark.parametrize("case", range(4))
-def test_device_decode_lens_adversarial(
-    case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_device_decode_lens_adversarial(case: int, rng: random.Random, seed: int) -> None:
     """Hostile device lengths: negative, above max_decode_len, sum beyond num_tokens."""
-    force_copy_chunk(monkeypatch, COPY_CHUNKS[case % len(COPY_CHUNKS)])
+    config = copy_chunk_config(COPY_CHUNKS[case % len(COPY_CHUNKS)])
     max_n = 3
     for trial in range(3):
         num_reqs = rng.randint(1, 6)
@@ -292,7 +288,14 @@ def test_device_decode_lens_adversarial(
         )
         out = poisoned_out(num_tokens, bt.shape[1], rng)
         got = expand_decode_tokens(
-            seq_lens, bt, i32(host), max_decode_len=max_n, num_tokens=num_tokens, out=out, **dcp
+            seq_lens,
+            bt,
+            i32(host),
+            max_decode_len=max_n,
+            num_tokens=num_tokens,
+            out=out,
+            config=config,
+            **dcp,
         )
         assert_same(got, want, f"seed={seed} trial={trial} n={host} L={seq_lens.tolist()}")
 
@@ -393,14 +396,12 @@ def test_zero_tokens_and_zero_width() -> None:
 
 
 @pytest.mark.parametrize("case", range(3))
-def test_graph_padding_rows(
-    case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_graph_padding_rows(case: int, rng: random.Random, seed: int) -> None:
     """CUDA-graph shapes: N = B * max_decode_len rows whatever the device lengths, so most
     rows may be padding, spread over the programs (one per request and block-table chunk;
     one request's worth when B = 0)."""
     chunk = COPY_CHUNKS[case % len(COPY_CHUNKS)]
-    force_copy_chunk(monkeypatch, chunk)
+    config = copy_chunk_config(chunk)
     max_n = 4
     for trial in range(4):
         num_reqs = [0, 1, 2, 5][trial]
@@ -413,7 +414,13 @@ def test_graph_padding_rows(
         for dl in (i32(host), host):
             out = poisoned_out(num_tokens, width, rng)
             got = expand_decode_tokens(
-                seq_lens, bt, dl, max_decode_len=max_n, num_tokens=num_tokens, out=out
+                seq_lens,
+                bt,
+                dl,
+                max_decode_len=max_n,
+                num_tokens=num_tokens,
+                out=out,
+                config=config,
             )
             msg = f"seed={seed} trial={trial} n={host} N={num_tokens} chunk={chunk}"
             assert_same(got, want, msg)
@@ -565,7 +572,7 @@ def test_builder_views_no_alloc(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_copy_chunk_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Block-table columns per program: about COPY_PROGRAMS programs, within the bounds,
+    """Block-table columns per program: about config.copy_programs programs, within the bounds,
     never wider than the (power-of-two rounded) row."""
     fake = _NoLaunch()
     monkeypatch.setattr(expand_mod, "_expand_kernel", fake)
@@ -583,7 +590,7 @@ def test_copy_chunk_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
         expand_decode_tokens(i32([5] * num_reqs), bt, 2, max_decode_len=2)
         assert fake.constexprs[-1]["BLOCK_W"] == want, (num_reqs, width)
         assert fake.grids[-1] == (num_reqs, max(-(-width // want), 1)), (num_reqs, width)
-    # Rows given as offsets: chunks for about COPY_PROGRAMS_OFFSETS programs.
+    # Rows given as offsets: chunks for about config.copy_programs_offsets programs.
     for num_reqs, width, want in [(64, 2048, 512), (256, 2048, 512), (512, 2048, 1024)]:
         bt = torch.zeros(num_reqs, width, dtype=torch.int32, device=DEV)
         qsl = torch.arange(num_reqs + 1, dtype=torch.int32, device=DEV)
@@ -637,13 +644,11 @@ def query_start_loc_model(
 
 
 @pytest.mark.parametrize("case", range(4))
-def test_query_start_loc_adversarial(
-    case: int, rng: random.Random, seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_query_start_loc_adversarial(case: int, rng: random.Random, seed: int) -> None:
     """Out-of-order, negative, huge and too-far-apart offsets stay inside the N rows: rows
     one request claims hold its values, rows several claim hold entries of theirs, rows none
     claims keep what was there."""
-    force_copy_chunk(monkeypatch, COPY_CHUNKS[case % len(COPY_CHUNKS)])
+    config = copy_chunk_config(COPY_CHUNKS[case % len(COPY_CHUNKS)])
     max_n = 3
     for trial in range(4):
         num_reqs = rng.randint(1, 6)
@@ -658,7 +663,7 @@ def test_query_start_loc_adversarial(
         out = poisoned_out(num_tokens, bt.shape[1], rng)
         got = expand_decode_tokens(
             i32(seq_lens), bt, query_start_loc=i32(q), max_decode_len=max_n,
-            num_tokens=num_tokens, out=out,
+            num_tokens=num_tokens, out=out, config=config,
         )  # fmt: skip
         rows, twice = query_start_loc_model(seq_lens, bt, q, max_n, num_tokens)
         msg = f"seed={seed} trial={trial} q={q} L={seq_lens} N={num_tokens}"
@@ -943,3 +948,38 @@ def test_dcp_local_len_agrees_with_the_shared_rule() -> None:
             want = dcp_local_count_reference(lens, rank, dcp_size, interleave).tolist()
             got = [dcp_local_len(int(v), dcp_size, rank, interleave) for v in lens]
             assert got == want, (dcp_size, interleave, rank)
+
+
+def test_expand_config_and_enable_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy chunk follows the config passed per call (never module state); enable_pdl
+    reaches every launch (False: PDL mode 0; None/True: config.pdl where supported)."""
+    fake = _NoLaunch()
+    monkeypatch.setattr(expand_mod, "_expand_kernel", fake)
+    bt = torch.zeros(64, 2048, dtype=torch.int32, device=DEV)
+    expand_decode_tokens(i32([5] * 64), bt, 2, max_decode_len=2)
+    assert fake.constexprs[-1]["BLOCK_W"] == 512 and fake.constexprs[-1]["EVICT"] == "evict_first"
+    cfg = ExpandConfig(min_copy_chunk=64, copy_programs=2048, store_evict="")
+    expand_decode_tokens(i32([5] * 64), bt, 2, max_decode_len=2, config=cfg)
+    assert fake.constexprs[-1]["BLOCK_W"] == 64 and fake.constexprs[-1]["EVICT"] == ""
+    modes = []
+    monkeypatch.setattr(
+        expand_mod,
+        "pdl_launch",
+        lambda dev, mode, on: modes.append(0 if on is False else mode) or {},
+    )
+    for on in (None, True, False):
+        expand_decode_tokens(i32([5] * 64), bt, 2, max_decode_len=2, enable_pdl=on)
+    expand_decode_tokens(i32([5] * 64), bt, 2, max_decode_len=2, config=ExpandConfig(pdl=0))
+    assert modes == [2, 2, 0, 0]
+    b = DecodeMetadataBuilder(8, 4, 16, 2, device=DEV, config=ExpandConfig(pdl=1))
+    for on in (None, False):
+        b.build(
+            i32([5, 6]), torch.zeros(2, 16, dtype=torch.int32, device=DEV), [2, 2], enable_pdl=on
+        )
+    assert modes[4:] == [1, 0]
+    with pytest.raises(TypeError, match="config must be an ExpandConfig"):
+        expand_decode_tokens(i32([5]), bt[:1], 2, max_decode_len=2, config={"pdl": 2})
+    with pytest.raises(ValueError, match="config.min_copy_chunk must be a power of two"):
+        expand_decode_tokens(
+            i32([5]), bt[:1], 2, max_decode_len=2, config=ExpandConfig(min_copy_chunk=3)
+        )

@@ -752,3 +752,22 @@ def test_bad_custom_layouts_and_arguments():
         conv(req, bt, idx, out=[1])
     with pytest.raises(ValueError, match="block_stride_rows must be <= 2147483647"):
         conv(req, bt, idx, block_size=16, block_stride_rows=2**31)
+
+
+def test_enable_pdl_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """enable_pdl=False launches with PDL off; None/True keep the layout's mode (applied where
+    the device supports it)."""
+    modes = []
+
+    def record(device, mode, enable_pdl):
+        modes.append(0 if enable_pdl is False else mode)
+        return {"PDL": 0}
+
+    monkeypatch.setattr(remap_mod, "pdl_launch", record)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    args = (torch.zeros(2, **i32), torch.zeros(1, 4, **i32), torch.full((2, 2048), 5, **i32))
+    layout = choose_remap_layout(2048, count_valid=False, num_rows=2, num_blocks=4)
+    for on in (None, True, False):
+        sparse_mla.convert_req_index_to_global_index(*args, enable_pdl=on)
+        sparse_mla.filter_and_convert_dcp_index(*args, dcp_size=2, dcp_rank=0, enable_pdl=on)
+    assert modes[0] == layout.pdl != 0 and modes[:2] == modes[2:4] and modes[4:] == [0, 0]

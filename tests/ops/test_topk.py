@@ -17,14 +17,20 @@ import pytest
 import torch
 
 import sparse_mla
+from sparse_mla._runtime import HAS_GATHER
 from sparse_mla.ops.topk import (
+    MAX_K,
+    TopKConfig,
+    plan_topk,
     positions_to_slots_reference,
     select_topk,
     select_topk_reference,
     topk_workspace,
     topk_workspace_numel,
 )
-from sparse_mla.ops.topk import topk as topk_mod
+from sparse_mla.ops.topk import api as topk_api
+from sparse_mla.ops.topk import workspace as wsl
+from sparse_mla.ops.topk.config import prefilter_marks, prefilter_tile
 
 DEV = sparse_mla._runtime.default_device()
 POISON = -7777
@@ -38,32 +44,32 @@ PATHS = (
 )
 
 
+# Knobs of the prefilter paths: a small sample spread over the row, so some estimates miss
+# and rows fall back; the listed rows then spread over several programs each.
+PF_SMALL = dict(split_block=256, prefilter_sample=256, fallback_slice=256)
+NEVER = 1 << 62
+
+
 @pytest.fixture(params=PATHS)
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict:
+def path(request: pytest.FixtureRequest) -> dict:
     """Select a code path; returns the extra select_topk keywords for it."""
     if request.param == "row_registers":
         return {"num_splits": 1}
     if request.param == "row_registers_8bit":
-        monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", 8)
-        monkeypatch.setattr(topk_mod, "ROW_STAGE_MAX", 0)  # fused: block-table reads one by one
-        return {"num_splits": 1}
-    if request.param == "row_chunks":
-        monkeypatch.setattr(topk_mod, "ROW_BLOCK", 256)  # several chunks and a tail
-        return {"num_splits": 1}
-    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+        # fused: block-table reads one by one
+        return {"num_splits": 1, "config": TopKConfig(tile_radix_bits=8, row_stage_max=0)}
+    if request.param == "row_chunks":  # several chunks and a tail
+        return {"num_splits": 1, "config": TopKConfig(row_block=256)}
     if request.param.startswith("split_prefilter"):
-        # A small sample: spread over the row, so some estimates miss and rows fall back;
-        # the listed rows then spread over several programs each. Candidates copied out
-        # to a buffer, or marked in a bitmap.
+        # Candidates copied out to a buffer, or marked in a bitmap.
         marked = request.param.endswith("marked")
-        if marked and not topk_mod.HAS_GATHER:
+        if marked and not HAS_GATHER:
             pytest.skip("the marking prefilter needs tl.gather")
-        monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", 0 if marked else 1 << 62)
-        monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
-        monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", 256)
-        return {"num_splits": 5, "prefilter": True}
-    monkeypatch.setattr(topk_mod, "SPLIT_STAGE_MAX", 0)  # fused: block-table reads one by one
-    return {"num_splits": 5, "prefilter": False}
+        cfg = TopKConfig(prefilter_mark_min_scores=0 if marked else NEVER, **PF_SMALL)
+        return {"num_splits": 5, "prefilter": True, "config": cfg}
+    # fused: block-table reads one by one
+    cfg = TopKConfig(split_block=256, split_stage_max=0)
+    return {"num_splits": 5, "prefilter": False, "config": cfg}
 
 
 def i32(x) -> torch.Tensor:
@@ -372,33 +378,40 @@ def test_fused_matches_two_step(
     assert (got[3] == -1).all() and (got[5] == -1).all()  # req_id outside [0, R)
 
 
-def test_fused_int32_wrap_matches_reference(rng: random.Random):
-    # Page ids times the stride overflow int32: both sides wrap the same way.
-    x = torch.randn(1, 300, device=DEV)
-    bt = i32([[2**30, 2**31 - 1, 7, 3, 5]])
-    got = select_topk(
-        x, i32([300]), k=128, block_table=bt, req_id=i32([0]), block_size=64, block_stride_rows=1000
-    )
-    pos = select_topk_reference(x, i32([300]), 128)
-    want, _ = positions_to_slots_reference(pos, bt, i32([0]), block_size=64, block_stride_rows=1000)
-    assert torch.equal(got, want)
+def test_fused_bad_pages_give_minus_one_uncounted(path: dict):
+    """F06: a negative page id (a -1-padded block table) or a slot past int32 gives -1 and
+    is not counted (they once wrapped, or gave negative slots counted as valid)."""
+    x = torch.randn(2, 1100, device=DEV)
+    x[:, :5] = 1e30  # positions 0..4 (page 0) selected in every path
+    x[:, 64:66] = 1e30  # page 1
+    x[:, 128:130] = 1e30  # page 2
+    bt = i32([[-1, 2**31 // 1000 + 1, 7] + [3] * 15, [5, 6, -7] + [1] * 15])
+    kw = dict(block_table=bt, req_id=i32([0, 1]), block_size=64, block_stride_rows=1000)
+    got, counts = select_topk(x, i32([1100, 1100]), k=128, return_valid_counts=True, **kw, **path)
+    pos = select_topk_reference(x, i32([1100, 1100]), 128)
+    want, want_counts = positions_to_slots_reference(pos, **kw)
+    assert torch.equal(got, want) and torch.equal(counts, want_counts)
+    page = pos // 64
+    bad = torch.stack([page[0] <= 1, page[1] == 2])  # page -1, past int32; page -7
+    assert (got[bad] == -1).all() and (got[~bad] >= 0).all()
+    assert counts.tolist() == (128 - bad.sum(1)).tolist() and bad.sum(1).min() >= 4
 
 
 # ---- workspace ---------------------------------------------------------------------------
 
 
-def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: random.Random):
-    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+def test_workspace_reused_and_left_zeroed(rng: random.Random):
+    cfg = TopKConfig(split_block=256)
     ws = topk_workspace(6, DEV)
     assert ws.numel() == topk_workspace_numel(6)
     for trial in range(2):
         x = torch.randn(4, 1500, device=DEV)
         x[1] = torch.randint(0, 3, (1500,)).float()
         lengths = i32([1500, 1400, 100, 1500 - trial])
-        got = select_topk(x, lengths, k=256, workspace=ws, num_splits=6)
+        got = select_topk(x, lengths, k=256, workspace=ws, num_splits=6, config=cfg)
         assert torch.equal(got, select_topk_reference(x, lengths, 256))
         # The histograms (the part that must be zero on entry) are zero again.
-        hist = topk_mod.workspace_rows(ws, 6)[:, : topk_mod._STATE_OFF]
+        hist = wsl.workspace_rows(ws, 6)[:, : wsl.STATE_OFF]
         assert (hist == 0).all()
 
 
@@ -413,7 +426,6 @@ def test_workspace_reused_and_left_zeroed(monkeypatch: pytest.MonkeyPatch, rng: 
     ],
 )
 def test_prefilter_finished_and_fallback_rows(
-    monkeypatch: pytest.MonkeyPatch,
     seed: int,
     bits: int,
     gather: bool,
@@ -428,23 +440,25 @@ def test_prefilter_finished_and_fallback_rows(
     global reads. Candidates marked: the bitmap holds exactly the keys at or above the
     threshold. The radix launches spread each listed row over ``n / fb_slice`` programs;
     with 2 splits and 7 slices one program row works through the whole list."""
-    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
-    monkeypatch.setattr(topk_mod, "FALLBACK_SLICE", fb_slice)
-    monkeypatch.setattr(topk_mod, "TILE_RADIX_BITS", bits)
-    if (gather or marked) and not topk_mod.HAS_GATHER:
+    if (gather or marked) and not HAS_GATHER:
         pytest.skip("needs tl.gather")
-    monkeypatch.setattr(topk_mod, "HAS_GATHER", gather)
-    monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", 0 if marked else 1 << 62)
-    assert topk_mod.prefilter_marks(1, 1) == marked
     # 512 sampled scores: row 0 (random) finishes unless its count strays 4.5 sd (~1e-5).
     # In trial 1 it is on a grid of 0.25: the threshold (1.5, sometimes 1.25) ties with
     # about 20 keys that are not taken; the sampled threshold is 1.0, 1.25 or 1.5 (all fit)
     # unless 77 of the 512 sampled keys reach 1.75 or fewer than 77 reach 0.75 (> 6 sd).
-    monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 512)
+    cfg = TopKConfig(
+        split_block=256,
+        fallback_slice=fb_slice,
+        tile_radix_bits=bits,
+        use_gather=gather,
+        prefilter_mark_min_scores=0 if marked else NEVER,
+        prefilter_sample=512,
+    )
+    assert prefilter_marks(1, 1, cfg) == marked
     g = torch.Generator().manual_seed(seed)
     rows, n, k = 6, 1700, 128
     ws = torch.full((topk_workspace_numel(rows),), POISON, dtype=torch.int32, device=DEV)
-    topk_mod.workspace_rows(ws, rows)[:, : topk_mod._STATE_OFF] = 0
+    wsl.workspace_rows(ws, rows)[:, : wsl.STATE_OFF] = 0
     stride = n // (512 // 8)  # the sample's group stride: positions stride * g + 0..7
     sampled = (torch.arange(n) % stride < 8) & (torch.arange(n) < stride * 64)
     for trial in range(2):
@@ -456,8 +470,8 @@ def test_prefilter_finished_and_fallback_rows(
         x[3, ~sampled] += 3.0  # the sample sees the low part only: too many, or fits
         x = x.to(DEV)
         lengths = i32([n, n // 2, n - trial, n, 129 + trial, -1])  # row 1: fewer slices
-        run_checked(x, lengths, k, num_splits=splits, prefilter=True, workspace=ws)
-        pf = topk_mod.workspace_rows(ws, rows)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
+        run_checked(x, lengths, k, num_splits=splits, prefilter=True, workspace=ws, config=cfg)
+        pf = wsl.workspace_rows(ws, rows)[:, wsl.PF_OFF : wsl.PF_OFF + 3]
         total, arrived, done = pf[:, 0].tolist(), pf[:, 1].tolist(), pf[:, 2].tolist()
         listed = ws[ws.numel() - 1 - rows :].tolist()
         assert sorted(listed[1 : 1 + listed[0]]) == [r for r in range(4) if done[r] == 0]
@@ -465,20 +479,20 @@ def test_prefilter_finished_and_fallback_rows(
         slice_len = math.ceil(math.ceil(n / 256) / splits) * 256  # every program of the pass
         want = [math.ceil(length / slice_len) if length > k else 0 for length in lengths.tolist()]
         assert arrived == want, (arrived, want)
-        assert total[1] > topk_mod.prefilter_tile(k) and 0 < total[2] < k, total  # over, under
-        assert done[3] == int(k < total[3] <= topk_mod.prefilter_tile(k)), (total, done)
-        assert (topk_mod.workspace_rows(ws, rows)[:, : topk_mod._STATE_OFF] == 0).all()
+        assert total[1] > prefilter_tile(k) and 0 < total[2] < k, total  # over, under
+        assert done[3] == int(k < total[3] <= prefilter_tile(k)), (total, done)
+        assert (wsl.workspace_rows(ws, rows)[:, : wsl.STATE_OFF] == 0).all()
         if not marked:
             continue
-        wsr = topk_mod.workspace_rows(ws, rows).cpu()
+        wsr = wsl.workspace_rows(ws, rows).cpu()
         for r, length in enumerate(lengths.tolist()):
             if length <= k:
                 continue
-            thr = wsr[r, topk_mod._PF_OFF + 3].item() & 0xFFFFFFFF
+            thr = wsr[r, wsl.PF_OFF + 3].item() & 0xFFFFFFFF
             marks = (_order_keys(x[r, :length].cpu()) >= thr).long()
             marks = torch.nn.functional.pad(marks, (0, -length % 32)).view(-1, 32)
             want_words = (marks << torch.arange(32)).sum(1)
-            got_words = wsr[r, topk_mod._PF_BMP :][: want_words.numel()].long() & 0xFFFFFFFF
+            got_words = wsr[r, wsl.PF_BMP :][: want_words.numel()].long() & 0xFFFFFFFF
             assert torch.equal(got_words, want_words), r
 
 
@@ -492,15 +506,15 @@ def _order_keys(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("marked", [False, True])
-def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPatch, marked: bool):
+def test_prefilter_exactly_k_candidates_falls_back(marked: bool):
     """Exactly k candidates, the lowest in digit 0 (-inf; NaNs elsewhere): the radix select
     of the buffer would take every candidate and leave no threshold below them, so such a
     row must fall back (it once came back empty)."""
-    if marked and not topk_mod.HAS_GATHER:
+    if marked and not HAS_GATHER:
         pytest.skip("the marking prefilter needs tl.gather")
-    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
-    monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", 0 if marked else 1 << 62)
-    monkeypatch.setattr(topk_mod, "PREFILTER_SAMPLE", 256)
+    cfg = TopKConfig(
+        split_block=256, prefilter_mark_min_scores=0 if marked else NEVER, prefilter_sample=256
+    )
     k, n = 128, 512
     sampled = torch.arange(256) // 8 * (n // 32) + torch.arange(256) % 8  # stride 16
     x = torch.full((2, n), float("nan"))
@@ -509,8 +523,8 @@ def test_prefilter_exactly_k_candidates_falls_back(monkeypatch: pytest.MonkeyPat
         x[r, sampled[k - 1]] = float("-inf") if r == 0 else -1e38
     x[1, ~torch.isin(torch.arange(n), sampled[:k])] = -3.4e38  # below every candidate
     ws = topk_workspace(2, DEV)
-    run_checked(x.to(DEV), i32([n, n]), k, num_splits=2, prefilter=True, workspace=ws)
-    pf = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_OFF : topk_mod._PF_OFF + 3]
+    run_checked(x.to(DEV), i32([n, n]), k, num_splits=2, prefilter=True, workspace=ws, config=cfg)
+    pf = wsl.workspace_rows(ws, 2)[:, wsl.PF_OFF : wsl.PF_OFF + 3]
     assert pf[:, 0].tolist() == [k, k] and pf[:, 2].tolist() == [0, 0], pf
     listed = ws[ws.numel() - 3 :].tolist()
     assert listed[0] == 2 and sorted(listed[1:]) == [0, 1], listed
@@ -522,10 +536,10 @@ def test_fallback_side_stream_per_caller_stream(seed: int):
     stream (one per caller stream, reused), and a call on another stream, whose rows fall
     back, is exact and ordered on that stream."""
     main = torch.cuda.current_stream()
-    side = topk_mod._side_stream(main)
-    assert topk_mod._side_stream(main) is side and side.stream_id != main.stream_id
+    side = topk_api._side_stream(main)
+    assert topk_api._side_stream(main) is side and side.stream_id != main.stream_id
     other = torch.cuda.Stream()
-    assert topk_mod._side_stream(other) is not side
+    assert topk_api._side_stream(other) is not side
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(3, 20000, generator=g)
     x[1] = 0.5  # flat: listed for the radix launches
@@ -538,35 +552,33 @@ def test_fallback_side_stream_per_caller_stream(seed: int):
         assert torch.equal(got, want)
 
 
-def test_prefilter_default_by_size(monkeypatch: pytest.MonkeyPatch):
-    """prefilter=None runs it from PREFILTER_MIN_SCORES scores per call (shapes only)."""
-    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
+def test_prefilter_default_by_size():
+    """prefilter=None runs it from prefilter_min_scores scores per call (shapes only)."""
     x = torch.randn(2, 1500, device=DEV)
     lengths = i32([1500, 1400])
     for min_scores, ran in ((3000, True), (3001, False)):
-        monkeypatch.setattr(topk_mod, "PREFILTER_MIN_SCORES", min_scores)
+        cfg = TopKConfig(split_block=256, prefilter_min_scores=min_scores)
         ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
-        topk_mod.workspace_rows(ws, 2)[:, : topk_mod._STATE_OFF] = 0
-        run_checked(x, lengths, 128, num_splits=3, workspace=ws)
-        flags = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_OFF + 2]
+        wsl.workspace_rows(ws, 2)[:, : wsl.STATE_OFF] = 0
+        run_checked(x, lengths, 128, num_splits=3, workspace=ws, config=cfg)
+        flags = wsl.workspace_rows(ws, 2)[:, wsl.PF_OFF + 2]
         assert (flags == 1).all() if ran else (flags == POISON).all(), flags
 
 
-def test_prefilter_marks_by_size(monkeypatch: pytest.MonkeyPatch):
-    """The prefilter marks its candidates from PREFILTER_MARK_MIN_SCORES scores per call
+def test_prefilter_marks_by_size():
+    """The prefilter marks its candidates from prefilter_mark_min_scores scores per call
     (shapes only); below, it copies them to the buffer. The copying call reuses the
     workspace, so its bitmap starts with the marking call's bits."""
-    if not topk_mod.HAS_GATHER:
+    if not HAS_GATHER:
         pytest.skip("the marking prefilter needs tl.gather")
-    monkeypatch.setattr(topk_mod, "SPLIT_BLOCK", 256)
     x = torch.randn(2, 1500, device=DEV)
     lengths = i32([1500, 1400])
     ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
-    topk_mod.workspace_rows(ws, 2)[:, : topk_mod._STATE_OFF] = 0
+    wsl.workspace_rows(ws, 2)[:, : wsl.STATE_OFF] = 0
     for min_scores, marked in ((3000, True), (3001, False)):
-        monkeypatch.setattr(topk_mod, "PREFILTER_MARK_MIN_SCORES", min_scores)
-        run_checked(x, lengths, 128, num_splits=3, prefilter=True, workspace=ws)
-        buf = topk_mod.workspace_rows(ws, 2)[:, topk_mod._PF_BUF]
+        cfg = TopKConfig(split_block=256, prefilter_mark_min_scores=min_scores)
+        run_checked(x, lengths, 128, num_splits=3, prefilter=True, workspace=ws, config=cfg)
+        buf = wsl.workspace_rows(ws, 2)[:, wsl.PF_BUF]
         assert (buf == POISON).all() if marked else (buf != POISON).all(), buf
 
 
@@ -578,15 +590,15 @@ def test_bad_inputs():
     L = i32([300, 10])
     bt = i32([[0, 1], [2, 3]])
     req = i32([0, 1])
+    OUT = torch.zeros(2, 128, dtype=torch.int32, device=DEV)
     cases = [
         (dict(logits=x.double()), TypeError, "logits must have dtype torch.float32"),
         (dict(logits=x[0]), ValueError, "logits must be 2-D"),
         (dict(logits=[[1.0]]), TypeError, "logits must be a torch.Tensor"),
-        (dict(lengths=L.long()), TypeError, "lengths must have dtype torch.int32"),
-        (dict(lengths=i32([1, 2, 3])), ValueError, "lengths must have shape (2,)"),
-        (dict(lengths=i32([[1, 2]])), ValueError, "lengths must be 1-D"),
-        (dict(k=100), ValueError, "k must be a positive multiple of 128"),
-        (dict(k=8192), ValueError, "k must be a positive multiple of 128"),
+        (dict(lengths=L.long()), TypeError, "seq_lens must have dtype torch.int32"),
+        (dict(lengths=i32([1, 2, 3])), ValueError, "seq_lens must have shape (2,)"),
+        (dict(lengths=i32([[1, 2]])), ValueError, "seq_lens must be 1-D"),
+        (dict(k=MAX_K + 1), ValueError, f"k must be <= {MAX_K}"),
         (dict(k=0), ValueError, "k must be >= 1"),
         (dict(k=128.0), TypeError, "k must be an int"),
         (
@@ -602,12 +614,12 @@ def test_bad_inputs():
         (
             dict(out=torch.empty(1, 128, dtype=torch.int32).expand(2, 128)),
             ValueError,
-            "out must not be a broadcast view",
+            "out must not be a view whose elements overlap",
         ),
         (
             dict(valid_counts_out=torch.empty(1, dtype=torch.int32).expand(2)),
             ValueError,
-            "valid_counts_out must not be a broadcast view",
+            "valid_counts_out must not be a view whose elements overlap",
         ),
         (dict(block_table=bt), ValueError, "block_table and req_id must be given together"),
         (dict(req_id=req), ValueError, "block_table and req_id must be given together"),
@@ -648,19 +660,172 @@ def test_bad_inputs():
         (dict(num_splits=0), ValueError, "num_splits must be >= 1"),
         (dict(num_splits=10_000), ValueError, "num_splits must be <= 256"),
         (dict(prefilter=1), TypeError, "prefilter must be a bool or None"),
+        (dict(enable_pdl=1), TypeError, "enable_pdl must be a bool or None"),
+        (dict(config={"row_block": 256}), TypeError, "config must be a TopKConfig"),
+        (dict(config=TopKConfig(row_block=300)), ValueError, "config.row_block must be a power"),
+        (dict(config=TopKConfig(pdl=4)), ValueError, "config.pdl must be 0, 1, 2 or 3"),
+        (dict(config=TopKConfig(tile_radix_bits=7)), ValueError, "config.tile_radix_bits"),
+        # F12: pages of block_size rows cannot start closer together (the remap rejects it).
+        (
+            dict(block_table=bt, req_id=req, block_size=64, block_stride_rows=63),
+            ValueError,
+            "block_stride_rows must be >= block_size (64)",
+        ),
+        # F04: an output view whose rows overlap.
+        (
+            dict(out=torch.zeros(131, dtype=torch.int32).as_strided((2, 128), (1, 1))),
+            ValueError,
+            "out must not be a view whose elements overlap",
+        ),
+        # F02: outputs that alias an input or each other.
+        (dict(valid_counts_out=L), ValueError, "valid_counts_out overlaps seq_lens"),
+        (
+            dict(out=x.view(torch.int32)[:, :128]),
+            ValueError,
+            "out overlaps logits",
+        ),
+        (
+            dict(out=OUT, valid_counts_out=OUT[:, 0]),
+            ValueError,
+            "out overlaps valid_counts_out",
+        ),
+        (
+            dict(valid_counts_out=i32([0, 0]), block_table=bt, req_id=req, out=OUT.clone()),
+            None,
+            None,
+        ),
     ]
     for kw, exc, msg in cases:
         args = dict(logits=x, lengths=L, k=128)
         args.update(kw)
         logits, lengths = args.pop("logits"), args.pop("lengths")
+        if exc is None:  # the control: separate buffers pass
+            select_topk(logits, lengths, **args)
+            continue
         with pytest.raises(exc) as info:
             select_topk(logits, lengths, **args)
         assert msg in str(info.value), (kw.keys(), str(info.value))
+
+
+def test_output_offsets_past_int32_are_rejected(huge_int32: torch.Tensor):
+    """F03: an out= view whose column offsets pass int32 (it once crashed the process)."""
+    out = huge_int32.as_strided((1, 128), (1, 16909321))
+    with pytest.raises(ValueError, match="out spans element offsets"):
+        select_topk(torch.randn(1, 300, device=DEV), i32([300]), k=128, out=out)
+    counts = huge_int32.as_strided((2,), (2**31,))
+    with pytest.raises(ValueError, match="valid_counts_out spans element offsets"):
+        select_topk(torch.randn(2, 300, device=DEV), i32([300, 3]), k=128, valid_counts_out=counts)
 
 
 def test_bad_device():
     if DEV.type != "cpu":
         pytest.skip("the mismatch is built with a meta tensor under the interpreter")
     x = torch.randn(2, 300)
-    with pytest.raises(ValueError, match="lengths is on meta but logits is on cpu"):
+    with pytest.raises(ValueError, match="seq_lens"):
         select_topk(x, torch.zeros(2, dtype=torch.int32, device="meta"), k=128)
+
+
+# ---- any k ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3, 100, 200])
+def test_any_k(path: dict, k: int, seed: int, rng: random.Random):
+    """Every k from 1 up is exact (it once had to be a multiple of 128); ties included."""
+    n = rng.randint(900, 1200)
+    x = torch.randn(6, n, device=DEV)
+    x[1] = (x[1] * 2).round()  # ties at the threshold
+    x[2] = 0.5  # all equal
+    run_checked(x, edge_lengths(n, k, 6, rng), k, **path)
+
+
+@pytest.mark.parametrize("k", [3000, MAX_K])
+def test_large_k(k: int, seed: int, rng: random.Random):
+    """vLLM's own tests use k = 3000; above 2048 the prefilter does not apply (prefilter=True
+    takes the radix passes), up to MAX_K."""
+    n = k + rng.randint(1, 3000)
+    x = torch.randn(3, n, device=DEV)
+    x[1] = (x[1] * 4).round()
+    lengths = i32([n, n - rng.randint(0, n - k - 1), k - 5])
+    run_checked(x, lengths, k, num_splits=3, prefilter=True)
+    if k <= 4096:
+        run_checked(x, lengths, k, num_splits=1)
+
+
+# ---- config and plan (host only) ---------------------------------------------------------
+
+
+def test_plan_defaults_pick_the_measured_launches():
+    """plan_topk is pure: the default knobs give these launches for these shapes."""
+    p = plan_topk(1, 300, 128, num_sms=132)
+    assert (p.path, p.row_block, p.one_chunk, p.block_k, p.pdl) == ("row", 512, True, 128, 3)
+    p = plan_topk(1, 4096, 2048, num_sms=132, fused=True, block_size=64)
+    assert (p.path, p.row_block, p.one_chunk, p.row_stage) == ("row", 4096, True, 64)
+    p = plan_topk(1, 8192, 2048, num_sms=132, num_splits=1)
+    assert (p.path, p.row_block, p.one_chunk) == ("row", 4096, False)
+    p = plan_topk(8, 16384, 2048, num_sms=132, fused=True, block_size=64)
+    assert (p.path, p.splits, p.slice_len, p.radix_rows) == ("split", 16, 1024, 8)
+    assert (p.radix_splits, p.write_stage, p.pdl) == (16, 32, 3)
+    p = plan_topk(64, 65536, 2048, num_sms=132)
+    assert (p.path, p.splits, p.slice_len, p.marked, p.tile) == ("prefilter", 16, 4096, True, 4096)
+    assert (p.target, p.sample, p.log_words, p.pdl, p.sample_passes) == (2896, 4096, 11, 1, 3)
+    assert (p.radix_rows, p.radix_splits, p.radix_slice, p.side_stream) == (64, 16, 4096, True)
+    p = plan_topk(8, 65536, 2048, num_sms=132)
+    assert p.path == "prefilter" and not p.marked  # 512K scores: copied, not marked
+    assert plan_topk(4, 65536, 3000, num_sms=132, prefilter=True).path == "split"  # 2k > 4096
+    assert plan_topk(4, 65536, 128, num_sms=132, prefilter=False).path == "split"
+
+
+def test_plan_follows_the_config():
+    """Each knob reaches the plan (a config is passed per call, never module state)."""
+    base = dict(num_sms=132)
+    cfg = TopKConfig(pdl=2, pdl_early_prefilter=False, fallback_side_stream=False)
+    p = plan_topk(64, 65536, 2048, config=cfg, **base)
+    assert (p.pdl, p.side_stream) == (2, False)
+    assert plan_topk(64, 65536, 2048, config=TopKConfig(pdl=0), **base).pdl == 0
+    cfg = TopKConfig(prefilter_min_scores=1 << 30)
+    assert plan_topk(64, 65536, 2048, config=cfg, **base).path == "split"
+    cfg = TopKConfig(prefilter_mark_min_scores=1 << 30)
+    assert not plan_topk(64, 65536, 2048, config=cfg, **base).marked
+    cfg = TopKConfig(use_gather=False)
+    p = plan_topk(1, 4096, 2048, fused=True, block_size=64, config=cfg, **base)
+    assert p.row_stage == 0
+    assert plan_topk(1, 1000, 128, config=TopKConfig(row_block=256), **base).one_chunk is False
+    p = plan_topk(2, 1500, 128, num_splits=3, config=TopKConfig(split_block=256), **base)
+    assert (p.path, p.splits, p.slice_len) == ("split", 3, 512)
+
+
+def test_enable_pdl_reaches_every_launch(monkeypatch: pytest.MonkeyPatch):
+    """enable_pdl=False launches with PDL mode 0; None/True ask for the plan's mode (the
+    device decides where it applies)."""
+    modes = []
+
+    def record(device, mode, enable_pdl):
+        modes.append(mode if enable_pdl is not False else 0)
+        return {"PDL": 0}
+
+    monkeypatch.setattr(topk_api, "pdl_launch", record)
+    x = torch.randn(2, 600, device=DEV)
+    for flag in (None, True, False):
+        select_topk(x, i32([600, 5]), k=128, enable_pdl=flag)
+    assert modes == [3, 3, 0]
+
+
+def test_workspace_rows_checked():
+    """F11: topk_workspace(-1) and (2.5) are rejected, naming the argument."""
+    with pytest.raises(ValueError, match="rows must be >= 0"):
+        topk_workspace(-1)
+    with pytest.raises(TypeError, match="rows must be an int"):
+        topk_workspace(2.5)
+    assert topk_workspace(0).numel() == topk_workspace_numel(0)
+
+
+def test_split_path_counts_aliasing_seq_lens_rejected():
+    """F02: valid_counts_out=seq_lens on the split path once overwrote the lengths the
+    later launches read (a silent wrong answer)."""
+    x = torch.randn(2, 1500, device=DEV)
+    lens = i32([1500, 1400])
+    with pytest.raises(ValueError, match="valid_counts_out overlaps seq_lens"):
+        select_topk(x, lens, k=128, num_splits=3, valid_counts_out=lens)
+    ws = topk_workspace(2, DEV)
+    with pytest.raises(ValueError, match="out overlaps workspace"):
+        select_topk(x, lens, k=128, num_splits=3, workspace=ws, out=ws[:256].view(2, 128))

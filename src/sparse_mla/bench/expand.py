@@ -52,12 +52,12 @@ GRIDS: dict[str, dict[str, Any]] = {
 def _ops() -> SimpleNamespace:
     """The implementations timed (tests replace this with stand-ins)."""
     import sparse_mla
-    from sparse_mla.ops.decode_metadata import expand, naive
+    from sparse_mla.ops.decode_metadata import naive
 
     return SimpleNamespace(
         expand=sparse_mla.expand_decode_tokens,
         torch_ops=naive.expand_decode_tokens_torch_ops,
-        knobs=expand,
+        real=True,
     )
 
 
@@ -81,13 +81,11 @@ def _poison(s: InputSet) -> None:
         t.fill_(POISON)
 
 
-def _triton_variant(
-    fn: Any, name: str, form: str, n: int, knobs: Any = None, pdl: bool = True
-) -> Variant:
+def _triton_variant(fn: Any, name: str, form: str, n: int, pdl: bool = True) -> Variant:
     """``form``: how the decode lengths are given: ``uniform`` (host-known n, an int),
     ``ragged`` (device decode lengths) or ``qsl`` (device row offsets); the ragged forms
-    allocate nothing and do not synchronise, also on uniform data. ``knobs``: the module
-    holding ``USE_PDL``; ``pdl=False`` launches with it off."""
+    allocate nothing and do not synchronise, also on uniform data. ``pdl=False`` launches
+    with ``enable_pdl=False``."""
     keep = kwargs_filter(fn)
     has_out = "out" in keep({"out": None})
 
@@ -95,24 +93,14 @@ def _triton_variant(
         kw = dict(max_decode_len=n, num_tokens=s["total"], uniform=form == "uniform")
         if form == "qsl":
             kw = dict(kw, uniform=None, query_start_loc=s["query_start_loc"])
-        kw = keep(kw)
+        kw = keep(kw if pdl else dict(kw, enable_pdl=False))
         args = (s["seq_lens"], s["block_table"])
         if form != "qsl":
             args += (n if form == "uniform" else s["decode_lens"],)
         if s["out"] is None:
             s["out"] = fn(*args, **kw)
         kw_call = dict(kw, out=s["out"]) if has_out else kw
-        if pdl:
-            return lambda: fn(*args, **kw_call)
-
-        def call() -> Any:
-            old, knobs.USE_PDL = knobs.USE_PDL, 0
-            try:
-                return fn(*args, **kw_call)
-            finally:
-                knobs.USE_PDL = old
-
-        return call
+        return lambda: fn(*args, **kw_call)
 
     return Variant(name, bind, "ours" if pdl else "extra")
 
@@ -155,13 +143,12 @@ def build(grid: str, device: torch.device) -> list[Case]:
         kernels = [_triton_variant(ops.expand, "triton-ragged", "ragged", n)]
         if not ragged:
             kernels.insert(0, _triton_variant(ops.expand, "triton-uniform", "uniform", n))
-        knobs = getattr(ops, "knobs", None)  # test stand-ins have none
-        if knobs is not None:
+        if getattr(ops, "real", False):  # not with the tests' stand-ins
             kernels.append(_triton_variant(ops.expand, "triton-qsl", "qsl", n))
             kernels.append(
-                _triton_variant(ops.expand, "ragged-nopdl", "ragged", n, knobs, pdl=False)
+                _triton_variant(ops.expand, "ragged-nopdl", "ragged", n, pdl=False)
                 if ragged
-                else _triton_variant(ops.expand, "uniform-nopdl", "uniform", n, knobs, pdl=False)
+                else _triton_variant(ops.expand, "uniform-nopdl", "uniform", n, pdl=False)
             )
         return Case(
             op="expand",

@@ -5,6 +5,7 @@ See ``expand.py`` for the Triton kernels and ``naive.py`` for the PyTorch refere
 
 from .builder import DecodeMetadata, DecodeMetadataBuilder
 from .expand import (
+    ExpandConfig,
     ExpandedDecodeTokens,
     dcp_local_seq_lens,
     expand_decode_tokens,
@@ -14,6 +15,7 @@ from .expand import (
 __all__ = [
     "DecodeMetadata",
     "DecodeMetadataBuilder",
+    "ExpandConfig",
     "ExpandedDecodeTokens",
     "dcp_local_seq_lens",
     "expand_decode_tokens",

@@ -12,7 +12,9 @@ from ..._runtime import canonical_device
 from .expand import (
     _INT32_MAX,
     MAX_DECODE_LEN,
+    ExpandConfig,
     ExpandedDecodeTokens,
+    _check_config,
     _check_seq_lens_block_table,
     _host_decode_lens,
     _launch_expand,
@@ -66,6 +68,7 @@ class DecodeMetadataBuilder:
             has the same ``n`` and it is in this set nothing is flattened.
         dcp_size, dcp_rank, interleave: decode context parallelism of this rank.
         device: where buffers live (default: CUDA, or the CPU under the interpreter).
+        config: tuning of the expansion kernels (:class:`ExpandConfig`; None = defaults).
 
     :meth:`build` allocates no device memory, launches exactly one kernel and never reads
     device data back: decode lengths are host-known, and when the ragged kernel needs them on
@@ -88,6 +91,7 @@ class DecodeMetadataBuilder:
         dcp_rank: int = 0,
         interleave: int = 1,
         device: torch.device | str | None = None,
+        config: ExpandConfig | None = None,
     ) -> None:
         check_int("max_num_tokens", max_num_tokens, lo=0, hi=_INT32_MAX)
         check_int("max_num_requests", max_num_requests, lo=0, hi=_INT32_MAX)
@@ -99,6 +103,7 @@ class DecodeMetadataBuilder:
         for n in native:
             check_int("native_decode_lens", n, lo=1, hi=max_decode_len)
         check_dcp(dcp_size, dcp_rank, interleave)
+        self.config = _check_config(config)
 
         self.max_num_tokens = max_num_tokens
         self.max_num_requests = max_num_requests
@@ -167,6 +172,7 @@ class DecodeMetadataBuilder:
         decode_lens: int | Sequence[int] | torch.Tensor,
         *,
         num_tokens: int | None = None,
+        enable_pdl: bool | None = None,
     ) -> DecodeMetadata:
         """Build this step's decode metadata.
 
@@ -180,6 +186,8 @@ class DecodeMetadataBuilder:
             num_tokens: flattened rows to produce (CUDA-graph padding); default ``sum(n_b)``;
                 must lie in ``[sum(n_b), max_num_tokens]``. Native mode always has ``B * n``
                 rows (the value is only checked).
+            enable_pdl: programmatic dependent launch of the one launch (None or True: on
+                where supported; False: off).
 
         Returns:
             :class:`DecodeMetadata` whose tensors are views into this builder's buffers.
@@ -220,17 +228,19 @@ class DecodeMetadataBuilder:
 
         distinct = set(host)
         requires_padding = len(distinct) > 1
-        dcp = {
+        kw = {
             "dcp_size": self.dcp_size,
             "dcp_rank": self.dcp_rank,
             "dcp_interleave": self.interleave,
+            "config": self.config,
+            "enable_pdl": enable_pdl,
         }
 
         if len(distinct) == 1 and host[0] in self.native_decode_lens:
             n = host[0]
             lens = self._native_seq_lens[: num_reqs * n].view(num_reqs, n)
             dl = self._req_decode_lens[:num_reqs]
-            _launch_native(seq_lens, lens, dl, next_n=n, **dcp)
+            _launch_native(seq_lens, lens, dl, next_n=n, **kw)
             return DecodeMetadata(
                 flattened=False,
                 requires_padding=False,
@@ -256,7 +266,7 @@ class DecodeMetadataBuilder:
                 out,
                 query_start_loc=self._stage_starts(decode_lens, num_reqs),  # ragged: not an int
                 max_decode_len=self.max_decode_len,
-                **dcp,
+                **kw,
             )
         else:
             _launch_expand(
@@ -265,7 +275,7 @@ class DecodeMetadataBuilder:
                 out,
                 uniform_n=host[0] if host else 0,
                 max_decode_len=self.max_decode_len,
-                **dcp,
+                **kw,
             )
         return DecodeMetadata(
             flattened=True,

@@ -16,6 +16,7 @@ All three localise lengths with ``ops/_common/dcp.py``'s ``dcp_local_count``, th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -43,27 +44,57 @@ MAX_REQUESTS_RAGGED = 1 << 16
 MAX_NEXT_N = 1024
 # A request's rows are one tile of next_pow2(n) lanes: Triton's largest block.
 MAX_DECODE_LEN = 1 << 20
-# Block-table columns per program (grid = requests x chunks of a row): it loads them once
-# and stores them into each of its request's rows. The chunk is sized for about
-# COPY_PROGRAMS programs (COPY_PROGRAMS_OFFSETS for ragged rows given as offsets), within
-# [MIN_COPY_CHUNK, MAX_COPY_CHUNK]: narrow chunks spread few requests over the chip; wide
-# ones write faster with evict-first stores (uniform B = 256-512: 3-14% faster at 256
-# programs than at 1024) and keep down the sums of all B decode lengths that each ragged
-# program given device decode lengths makes. Ragged rows given as offsets make no sums and
-# were 1-10% faster at 1024 programs (benchmarks/exp_pdl.py --expand-set copy and s8).
-# Powers of two. A 64-token page size and a 128K context give 2048 columns.
-COPY_PROGRAMS = 256
-COPY_PROGRAMS_OFFSETS = 1024
-MIN_COPY_CHUNK = 512
-MAX_COPY_CHUNK = 2048
-# Programmatic dependent launch mode of every kernel here (see _runtime.pdl_prologue): wait
-# only. Letting the next launch start early as well was up to 1.7x slower for the expansion
-# from 256 requests (benchmarks/exp_pdl.py).
-USE_PDL = 2
-# The output rows are written once and read by a later kernel: an evict-first hint on their
-# stores was 4-12% faster from 256 requests (B = 512, n = 8: 9.45 against 10.22 us),
-# neutral at 64 (benchmarks/exp_pdl.py --expand-set s8).
-STORE_EVICT = "evict_first"
+
+
+@dataclass(frozen=True)
+class ExpandConfig:
+    """Tuning of the expansion kernels (defaults: the measured best; any value stays exact).
+
+    Block-table columns per program (grid = requests x chunks of a row): it loads them once
+    and stores them into each of its request's rows. The chunk is sized for about
+    ``copy_programs`` programs (``copy_programs_offsets`` for ragged rows given as offsets),
+    within ``[min_copy_chunk, max_copy_chunk]`` (powers of two): narrow chunks spread few
+    requests over the chip; wide ones write faster with evict-first stores (uniform B =
+    256-512: 3-14% faster at 256 programs than at 1024) and keep down the sums of all B
+    decode lengths that each ragged program given device decode lengths makes. Ragged rows
+    given as offsets make no sums and were 1-10% faster at 1024 programs. A 64-token page
+    size and a 128K context give 2048 columns.
+
+    Attributes:
+        copy_programs, copy_programs_offsets, min_copy_chunk, max_copy_chunk: see above.
+        pdl: programmatic dependent launch mode of every kernel here where it is enabled
+            (``_runtime.pdl_prologue``): 2 only waits for the launch before. Letting the next
+            launch start early as well (1, 3) was up to 1.7x slower from 256 requests.
+        store_evict: eviction hint of the output stores: written once and read by a later
+            kernel, evict-first was 4-12% faster from 256 requests, neutral at 64.
+    """
+
+    copy_programs: int = 256
+    copy_programs_offsets: int = 1024
+    min_copy_chunk: int = 512
+    max_copy_chunk: int = 2048
+    pdl: int = 2
+    store_evict: str = "evict_first"
+
+
+DEFAULT_EXPAND_CONFIG = ExpandConfig()
+
+
+def _check_config(config: ExpandConfig | None) -> ExpandConfig:
+    if config is None:
+        return DEFAULT_EXPAND_CONFIG
+    if not isinstance(config, ExpandConfig):
+        raise TypeError(f"config must be an ExpandConfig, got {type(config).__name__}")
+    for name in ("copy_programs", "copy_programs_offsets", "min_copy_chunk", "max_copy_chunk"):
+        v = getattr(config, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+            raise ValueError(f"config.{name} must be a power of two >= 1, got {v!r}")
+    if isinstance(config.pdl, bool) or config.pdl not in (0, 1, 2, 3):
+        raise ValueError(f"config.pdl must be 0, 1, 2 or 3, got {config.pdl!r}")
+    if config.store_evict not in ("", "evict_first", "evict_last"):
+        raise ValueError("config.store_evict must be '', 'evict_first' or 'evict_last'")
+    return config
+
 
 DecodeLens = int | Sequence[int] | torch.Tensor
 
@@ -270,11 +301,14 @@ def _dcp_local_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _copy_layout(num_reqs: int, width: int, offsets: bool = False) -> tuple[int, int]:
-    """Block-table columns per program of the expansion, and programs per request."""
-    programs = COPY_PROGRAMS_OFFSETS if offsets else COPY_PROGRAMS
+def _copy_layout(
+    num_reqs: int, width: int, offsets: bool = False, config: ExpandConfig = DEFAULT_EXPAND_CONFIG
+) -> tuple[int, int]:
+    """Block-table columns per program of the expansion, and programs per request (pure)."""
+    c = config
+    programs = c.copy_programs_offsets if offsets else c.copy_programs
     block_w = next_pow2(cdiv(width * num_reqs, programs))
-    block_w = min(max(block_w, MIN_COPY_CHUNK), MAX_COPY_CHUNK, max(16, next_pow2(width)))
+    block_w = min(max(block_w, c.min_copy_chunk), c.max_copy_chunk, max(16, next_pow2(width)))
     col_programs = max(cdiv(width, block_w), 1)
     if col_programs > _MAX_GRID_Y:
         raise ValueError(
@@ -381,6 +415,8 @@ def _launch_expand(
     uniform_n: int | None = None,
     device_decode_lens: torch.Tensor | None = None,
     query_start_loc: torch.Tensor | None = None,
+    config: ExpandConfig = DEFAULT_EXPAND_CONFIG,
+    enable_pdl: bool | None = None,
 ) -> None:
     """Exactly one of ``uniform_n`` (uniform kernel), ``query_start_loc`` (row starts: each
     program reads its own two) or ``device_decode_lens`` (each program sums all B lengths)."""
@@ -394,7 +430,7 @@ def _launch_expand(
     if uniform:
         dl = seq_lens  # unused by the uniform kernel
     assert dl is not None and uniform + qsl + (device_decode_lens is not None) == 1
-    block_w, col_programs = _copy_layout(num_reqs, width, qsl)
+    block_w, col_programs = _copy_layout(num_reqs, width, qsl, config)
     grid = max(num_reqs, 1)
     _expand_kernel[(grid, col_programs)](
         seq_lens,
@@ -428,9 +464,9 @@ def _launch_expand(
         BLOCK_B=next_pow2(num_reqs) if device_decode_lens is not None else 1,  # for the sums
         BLOCK_N=next_pow2(max(uniform_n if uniform else max_decode_len, 1)),
         BLOCK_W=block_w,
-        EVICT=STORE_EVICT,
+        EVICT=config.store_evict,
         num_warps=4,
-        **pdl_launch(seq_lens.device, USE_PDL),
+        **pdl_launch(seq_lens.device, config.pdl, enable_pdl),
     )
 
 
@@ -443,6 +479,8 @@ def _launch_native(
     dcp_size: int,
     dcp_rank: int,
     dcp_interleave: int,
+    config: ExpandConfig = DEFAULT_EXPAND_CONFIG,
+    enable_pdl: bool | None = None,
 ) -> None:
     num_reqs = seq_lens.shape[0]
     if num_reqs == 0:
@@ -468,7 +506,7 @@ def _launch_native(
         BLOCK_R=block_r,
         BLOCK_N=block_n,
         num_warps=4,
-        **pdl_launch(seq_lens.device, USE_PDL),
+        **pdl_launch(seq_lens.device, config.pdl, enable_pdl),
     )
 
 
@@ -490,6 +528,8 @@ def expand_decode_tokens(
     dcp_rank: int = 0,
     interleave: int = 1,
     out: ExpandedDecodeTokens | None = None,
+    config: ExpandConfig | None = None,
+    enable_pdl: bool | None = None,
 ) -> ExpandedDecodeTokens:
     """Flatten ``B`` decode requests into one single-query-token row per token (one launch).
 
@@ -534,6 +574,10 @@ def expand_decode_tokens(
         out: optional pre-sized buffers with the shapes below (any strides); must not overlap
             the inputs. With ``out`` and device ``decode_lens`` or ``query_start_loc`` the call
             allocates nothing and does not synchronise (CUDA-graph safe).
+        config: tuning (:class:`ExpandConfig`); None = the measured defaults.
+        enable_pdl: programmatic dependent launch (the launch waits for the one before it,
+            so its start overlaps that kernel's tail). None or True: on where the device
+            supports it (Hopper on); False: off.
 
     Returns:
         :class:`ExpandedDecodeTokens` (``out`` itself when given): ``seq_lens`` int32 ``[N]``,
@@ -541,6 +585,7 @@ def expand_decode_tokens(
         ``[N]``. Example: ``L=[10, 7]``, ``n=3`` gives ``seq_lens=[8, 9, 10, 5, 6, 7]``.
     """
     seq_lens, block_table, device = _check_seq_lens_block_table(seq_lens, block_table)
+    config = _check_config(config)
     num_reqs, width = block_table.shape
     check_int("max_decode_len", max_decode_len, lo=1, hi=MAX_DECODE_LEN)
     check_dcp(dcp_size, dcp_rank, interleave)
@@ -621,6 +666,8 @@ def expand_decode_tokens(
         dcp_size=dcp_size,
         dcp_rank=dcp_rank,
         dcp_interleave=interleave,
+        config=config,
+        enable_pdl=enable_pdl,
     )
     return out
 
@@ -633,6 +680,8 @@ def native_decode_seq_lens(
     dcp_rank: int = 0,
     interleave: int = 1,
     out: torch.Tensor | None = None,
+    config: ExpandConfig | None = None,
+    enable_pdl: bool | None = None,
 ) -> torch.Tensor:
     """Per-token lengths in the un-flattened ``[B, next_n]`` layout (one launch).
 
@@ -645,11 +694,13 @@ def native_decode_seq_lens(
             are localised to ``dcp_rank`` after the causal offset is applied.
         out: optional int32 ``[B, next_n]`` buffer on the same device (any strides; sharing
             memory with ``seq_lens`` raises ``ValueError``).
+        config, enable_pdl: as in :func:`expand_decode_tokens`.
 
     Returns:
         int32 ``[B, next_n]``: ``out[b, j] = max(L_b - next_n + 1 + j, 0)`` (DCP-localised).
     """
     seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
+    config = _check_config(config)
     # The kernel holds a next_pow2(next_n)-wide tile of draft positions.
     check_int("next_n", next_n, lo=1, hi=MAX_NEXT_N)
     check_dcp(dcp_size, dcp_rank, interleave)
@@ -668,6 +719,8 @@ def native_decode_seq_lens(
         dcp_size=dcp_size,
         dcp_rank=dcp_rank,
         dcp_interleave=interleave,
+        config=config,
+        enable_pdl=enable_pdl,
     )
     return out
 
@@ -679,6 +732,8 @@ def dcp_local_seq_lens(
     dcp_rank: int,
     interleave: int = 1,
     out: torch.Tensor | None = None,
+    config: ExpandConfig | None = None,
+    enable_pdl: bool | None = None,
 ) -> torch.Tensor:
     """Localise lengths to one decode-context-parallel rank (elementwise, one launch).
 
@@ -689,12 +744,14 @@ def dcp_local_seq_lens(
         interleave: tokens per group ``I`` (>= 1); position ``p`` lives on rank ``(p // I) % W``.
         out: optional int32 ``[N]`` buffer on the same device; may be ``seq_lens`` itself
             (the same view: in place), but no other view sharing its memory.
+        config, enable_pdl: as in :func:`expand_decode_tokens` (only ``config.pdl`` applies).
 
     Returns:
         int32 ``[N]``: the number of positions ``p < seq_lens[i]`` owned by ``dcp_rank``.
         Example: ``W=2``, rank 1, ``I=1``: ``[8, 9, 10] -> [4, 4, 5]``.
     """
     seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
+    config = _check_config(config)
     check_dcp(dcp_size, dcp_rank, interleave)
     n = seq_lens.shape[0]
     if out is None:
@@ -717,6 +774,6 @@ def dcp_local_seq_lens(
             interleave,
             BLOCK=block,
             num_warps=4,
-            **pdl_launch(seq_lens.device, USE_PDL),
+            **pdl_launch(seq_lens.device, config.pdl, enable_pdl),
         )
     return out

@@ -40,6 +40,8 @@ from functools import lru_cache
 from ..._runtime import HAS_GATHER, next_pow2
 
 POLICIES = ("auto", "seed", "tiled_atomic")
+# The thresholds below are constants of choose_remap_layout (a pure function), not knobs:
+# to run a call with other launch parameters, pass it a RemapLayout.
 # Upstream's column tile for the tiled layout.
 LEGACY_TILE = 128
 # Widest column chunk one program loads at once; wider rows loop over chunks.

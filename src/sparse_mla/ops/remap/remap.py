@@ -328,6 +328,7 @@ def _launch(
     out: torch.Tensor | None,
     valid_counts_out: torch.Tensor | None,
     layout: str | RemapLayout,
+    enable_pdl: bool | None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     check_tensor("req_id", req_id, dtype=torch.int32, ndim=1)
     check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
@@ -456,7 +457,7 @@ def _launch(
             NUM_CHUNKS=layout.num_chunks,
             EVICT="evict_first" if layout.evict_first else "",
             num_warps=layout.num_warps,
-            **pdl_launch(device, layout.pdl),
+            **pdl_launch(device, layout.pdl, enable_pdl),
         )
         if layout.flat:
             vec = _flat_vec(num_cols, (ti_s0, ti_s1), (out_s0, out_s1))
@@ -489,6 +490,7 @@ def convert_req_index_to_global_index(
     out: torch.Tensor | None = None,
     valid_counts_out: torch.Tensor | None = None,
     layout: str | RemapLayout = "auto",
+    enable_pdl: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Map request-local top-k positions to global KV-cache slots, column by column.
 
@@ -510,6 +512,8 @@ def convert_req_index_to_global_index(
             ``valid_counts_out`` raises ``ValueError``.
         valid_counts_out: optional int32 ``[T]`` for the counts (same rules).
         layout: ``"auto"`` (ours), ``"seed"``, ``"tiled_atomic"`` or a :class:`RemapLayout`.
+        enable_pdl: programmatic dependent launch in the layout's mode (``RemapLayout.pdl``).
+            None or True: on where the device supports it (Hopper on); False: off.
 
     Returns:
         ``out`` int32 ``[T, K]``: ``block_table[req_id[t], i // block_size] *
@@ -538,6 +542,7 @@ def convert_req_index_to_global_index(
         out=out,
         valid_counts_out=valid_counts_out,
         layout=layout,
+        enable_pdl=enable_pdl,
     )
 
 
@@ -556,6 +561,7 @@ def filter_and_convert_dcp_index(
     out: torch.Tensor | None = None,
     valid_counts_out: torch.Tensor | None = None,
     layout: str | RemapLayout = "auto",
+    enable_pdl: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Keep the positions this DCP rank owns, localise them and map them to its cache slots.
 
@@ -573,6 +579,7 @@ def filter_and_convert_dcp_index(
             column order, then -1 (deterministic with the ``auto`` layout; the
             ``tiled_atomic`` layout leaves the prefix order arbitrary). Without it, entries
             keep their columns and positions of other ranks become -1.
+        layout, enable_pdl: as in :func:`convert_req_index_to_global_index`.
 
     Returns:
         ``out`` int32 ``[T, K]``, or ``(out, valid_counts)`` with ``return_valid_counts``.
@@ -593,4 +600,5 @@ def filter_and_convert_dcp_index(
         out=out,
         valid_counts_out=valid_counts_out,
         layout=layout,
+        enable_pdl=enable_pdl,
     )

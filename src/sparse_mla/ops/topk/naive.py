@@ -1,7 +1,7 @@
 """Plain PyTorch references for the exact top-k of the DSA indexer, written to be read.
 
 These are the ground truth for the tests and the GPU benchmark. The ranking rule is the one
-documented in :func:`sparse_mla.ops.topk.topk.select_topk`:
+documented in :func:`sparse_mla.ops.topk.select_topk`:
 
 * higher score first; scores are compared by value, so ``-0.0 == +0.0`` (a tie);
 * NaN ranks below every number, ``-inf`` included (NaNs tie with each other);
@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import torch
 
+from .._common.paging import page_slot_reference
 
-def select_topk_reference(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
+
+def select_topk_reference(logits: torch.Tensor, seq_lens: torch.Tensor, k: int) -> torch.Tensor:
     """Exact top-k positions per row, by stable sorting (any device).
 
     Args:
         logits: fp32 ``[rows, N]``, the indexer's scores; column ``i`` is position ``i``.
-        lengths: int ``[rows]``, number of visible positions of each row (clamped to [0, N]).
+        seq_lens: int ``[rows]``, number of visible positions of each row (clamped to [0, N]).
         k: number of positions to keep per row.
 
     Returns:
@@ -30,7 +32,7 @@ def select_topk_reference(logits: torch.Tensor, lengths: torch.Tensor, k: int) -
     rows, n = logits.shape
     out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     for r in range(rows):
-        length = min(max(int(lengths[r]), 0), n)
+        length = min(max(int(seq_lens[r]), 0), n)
         take = min(k, length)
         if take == 0:
             continue
@@ -67,9 +69,10 @@ def positions_to_slots_reference(
     Returns:
         ``(slots, valid_counts)``: slots int32 ``[rows, k]`` with
         ``block_table[req_id[t], i // block_size] * block_stride_rows + i % block_size`` for
-        ``i = positions[t, c]``, and -1 where ``i < 0``, the page is outside ``[0, W)`` or
-        ``req_id[t]`` is outside ``[0, R)``; valid_counts int32 ``[rows]``, the number of
-        entries that passed those rules.
+        ``i = positions[t, c]``, and -1 where ``i < 0``, the page is outside ``[0, W)``,
+        ``req_id[t]`` is outside ``[0, R)``, the page id is negative or the slot does not fit
+        in int32; valid_counts int32 ``[rows]``, the number of entries that passed those
+        rules.
     """
     stride = block_size if block_stride_rows is None else block_stride_rows
     num_req, width = block_table.shape
@@ -77,10 +80,10 @@ def positions_to_slots_reference(
     req = req_id.long()[:, None].expand_as(pos)
     page = pos.clamp_min(0) // block_size
     valid = (pos >= 0) & (req >= 0) & (req < num_req) & (page < width)
-    slots = torch.full_like(pos, -1)
+    slots = torch.full_like(pos, -1, dtype=torch.int32)
     if valid.any():
-        base = block_table.long()[req[valid], page[valid]]
-        # int64 arithmetic, then wrap to int32 like the kernels' int32 arithmetic does.
-        slots[valid] = base * stride + pos[valid] % block_size
-    slots = slots.to(torch.int32)  # two's-complement truncation
+        page_id = block_table[req[valid], page[valid]]
+        slot, fits = page_slot_reference(page_id, pos[valid] % block_size, stride)
+        slots[valid] = slot
+        valid[valid.clone()] = fits
     return slots, valid.sum(dim=1).to(torch.int32)
