@@ -110,3 +110,67 @@ def random_step(
 def clone_inputs(x: DecodeInputs) -> DecodeInputs:
     """A deep copy (caches included), so a reference can write its own caches."""
     return DecodeInputs(*(t.clone() for t in x))
+
+
+# Tolerances of the step against its fp32/fp64 reference (see step_error).
+OUT_ATOL, OUT_RTOL = 3e-2, 2e-2  # bf16 output (8 mantissa bits) of a convex mix of bf16 values
+LSE_ATOL, LSE_RTOL = 1e-3, 1e-4  # fp32 softmax denominator, summation order only
+TIE_RTOL = 1e-5  # indexer scores this close (relative to the row's largest) may swap places
+
+
+def step_error(
+    result, ref, case: StepCase, *, page_size: int = 64
+) -> tuple[str | None, int]:
+    """Why a :class:`~sparse_mla.decode.DecodeStepOutput` disagrees with its
+    :class:`~sparse_mla.decode.naive.StepReference` (None when it agrees), and how many rows
+    chose a different top-k set on a near-tie (those rows' out / lse are not compared).
+
+    Selection: per row, the attended slots (mapped back to positions) must equal the
+    reference's top-k set, except for positions whose reference score lies within
+    ``TIE_RTOL`` of the row's k-th best score. Attention: ``OUT_*`` / ``LSE_*`` tolerances,
+    the ``-inf`` lse pattern exactly, no NaN.
+    """
+    from .naive import row_layout
+
+    x = case.inputs
+    req, vis = row_layout(x.seq_lens.cpu(), case.decode_lens, case.num_tokens)
+    bt = x.block_table.long().cpu()
+    got_slots = result.indices.long().cpu()
+    ties, compare = 0, []
+    for t in range(case.num_tokens):
+        want = set(ref.positions[t][ref.positions[t] >= 0].tolist())
+        if req[t] < 0:
+            got = set()
+        else:
+            slot_pos = {int(bt[req[t], p // page_size]) * page_size + p % page_size: p
+                        for p in range(vis[t])}  # fmt: skip
+            got = {slot_pos.get(s, -1 - s) for s in got_slots[t].tolist() if s >= 0}
+        if result.positions is not None:
+            pos = set(result.positions[t][result.positions[t] >= 0].long().tolist())
+            if pos != got:
+                return f"row {t}: positions and slots disagree", ties
+        if len(got) != len(want):
+            return f"row {t}: {len(got)} selected, want {len(want)}", ties
+        if got != want:
+            sc = ref.scores[t, : vis[t]]
+            kth = sc[sorted(want, key=lambda p: sc[p].item())[0]].item()
+            tol = TIE_RTOL * max(sc.abs().max().item(), 1e-30)
+            bad = [p for p in got ^ want if p < 0 or abs(sc[p].item() - kth) > tol]
+            if bad:
+                return f"row {t}: selection differs at positions {sorted(bad)[:8]}", ties
+            ties += 1
+            continue
+        compare.append(t)
+    rows = torch.tensor(compare, dtype=torch.long)
+    out, lse = result.out.float().cpu()[rows], result.lse.cpu()[rows]
+    r_out, r_lse = ref.out.cpu()[rows], ref.lse.cpu()[rows]
+    if torch.isnan(out).any() or torch.isnan(lse).any():
+        return "NaN in out or lse", ties
+    if not torch.equal(torch.isinf(lse), torch.isinf(r_lse)):
+        return "lse -inf pattern differs", ties
+    fin = torch.isfinite(r_lse)
+    if not torch.allclose(lse[fin], r_lse[fin], atol=LSE_ATOL, rtol=LSE_RTOL):
+        return f"lse max err {(lse[fin] - r_lse[fin]).abs().max().item():.3g}", ties
+    if not torch.allclose(out, r_out, atol=OUT_ATOL, rtol=OUT_RTOL):
+        return f"out max err {(out - r_out).abs().max().item():.3g}", ties
+    return None, ties

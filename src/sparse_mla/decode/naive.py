@@ -8,6 +8,7 @@ to the lowest position), and attend over the selected latents with an fp32 softm
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +20,21 @@ from ..ops.kv_cache.naive import (
 )
 
 NOPE_DIM = 512  # latent (value) dims of the MLA cache row; the remaining 64 are rope
+
+
+class StepReference(NamedTuple):
+    """What :func:`decode_step_reference` computes.
+
+    out: fp32 ``[T, h_q, 512]`` (0 for a row that selects nothing); lse: fp32 ``[T, h_q]``
+    (``-inf`` there); positions: int64 ``[T, topk]`` selected request-local positions
+    ascending, then -1; scores: fp64 ``[T, max visible]`` indexer scores (``-inf`` past each
+    row's visible length), for judging near-ties.
+    """
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    positions: torch.Tensor
+    scores: torch.Tensor
 
 
 def row_layout(
@@ -88,15 +104,9 @@ def decode_step_reference(
     topk: int,
     sm_scale: float,
     page_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reference of :meth:`sparse_mla.decode.DecodePlan.run` (same tensors; caches written
-    in place by the reference writers).
-
-    Returns:
-        ``(out, lse, positions)``: out fp32 ``[T, h_q, 512]``, lse fp32 ``[T, h_q]`` (``-inf``
-        for a row that selects nothing, out 0 there), positions int64 ``[T, topk]``: the
-        selected request-local positions ascending, then -1.
-    """
+) -> StepReference:
+    """Reference of :meth:`sparse_mla.decode.DecodePlan.run` (same tensors, given as
+    keywords; the caches are written in place by the reference writers)."""
     write_indexer_k_reference(k_idx, index_k_cache, slot_mapping)
     write_mla_latent_reference(kv[:, :NOPE_DIM], kv[:, NOPE_DIM:], kv_cache, slot_mapping)
     keys = dequantize_indexer_k_cache(index_k_cache).double().cpu().flatten(0, 1)  # [slots, D]
@@ -107,6 +117,7 @@ def decode_step_reference(
     out = torch.zeros(num_tokens, h_q, NOPE_DIM)
     lse = torch.full((num_tokens, h_q), float("-inf"))
     positions = torch.full((num_tokens, topk), -1, dtype=torch.long)
+    all_scores = torch.full((num_tokens, max(vis, default=0)), float("-inf"), dtype=torch.float64)
     qi = q_idx.float().double().cpu()  # fp8 queries: their scale is folded into the weights
     w = idx_weights.double().cpu()
     for t in range(num_tokens):
@@ -116,13 +127,14 @@ def decode_step_reference(
         slot = bt[req[t], pos // page_size] * page_size + pos % page_size
         k = keys[slot]  # [vis, 128]
         scores = (w[t][:, None] * torch.relu(qi[t] @ k.T)).sum(dim=0)  # [vis]
+        all_scores[t, : vis[t]] = scores
         sel = exact_topk_positions(scores, topk)
         positions[t, : len(sel)] = sel
         sel_slots = bt[req[t], sel // page_size] * page_size + sel % page_size
         o, s = sparse_attention_reference(q[t].float().cpu(), latents[sel_slots], sm_scale)
         out[t], lse[t] = o, s
     dev = q.device
-    return out.to(dev), lse.to(dev), positions.to(dev)
+    return StepReference(out.to(dev), lse.to(dev), positions.to(dev), all_scores)
 
 
 def sparse_attention_torch(
