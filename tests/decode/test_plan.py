@@ -102,7 +102,8 @@ def test_one_graph_replays_new_lengths_without_allocating(rng):
     case = random_step(rng, seq_lens=[300, 200, 90], fp8=True, **shape)
     plan = _plan(case, heads=16)
     plan.capture(case.inputs, 2)
-    fresh = random_step(rng, seq_lens=[450, 0, 129], fp8=True, **shape)
+    pages = case.inputs.kv_cache.shape[0]
+    fresh = random_step(rng, seq_lens=[450, 0, 129], fp8=True, num_pages=pages, **shape)
     for name, t in fresh.inputs._asdict().items():  # refill the captured inputs in place
         getattr(case.inputs, name).copy_(t)
     ref_inputs = clone_inputs(case.inputs)
@@ -117,3 +118,10 @@ def test_one_graph_replays_new_lengths_without_allocating(rng):
     fresh.inputs = case.inputs
     err, _ = step_error(got, ref, fresh)
     assert err is None, err
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_randomized_steps(seed, i):
+    from sparse_mla.decode.cases import check_random_step
+
+    assert check_random_step(seed * 3 + i) is None

@@ -97,7 +97,7 @@ def test_bf16_teacher_forced_logits_within_tolerance(bf16_run):
     exact = _fp32_logits(model, seq)[0, PROMPT - 1 : -1]
     got = torch.cat([x.float() for x in ours.logits])  # [NEW, vocab], decode rows but the first
     err, hf_err = (got - exact).abs().max().item(), (hf_bf16 - exact).abs().max().item()
-    print(f"bf16 logits: ours {err:.4f}, HF bf16 {hf_err:.4f} (max |logit| {exact.abs().max():.2f})")
+    print(f"bf16 logits: ours {err:.4f}, HF bf16 {hf_err:.4f}, max |logit| {exact.abs().max():.2f}")
     assert err <= 1.5 * hf_err + 0.05
 
 

@@ -25,9 +25,7 @@ class StepCase:
     max_blocks: int
 
 
-def quantize_index_q(
-    q: torch.Tensor, weights: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_index_q(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 indexer queries: per-(row, head) power-of-two scales folded into the weights.
 
     Args:
@@ -50,6 +48,7 @@ def random_step(
     pad_rows: int = 0,
     max_blocks: int | None = None,
     spare_pages: int = 3,
+    num_pages: int | None = None,
     device: torch.device | str = "cpu",
 ) -> StepCase:
     """A step over requests of total lengths ``seq_lens`` with ``decode_lens`` new tokens each.
@@ -57,12 +56,17 @@ def random_step(
     Past tokens (positions ``< L_b - n_b``) are already in both caches; the new ones are in
     the inputs with their slots. Pages are shuffled over the pool (a random block table).
     ``pad_rows`` extra rows with slot -1 stand for CUDA-graph padding (flattened layout).
+    The page pool has ``spare_pages`` pages more than needed, or ``num_pages`` in all (to
+    match another case's cache shapes).
     """
     dev = torch.device(device)
     b = len(seq_lens)
     pages_per_req = [-(-max(n, 1) // page_size) for n in seq_lens]
     width = max_blocks if max_blocks is not None else max(pages_per_req, default=1)
-    num_pages = sum(pages_per_req) + spare_pages
+    if num_pages is None:
+        num_pages = sum(pages_per_req) + spare_pages
+    if num_pages < sum(pages_per_req):
+        raise ValueError(f"num_pages={num_pages} < the {sum(pages_per_req)} pages needed")
     perm = list(range(num_pages))
     rng.shuffle(perm)
     bt = torch.zeros(b, width, dtype=torch.int32)
@@ -78,7 +82,7 @@ def random_step(
                 for p in positions]  # fmt: skip
 
     past, new = [], []
-    for r, (length, n) in enumerate(zip(seq_lens, decode_lens)):
+    for r, (length, n) in enumerate(zip(seq_lens, decode_lens, strict=True)):
         past += slots_of(r, range(max(length - n, 0)))
         new += slots_of(r, range(length - n, length))
     if past:  # fill the history with the library writers (fast, and quantised alike)
@@ -118,9 +122,7 @@ LSE_ATOL, LSE_RTOL = 1e-3, 1e-4  # fp32 softmax denominator, summation order onl
 TIE_RTOL = 1e-5  # indexer scores this close (relative to the row's largest) may swap places
 
 
-def step_error(
-    result, ref, case: StepCase, *, page_size: int = 64
-) -> tuple[str | None, int]:
+def step_error(result, ref, case: StepCase, *, page_size: int = 64) -> tuple[str | None, int]:
     """Why a :class:`~sparse_mla.decode.DecodeStepOutput` disagrees with its
     :class:`~sparse_mla.decode.naive.StepReference` (None when it agrees), and how many rows
     chose a different top-k set on a near-tie (those rows' out / lse are not compared).
@@ -174,3 +176,36 @@ def step_error(
     if not torch.allclose(out, r_out, atol=OUT_ATOL, rtol=OUT_RTOL):
         return f"out max err {(out - r_out).abs().max().item():.3g}", ties
     return None, ties
+
+
+def check_random_step(
+    seed: int, device: torch.device | str = "cpu", *, topk: int = 128
+) -> str | None:
+    """One randomized plan-vs-reference comparison (for ``sparse-mla verify``): 1-3 requests
+    of 0-400 tokens (some padding requests), uniform or ragged ``n`` in 1-3, padding rows,
+    bf16 or fp8 caches, fused or separate remap, 4 or 16 heads. None when they agree, else
+    the reason with the seed."""
+    from .naive import decode_step_reference
+    from .plan import DecodePlan, DecodePlanConfig
+
+    rng = random.Random(seed)
+    b = rng.randint(1, 3)
+    lens = [rng.choice([0, rng.randint(1, 64), rng.randint(100, 400)]) for _ in range(b)]
+    n = [rng.randint(1, 3)] * b if rng.random() < 0.5 else [rng.randint(1, 3) for _ in range(b)]
+    ragged = len(set(n)) > 1
+    pad = rng.randint(0, 2) if ragged else 0
+    heads, fp8, fused = rng.choice([4, 16]), rng.random() < 0.5, rng.random() < 0.5
+    case = random_step(rng, seq_lens=lens, decode_lens=n, num_heads=heads, fp8=fp8,
+                       pad_rows=pad, device=device)  # fmt: skip
+    cfg = DecodePlanConfig(case.num_tokens, b, case.max_blocks, heads, topk=topk,
+                           max_decode_len=3, fused_remap=fused)  # fmt: skip
+    plan = DecodePlan(cfg, sm_scale=0.135, device=device)
+    ref_inputs = clone_inputs(case.inputs)
+    got = plan.run(case.inputs, n, num_tokens=case.num_tokens)
+    ref = decode_step_reference(**ref_inputs._asdict(), decode_lens=n, topk=topk, sm_scale=0.135)
+    if not torch.equal(case.inputs.kv_cache, ref_inputs.kv_cache):
+        return f"seed {seed}: MLA cache writes differ"
+    if not torch.equal(case.inputs.index_k_cache, ref_inputs.index_k_cache):
+        return f"seed {seed}: indexer cache writes differ"
+    err, _ = step_error(got, ref, case)
+    return None if err is None else f"seed {seed} (lens={lens} n={n} fp8={fp8}): {err}"

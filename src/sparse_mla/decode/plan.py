@@ -165,7 +165,7 @@ class DecodePlan:
 
     @property
     def attention_backend(self) -> str:
-        """"library" (sparse_mla_decode) or "torch" (the batched PyTorch path)."""
+        """Which attention runs: "library" (sparse_mla_decode) or "torch" (batched PyTorch)."""
         return "library" if self._attn is not None else "torch"
 
     # ---- the stages ---------------------------------------------------------------------
@@ -206,7 +206,9 @@ class DecodePlan:
             return slots, None
         pos = self._positions[:rows]
         select_topk(logits, lens, k=c.topk, out=pos, workspace=ws)
-        convert_req_index_to_global_index(req, x.block_table, pos, block_size=c.page_size, out=slots)
+        convert_req_index_to_global_index(
+            req, x.block_table, pos, block_size=c.page_size, out=slots
+        )
         return slots, pos
 
     def _attend(self, x: DecodeInputs, slots: torch.Tensor):
@@ -257,6 +259,26 @@ class DecodePlan:
         out, lse = clock("attention", self._attend, inputs, slots)
         return DecodeStepOutput(out, lse, slots, pos)
 
+    def stage_calls(
+        self, inputs: DecodeInputs, decode_lens: Sequence[int], *, num_tokens: int | None = None
+    ) -> dict[str, Callable[[], object]]:
+        """Each stage of the step as a no-argument call on this plan's buffers, in
+        :data:`STAGES` order, for timing them one by one (e.g. one CUDA graph each). Runs the
+        metadata stage once eagerly so the later stages have their inputs."""
+        rows = sum(decode_lens) if num_tokens is None else num_tokens
+        self._check(inputs, decode_lens, rows)
+        max_len = inputs.block_table.shape[1] * self.config.page_size
+        meta = self._metadata(inputs, decode_lens, rows)
+        logits = self._logits[: rows * max_len].view(rows, max_len)
+        slots = self._indices[:rows]
+        return {
+            "metadata": lambda: self._metadata(inputs, decode_lens, rows),
+            "cache writes": lambda: self._write_caches(inputs),
+            "logits": lambda: self._score(inputs, meta, max_len),
+            "top-k": lambda: self._select(inputs, meta, logits),
+            "attention": lambda: self._attend(inputs, slots),
+        }
+
     def _check(self, x: DecodeInputs, decode_lens: Sequence[int], rows: int) -> None:
         c = self.config
         check_int("num_tokens", rows, lo=0, hi=c.max_num_tokens)
@@ -275,7 +297,9 @@ class DecodePlan:
 
     # ---- one CUDA graph ---------------------------------------------------------------------
 
-    def capture(self, inputs: DecodeInputs, decode_len: int, *, warmup: int = 2) -> DecodeStepOutput:
+    def capture(
+        self, inputs: DecodeInputs, decode_len: int, *, warmup: int = 2
+    ) -> DecodeStepOutput:
         """Capture the whole step as one CUDA graph (CUDA only).
 
         Every request has ``decode_len`` query tokens (``T = B * decode_len``; padding

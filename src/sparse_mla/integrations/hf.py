@@ -204,8 +204,9 @@ def _make_forward(state: SparseMlaState, m):
                           device=hidden_states.device)  # fmt: skip
         if state.record_topk:
             state.topk.setdefault(self.layer_idx, []).append(
-                torch.empty(batch, seq, self.indexer.index_topk, dtype=torch.int32,
-                            device=out.device)  # fmt: skip
+                torch.empty(
+                    batch, seq, self.indexer.index_topk, dtype=torch.int32, device=out.device
+                )  # fmt: skip
             )
         if past == 0 and (self.layer_idx == 0 or len(state.pages) != batch):
             state.reset(batch)
