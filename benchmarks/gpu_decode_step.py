@@ -95,7 +95,7 @@ def check_correctness(rng: random.Random) -> list[str]:
         case = random_step(rng, seq_lens=lens, decode_lens=n, num_heads=16, fp8=fp8,
                            pad_rows=pad, device="cuda")  # fmt: skip
         cfg = DecodePlanConfig(case.num_tokens, len(lens), case.max_blocks, 16, topk=TOPK,
-                               max_decode_len=4)  # fmt: skip
+                               max_decode_len=4, mla_fp8=fp8)  # fmt: skip
         plan = DecodePlan(cfg, sm_scale=SM_SCALE)
         ref_in = clone_inputs(case.inputs)
         got = plan.run(case.inputs, n, num_tokens=case.num_tokens)

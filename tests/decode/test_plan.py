@@ -21,6 +21,7 @@ def _plan(case, *, heads: int, max_decode_len: int = 4, fused: bool = True, **kw
         topk=TOPK,
         max_decode_len=max_decode_len,
         fused_remap=fused,
+        mla_fp8=case.inputs.kv_cache.dtype == torch.uint8,
     )
     return DecodePlan(cfg, sm_scale=0.135, **kw)
 
@@ -125,3 +126,20 @@ def test_randomized_steps(seed, i):
     from sparse_mla.decode.cases import check_random_step
 
     assert check_random_step(seed * 3 + i) is None
+
+
+def test_plan_attends_through_the_library_op_and_the_torch_path(rng):
+    case = random_step(rng, seq_lens=[180], decode_lens=[1], num_heads=4)
+    inputs = clone_inputs(case.inputs)
+    plan = _plan(case, heads=4)
+    assert plan.attention_backend == "library"
+    torch_plan = DecodePlan(
+        DecodePlanConfig(2, 1, case.max_blocks, 4, topk=TOPK, mla_fp8=False, attention="torch"),
+        sm_scale=0.135,
+    )
+    assert torch_plan.attention_backend == "torch"
+    a = plan.run(case.inputs, [1])
+    b = torch_plan.run(inputs, [1])
+    assert torch.equal(a.indices, b.indices)
+    torch.testing.assert_close(a.out.float(), b.out.float(), atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(a.lse, b.lse, atol=1e-3, rtol=1e-4)

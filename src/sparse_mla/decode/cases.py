@@ -198,7 +198,7 @@ def check_random_step(
     case = random_step(rng, seq_lens=lens, decode_lens=n, num_heads=heads, fp8=fp8,
                        pad_rows=pad, device=device)  # fmt: skip
     cfg = DecodePlanConfig(case.num_tokens, b, case.max_blocks, heads, topk=topk,
-                           max_decode_len=3, fused_remap=fused)  # fmt: skip
+                           max_decode_len=3, fused_remap=fused, mla_fp8=fp8)  # fmt: skip
     plan = DecodePlan(cfg, sm_scale=0.135, device=device)
     ref_inputs = clone_inputs(case.inputs)
     got = plan.run(case.inputs, n, num_tokens=case.num_tokens)

@@ -38,6 +38,8 @@ class DecodePlanConfig:
     max_decode_len: largest ``n_b`` (1 + draft tokens; a prefill chunk's length).
     num_heads: ``h_q`` of the absorbed MLA query. topk: the indexer's k (multiple of 128).
     page_size: tokens per page of both caches. index_heads, index_dim: indexer q shape.
+    mla_fp8: the MLA latent cache is FlashMLA's fp8 format (else bf16); sizes the attention
+    workspace and is checked against the cache each run.
     fused_remap: top-k writes global slots directly; False keeps the positions too
     (``DecodeStepOutput.positions``) and remaps them in a separate launch.
     attention: "auto" (the library's sparse_mla_decode when present, else "torch") or "torch".
@@ -52,6 +54,7 @@ class DecodePlanConfig:
     page_size: int = 64
     index_heads: int = 64
     index_dim: int = 128
+    mla_fp8: bool = True
     fused_remap: bool = True
     attention: str = "auto"
 
@@ -99,9 +102,9 @@ class DecodeStepOutput(NamedTuple):
 
 
 def _library_attention() -> tuple[Callable | None, Callable | None]:
-    """The library's sparse MLA decode op and its workspace helper, when installed."""
+    """The library's sparse MLA decode op and its workspace helper, when present."""
     try:
-        from .. import attention_workspace, sparse_mla_decode  # type: ignore[attr-defined]
+        from ..ops.attention import attention_workspace, sparse_mla_decode
     except ImportError:
         return None, None
     return sparse_mla_decode, attention_workspace
@@ -159,7 +162,8 @@ class DecodePlan:
         self._attn, ws_fn = _library_attention() if c.attention == "auto" else (None, None)
         self._attn_ws = None
         if ws_fn is not None:
-            self._attn_ws = ws_fn(t, c.num_heads, k, device=dev)
+            fmt = "fp8" if c.mla_fp8 else "bf16"
+            self._attn_ws = ws_fn(t, c.num_heads, k, cache_format=fmt, device=dev)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_out: DecodeStepOutput | None = None
 
@@ -288,6 +292,9 @@ class DecodePlan:
             t = getattr(x, name)
             if t.shape[0] != rows:
                 raise ValueError(f"{name} has {t.shape[0]} rows, the step has {rows}")
+        if (x.kv_cache.dtype == torch.uint8) != c.mla_fp8:
+            want = "fp8 (uint8)" if c.mla_fp8 else "bf16"
+            raise ValueError(f"kv_cache is {x.kv_cache.dtype}; the plan was sized for {want}")
         if x.kv.dim() != 2 or x.kv.shape[1] != LATENT_DIM:
             raise ValueError(f"kv must be [T, {LATENT_DIM}], got {tuple(x.kv.shape)}")
         if len(decode_lens) != x.seq_lens.shape[0]:

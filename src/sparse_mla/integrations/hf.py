@@ -117,6 +117,7 @@ class SparseMlaState:
                 max_decode_len=max(n, old.max_decode_len if old else 1),
                 page_size=self.page_size,
                 fused_remap=not self.record_topk,
+                mla_fp8=self.fp8,
             )
             device = attn.q_b_proj.weight.device
             self.plan = p = DecodePlan(cfg, sm_scale=attn.scaling, device=device)
