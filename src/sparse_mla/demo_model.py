@@ -6,7 +6,7 @@ through the library's decode step (:mod:`sparse_mla.integrations.hf`) -- prints 
 streams and their agreement, then times the stages of one more decode step (metadata, cache
 writes, logits, top-k, attention).
 
-Shapes: ``--shapes tiny`` (default on the CPU: 2 layers, 8 heads, the real 512 + 64 latent
+Shapes: ``--shapes tiny`` (default on the CPU: 1 layer, 8 heads, the real 512 + 64 latent
 and 64 x 128 indexer, index_topk 128 below the context) or ``--shapes v32`` (default on a GPU:
 DeepSeek-V3.2's attention dims, 128 heads, q_lora 1536, hidden 7168, index_topk 2048, a few
 layers and a 4K prompt). Exit status 1 when the streams disagree beyond a near-tie.
@@ -30,7 +30,7 @@ def _config(shapes: str, layers: int | None):
     from .integrations.hf import tiny_config
 
     if shapes == "tiny":
-        return tiny_config(num_hidden_layers=layers or 2)
+        return tiny_config(num_hidden_layers=layers or 1)  # the interpreter: about 30 s a layer
     return tiny_config(
         num_hidden_layers=layers or 4,
         hidden_size=7168,

@@ -1,7 +1,7 @@
 """transformers' DeepSeek-V3.2 through sparse-mla against HF's own dense implementation.
 
 Tiny random models with the real latent (512 + 64) and indexer (64 x 128) sizes and
-index_topk = 128 below the context (144-token prompts, 176 tokens after generation), so
+index_topk = 128 below the context (prompts of 136-160 tokens, 176 after generation), so
 the selection decides what each row attends.
 
 Tolerance of the logits: the kernels take bf16 queries and latents and run their softmax
@@ -119,7 +119,7 @@ def test_fp32_teacher_forced_logits_within_tolerance():
     """fp32 model: the kernels see bf16 queries / latents, so the error budget is bf16's."""
     model = hf.random_model(dtype=torch.float32, seed=5)
     torch.manual_seed(6)
-    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT))
+    ids = torch.randint(0, model.config.vocab_size, (1, 136))
     with torch.no_grad():
         exact = model(ids, use_cache=False).logits
         hf_bf16 = copy.deepcopy(model).bfloat16()(ids, use_cache=False).logits.float()
@@ -131,22 +131,24 @@ def test_fp32_teacher_forced_logits_within_tolerance():
 
 
 def test_fp8_caches_overlap_with_hf():
-    """fp8 indexer keys / queries and fp8 latents: report the top-k overlap with HF's."""
-    model = hf.random_model(dtype=torch.bfloat16, seed=7)
+    """fp8 indexer keys / queries and fp8 latents: report the top-k overlap with HF's
+    (one layer: its inputs are HF's, so the overlap measures the fp8 rounding alone)."""
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1), dtype=torch.bfloat16, seed=7)
     torch.manual_seed(8)
-    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT))
+    ids = torch.randint(0, model.config.vocab_size, (1, 160))
     hf_sel = _hf_topk(model, ids)
     fast = hf.enable(copy.deepcopy(model), fp8=True, record_topk=True)
     with torch.no_grad():
         got = fast(ids, use_cache=False).logits.float()
+        hf_bf16 = model(ids, use_cache=False).logits.float()
     exact = _fp32_logits(model, ids)
     equal, frac = _overlap(fast.sparse_mla.topk[0][0][0], hf_sel[0][0], 0)
     mean = sum(frac[128:]) / len(frac[128:])  # rows where k < visible
-    err = (got - exact).abs().max().item()
-    print(f"fp8: layer 0 {equal}/{PROMPT} rows equal, mean overlap where selective {mean:.4f}, "
-          f"logit err {err:.3f}")  # fmt: skip
-    assert mean >= 0.8
-    assert err <= 0.15 * exact.abs().max().item()
+    err, hf_err = (got - exact).abs().max().item(), (hf_bf16 - exact).abs().max().item()
+    print(f"fp8: layer 0 {equal}/160 rows equal, mean overlap where selective {mean:.4f}, "
+          f"logit err {err:.3f} (HF bf16 {hf_err:.3f})")  # fmt: skip
+    assert mean >= 0.95
+    assert err <= 2 * hf_err + 0.1  # e4m3 latents: about one more bf16-sized error
 
 
 def test_enable_rejects_sizes_the_kernels_do_not_take():
