@@ -18,8 +18,9 @@ Run on the H200 (triton >= 3.6; put the FlashMLA anchor on the path to time it t
    ``--hf-layers`` layers) prefilled to 8K / 32K tokens in chunks, then greedy decode timed
    per token, HF's own (sdpa) attention vs sparse-mla; the two token streams are compared.
 
-Prints compact tables and writes ``decode_step.json`` to ``--out``. Exit status 1 when a
-correctness check fails.
+``--dry-run`` runs tiny shapes anywhere (on the CPU eagerly, through the interpreter) to
+check the script itself. Prints compact tables and writes ``decode_step.json`` to ``--out``.
+Exit status 1 when a correctness check fails.
 """
 
 from __future__ import annotations
@@ -54,12 +55,19 @@ from sparse_mla.ops.kv_cache import (
 )
 from sparse_mla.ops.kv_cache.naive import dequantize_indexer_k_cache
 
-PAGE, TOPK, LAYERS = 64, 2048, 61
+PAGE, LAYERS = 64, 61
+TOPK = 2048  # --dry-run: 128
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SM_SCALE = 0.135234
 
 
 def graph_time_us(fn, iters: int = 20, reps: int = 5) -> float:
-    """Median per-call time of ``fn`` captured ``iters`` times in one CUDA graph."""
+    """Median per-call time of ``fn`` captured ``iters`` times in one CUDA graph (on the CPU,
+    for --dry-run: one eager call's wall time)."""
+    if DEV.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - t0)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -84,16 +92,18 @@ def graph_time_us(fn, iters: int = 20, reps: int = 5) -> float:
 # ---- 1. correctness -------------------------------------------------------------------------
 
 
-def check_correctness(rng: random.Random) -> list[str]:
+def check_correctness(rng: random.Random, dry: bool) -> list[str]:
     failures = []
     cases = [
         (True, [3000, 700, 0, 129], [2, 2, 2, 2], 0),
         (False, [5000, 64], [1, 1], 0),
         (True, [4100, 0, 900], [3, 1, 2], 3),
     ]
+    if dry:
+        cases = [(True, [200, 0, 129], [3, 1, 2], 1)]
     for fp8, lens, n, pad in cases:
         case = random_step(rng, seq_lens=lens, decode_lens=n, num_heads=16, fp8=fp8,
-                           pad_rows=pad, device="cuda")  # fmt: skip
+                           pad_rows=pad, device=DEV)  # fmt: skip
         cfg = DecodePlanConfig(case.num_tokens, len(lens), case.max_blocks, 16, topk=TOPK,
                                max_decode_len=4, mla_fp8=fp8)  # fmt: skip
         plan = DecodePlan(cfg, sm_scale=SM_SCALE)
@@ -106,7 +116,7 @@ def check_correctness(rng: random.Random) -> list[str]:
         print(f"  {tag}: {err or 'OK'} ({ties} near-tie rows)")
         if err:
             failures.append(f"{tag}: {err}")
-        if len(set(n)) == 1 and pad == 0:  # one CUDA graph, replayed on fresh data
+        if len(set(n)) == 1 and pad == 0 and DEV.type == "cuda":  # one graph, fresh data
             fresh = random_step(rng, seq_lens=[v // 2 + 1 for v in lens], decode_lens=n,
                                 num_heads=16, fp8=fp8, device="cuda", max_blocks=case.max_blocks,
                                 num_pages=case.inputs.kv_cache.shape[0])  # fmt: skip
@@ -135,7 +145,7 @@ def check_correctness(rng: random.Random) -> list[str]:
 
 def big_step(b: int, ctx: int, n: int, h_q: int, fp8: bool = True) -> tuple[DecodeInputs, int]:
     """B requests of ``ctx`` tokens (the last ``n`` new), caches filled on the GPU."""
-    dev = torch.device("cuda")
+    dev = DEV
     width = -(-ctx // PAGE)
     pages = b * width + 8
     bt = torch.randperm(pages, device=dev)[: b * width].view(b, width).int()
@@ -176,14 +186,15 @@ def flashmla_attention(x: DecodeInputs, slots: torch.Tensor, b: int, n: int, h_q
     except ImportError:
         return None
     heads = max(h_q, 64)
-    q = torch.zeros(b, n, heads, LATENT_DIM, dtype=torch.bfloat16, device="cuda")
-    q[:, :, :h_q] = x.q.view(b, n, h_q, LATENT_DIM)
+    q = torch.zeros(b, n, heads, LATENT_DIM, dtype=torch.bfloat16, device=DEV)
     idx = slots.view(b, n, TOPK)
+    cache = x.kv_cache.view(torch.float8_e4m3fn)
     sched, _ = flash_mla.get_mla_metadata()
 
     def call():
+        q[:, :, :h_q].copy_(x.q.view(b, n, h_q, LATENT_DIM))  # engines pad TP8's 16 heads
         return flash_mla.flash_mla_with_kvcache(
-            q, x.kv_cache, None, None, 512, sched, softmax_scale=SM_SCALE,
+            q, cache, None, None, 512, sched, softmax_scale=SM_SCALE,
             is_fp8_kvcache=True, indices=idx,
         )  # fmt: skip
 
@@ -197,9 +208,9 @@ def torch_step(x: DecodeInputs, b: int, n: int, ctx: int):
     if t * INDEX_HEADS * ctx * 4 > 24e9 or t * TOPK * LATENT_DIM * 4 * 3 > 24e9:
         return None
     bt = x.block_table.long()
-    pos = torch.arange(ctx, device="cuda")
+    pos = torch.arange(ctx, device=DEV)
     slots = bt[:, pos // PAGE] * PAGE + pos % PAGE  # [B, ctx]
-    j = torch.arange(n, device="cuda")
+    j = torch.arange(n, device=DEV)
     vis = (x.seq_lens.long()[:, None] - n + 1 + j).reshape(t)  # [T]
     keys_all = dequantize_indexer_k_cache(x.index_k_cache).flatten(0, 1)
 
@@ -236,34 +247,44 @@ def bench_step(b: int, ctx: int, n: int, h_q: int) -> dict:
             fm()
 
         row["step with flashmla us"] = graph_time_us(with_flashmla)
-    ts = torch_step(x, b, n, ctx)
-    if ts is not None:
-        try:
-            row["torch step us"] = graph_time_us(ts, iters=3, reps=3)
-        except RuntimeError as e:  # capture failed: time it eagerly
-            row["torch step note"] = f"eager ({type(e).__name__})"
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            ts()
-            torch.cuda.synchronize()
-            row["torch step us"] = 1e6 * (time.perf_counter() - t0)
+    try:
+        ts = torch_step(x, b, n, ctx)
+        if ts is not None:
+            row["torch step us"] = _time_torch(ts, row)
+    except torch.OutOfMemoryError:
+        row["torch step note"] = "out of memory"
+        torch.cuda.empty_cache()
     return row
+
+
+def _time_torch(ts, row: dict) -> float:
+    try:
+        return graph_time_us(ts, iters=3, reps=3)
+    except RuntimeError as e:  # capture failed: time it eagerly
+        if isinstance(e, torch.OutOfMemoryError):
+            raise
+        row["torch step note"] = f"eager ({type(e).__name__})"
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ts()
+        torch.cuda.synchronize()
+        return 1e6 * (time.perf_counter() - t0)
 
 
 # ---- 3. HF end to end -------------------------------------------------------------------------
 
 
-def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int) -> dict:
+def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> dict:
     from transformers import DynamicCache
 
     from sparse_mla.demo_model import _config
     from sparse_mla.integrations import hf
 
-    cfg = _config("v32", layers)
+    cfg = _config("tiny" if dry else "v32", layers)
     model = hf.random_model(cfg, dtype=torch.bfloat16, seed=0, attn_implementation="sdpa")
-    model = model.cuda()
+    model = model.to(DEV)
     torch.manual_seed(1)
-    prompt = torch.randint(0, cfg.vocab_size, (1, ctx), device="cuda")
+    prompt = torch.randint(0, cfg.vocab_size, (1, ctx), device=DEV)
     row = {"context": ctx, "layers": layers, "decode steps": steps}
     streams = {}
     for impl in ("hf", "sparse-mla"):
@@ -276,11 +297,11 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int) -> dict:
                 tok = logits[:, -1:].argmax(-1)
                 out, times = [], []
                 for _ in range(steps):
-                    torch.cuda.synchronize()
+                    sync()
                     t0 = time.perf_counter()
                     logits = m(tok, cache=cache, use_cache=True).logits
                     tok = logits[:, -1:].argmax(-1)
-                    torch.cuda.synchronize()
+                    sync()
                     times.append(time.perf_counter() - t0)
                     out.append(int(tok))
         except torch.OutOfMemoryError as e:
@@ -301,6 +322,11 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int) -> dict:
     return row
 
 
+def sync() -> None:
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def table(rows: list[dict], keys: list[str]) -> None:
     print("  " + " | ".join(f"{k:>12}" for k in keys))
     for r in rows:
@@ -318,14 +344,19 @@ def main() -> int:
     p.add_argument("--hf-layers", type=int, default=4)
     p.add_argument("--hf-steps", type=int, default=16)
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes anywhere (CPU: eager)")
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA device")
+    global TOPK
+    if args.dry_run:
+        TOPK = 128
+    elif not torch.cuda.is_available():
+        print("needs a CUDA device (or --dry-run)")
         return 1
-    print(f"sparse-mla decode step, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    result: dict = {"device": torch.cuda.get_device_name()}
+    name = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (interpreter)"
+    print(f"sparse-mla decode step, {name}, torch {torch.__version__}")
+    result: dict = {"device": name}
     print("1. correctness (plan vs the PyTorch reference)")
-    failures = check_correctness(random.Random(0))
+    failures = check_correctness(random.Random(0), args.dry_run)
     result["failures"] = failures
 
     print("2. one layer's step, fp8 caches, CUDA-graph replay (us per layer; x61 in ms)")
@@ -333,6 +364,8 @@ def main() -> int:
             for b in (1, 32, 128)]  # fmt: skip
     if args.quick:
         grid = [(1, 8192, 1, 16), (32, 32768, 2, 128), (128, 131072, 1, 16)]
+    if args.dry_run:
+        grid = [(1, 256, 1, 16), (2, 200, 2, 16)]
     rows = []
     for b, c, n, h in grid:
         try:
@@ -352,8 +385,11 @@ def main() -> int:
     if not args.skip_hf:
         print(f"3. HF end to end ({args.hf_layers} layers, 128 heads), ms per generated token")
         hf_rows = []
-        for ctx in (8192,) if args.quick else (8192, 32768):
-            hf_rows.append(hf_end_to_end(ctx, args.hf_steps, args.hf_layers, chunk=1024))
+        ctxs = (160,) if args.dry_run else (8192,) if args.quick else (8192, 32768)
+        for ctx in ctxs:
+            hf_rows.append(
+                hf_end_to_end(ctx, args.hf_steps, args.hf_layers, 1024, dry=args.dry_run)
+            )
             table(hf_rows[-1:], list(hf_rows[-1].keys()))
         result["hf"] = hf_rows
 

@@ -334,7 +334,7 @@ class DecodePlan:
                 self.run(inputs, lens)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):  # the stream the warm-up ran on
             result = self.run(inputs, lens)
         self._graph, self._graph_out = graph, result
         return result
