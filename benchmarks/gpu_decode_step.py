@@ -383,7 +383,7 @@ def main() -> int:
     table(rows, keys)
 
     if not args.skip_hf:
-        print(f"3. HF end to end ({args.hf_layers} layers, 128 heads), ms per generated token")
+        print(f"3. HF end to end ({args.hf_layers} layers), ms per generated token")
         hf_rows = []
         ctxs = (160,) if args.dry_run else (8192,) if args.quick else (8192, 32768)
         for ctx in ctxs:
