@@ -20,9 +20,10 @@ PyTorch reference. Kinds:
   lengths, hostile lengths and page ids) against the fp64 reference within the tolerance of
   ``tests/ops/test_indexer.py``, with the ``-inf`` pattern exact.
 
-The full sweep (2352 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 72 logits)
+The full sweep (2364 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 72 logits,
+12 decode_step: the whole step of ``sparse_mla.decode`` against its PyTorch reference)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
-contexts up to 16K); ``--quick`` (513) runs a subset at interpreter sizes (k 128/256, rows up to
+contexts up to 16K); ``--quick`` (515) runs a subset at interpreter sizes (k 128/256, rows up to
 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
 A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
 it (with ``--quick`` when it came from the quick sweep).
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._runtime import cdiv, default_device, info
+from .decode.cases import check_random_step
 from .ops.decode_metadata import expand_decode_tokens
 from .ops.decode_metadata.naive import expand_decode_tokens_reference
 from .ops.indexer import index_logits, index_logits_reference
@@ -85,6 +87,7 @@ TOPK_MODES = ("short", "row", "split", "auto")
 KV_CACHES = ("indexer_bf16", "indexer_fp8", "mla_bf16", "mla_fp8")
 # Per-case repetitions of the new kinds in the full sweep; the quick sweep keeps fewer.
 TOPK_REPS, KV_REPS, LOGITS_REPS = 3, 6, 6
+DECODE_STEP_REPS = 12
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ FULL_SIZES = Sizes(
 class Case:
     """One configuration of the sweep; ``seed`` alone reproduces its inputs."""
 
-    kind: str  # "remap", "dcp", "expand", "topk", "kvcache" or "logits"
+    kind: str  # "remap", "dcp", "expand", "topk", "kvcache", "logits" or "decode_step"
     seed: int
     params: dict = field(hash=False, compare=False)
 
@@ -223,6 +226,9 @@ def build_cases(quick: bool, base_seed: int = 0) -> list[Case]:
     for c, q in _new_kind_cases(QUICK_SIZES if quick else FULL_SIZES):
         cases.append(c)
         keep.append(q)
+    for rep in range(DECODE_STEP_REPS):  # the whole decode step against its reference
+        cases.append(Case("decode_step", 0, {}))
+        keep.append(rep < 2)
     out = [Case(c.kind, base_seed + i, c.params) for i, c in enumerate(cases)]
     if not quick:
         return out
@@ -717,9 +723,10 @@ RUNNERS = {
     "topk": _run_topk,
     "kvcache": _run_kvcache,
     "logits": _run_logits,
+    "decode_step": lambda case, g, dev: check_random_step(case.seed, dev),
 }
 # Rough relative cost of one case, for scheduling across worker processes.
-_COST = {"remap": 1, "dcp": 1, "expand": 1, "kvcache": 2, "topk": 4, "logits": 8}
+_COST = {"remap": 1, "dcp": 1, "expand": 1, "kvcache": 2, "topk": 4, "logits": 8, "decode_step": 8}
 
 
 def run_case(case: Case, dev: torch.device) -> str | None:
