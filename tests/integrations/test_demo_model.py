@@ -10,7 +10,7 @@ from sparse_mla import demo_model  # noqa: E402
 
 
 def test_demo_generates_and_times_the_stages(capsys):
-    assert demo_model.main(["--prompt", "12", "--new", "4", "--layers", "2"]) == 0
+    assert demo_model.main(["--prompt", "12", "--new", "4"]) == 0
     text = capsys.readouterr().out
     assert "agreement: 4/4 tokens" in text
     for stage in ("metadata", "cache writes", "logits", "top-k", "attention", "total"):

@@ -6,9 +6,10 @@ the selection decides what each row attends.
 
 Tolerance of the logits: the kernels take bf16 queries and latents and run their softmax
 in fp32, HF's bf16 model rounds at every op. Neither is exact, so both are measured against
-an fp32 forward of the same weights on the same tokens: ours may be off by at most
-``1.5 x HF-bf16's own error + 0.05``. A greedy token that differs from HF's must be a
-near-tie: HF's logit gap at that step at most ``FLIP_GAP``.
+an fp32 forward of the same weights on the same tokens: our largest and our mean absolute
+error may each be at most ``1.5 x`` HF-bf16's own ``+ 0.05`` (fp8 caches: ``2 x + 0.1``). A
+greedy token that differs from HF's must be a near-tie: HF's logit gap at that step at most
+``FLIP_GAP``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,19 @@ def _overlap(ours: torch.Tensor, theirs: torch.Tensor, first_pos: int) -> tuple[
     return equal, frac
 
 
+def _errors(got: torch.Tensor, hf_low: torch.Tensor, exact: torch.Tensor, what: str, scale=1.5,
+            slack=0.05) -> None:  # fmt: skip
+    """Assert ours is within ``scale x HF's low-precision error + slack`` of the fp32 logits,
+    in the largest and in the mean absolute error."""
+    ours, theirs = (got - exact).abs(), (hf_low - exact).abs()
+    print(
+        f"{what} logits vs fp32: ours max {ours.max():.4f} mean {ours.mean():.5f}, HF bf16 "
+        f"max {theirs.max():.4f} mean {theirs.mean():.5f}; max |logit| {exact.abs().max():.2f}"
+    )
+    assert ours.max() <= scale * theirs.max() + slack
+    assert ours.mean() <= scale * theirs.mean() + slack / 10
+
+
 def _fp32_logits(model, ids) -> torch.Tensor:
     ref = copy.deepcopy(model).float()
     with torch.no_grad():
@@ -96,9 +110,7 @@ def test_bf16_teacher_forced_logits_within_tolerance(bf16_run):
         hf_bf16 = model(seq, use_cache=False).logits.float()[0, PROMPT - 1 : -1]
     exact = _fp32_logits(model, seq)[0, PROMPT - 1 : -1]
     got = torch.cat([x.float() for x in ours.logits])  # [NEW, vocab], decode rows but the first
-    err, hf_err = (got - exact).abs().max().item(), (hf_bf16 - exact).abs().max().item()
-    print(f"bf16 logits: ours {err:.4f}, HF bf16 {hf_err:.4f}, max |logit| {exact.abs().max():.2f}")
-    assert err <= 1.5 * hf_err + 0.05
+    _errors(got, hf_bf16, exact, "bf16")
 
 
 def test_bf16_topk_sets_equal_hf(bf16_run):
@@ -125,9 +137,7 @@ def test_fp32_teacher_forced_logits_within_tolerance():
         hf_bf16 = copy.deepcopy(model).bfloat16()(ids, use_cache=False).logits.float()
         got = hf.enable(copy.deepcopy(model))(ids, use_cache=False).logits
     assert got.dtype == torch.float32
-    err, hf_err = (got - exact).abs().max().item(), (hf_bf16 - exact).abs().max().item()
-    print(f"fp32 logits: ours {err:.4f}, HF bf16 {hf_err:.4f}")
-    assert err <= 1.5 * hf_err + 0.05
+    _errors(got, hf_bf16, exact, "fp32 model")
 
 
 def test_fp8_caches_overlap_with_hf():
@@ -137,18 +147,18 @@ def test_fp8_caches_overlap_with_hf():
     torch.manual_seed(8)
     ids = torch.randint(0, model.config.vocab_size, (1, 160))
     hf_sel = _hf_topk(model, ids)
-    fast = hf.enable(copy.deepcopy(model), fp8=True, record_topk=True)
+    # The torch attention keeps this test cheap in the interpreter (tests/decode runs the
+    # library's attention on fp8 caches).
+    fast = hf.enable(copy.deepcopy(model), fp8=True, record_topk=True, attention="torch")
     with torch.no_grad():
         got = fast(ids, use_cache=False).logits.float()
         hf_bf16 = model(ids, use_cache=False).logits.float()
     exact = _fp32_logits(model, ids)
     equal, frac = _overlap(fast.sparse_mla.topk[0][0][0], hf_sel[0][0], 0)
     mean = sum(frac[128:]) / len(frac[128:])  # rows where k < visible
-    err, hf_err = (got - exact).abs().max().item(), (hf_bf16 - exact).abs().max().item()
-    print(f"fp8: layer 0 {equal}/160 rows equal, mean overlap where selective {mean:.4f}, "
-          f"logit err {err:.3f} (HF bf16 {hf_err:.3f})")  # fmt: skip
+    print(f"fp8: {equal}/160 rows equal, mean overlap where k < visible {mean:.4f}")
     assert mean >= 0.95
-    assert err <= 2 * hf_err + 0.1  # e4m3 latents: about one more bf16-sized error
+    _errors(got, hf_bf16, exact, "fp8 caches", scale=2, slack=0.1)  # e4m3: one more rounding
 
 
 def test_enable_rejects_sizes_the_kernels_do_not_take():

@@ -47,7 +47,9 @@ class _Caches:
 class SparseMlaState:
     """What :func:`enable` attaches to the model (``model.sparse_mla``).
 
-    fp8: caches (and indexer queries) in the fp8 formats; page_size: tokens per page;
+    fp8: caches (and indexer queries) in the fp8 formats; attention: the plan's attention
+    ("auto": the library's sparse_mla_decode; "torch": the batched PyTorch path);
+    page_size: tokens per page;
     prefill_chunk: prompt tokens per request and step; record_topk: keep each layer's last
     selected positions of every forward in ``topk[layer_idx]`` (a list of int32
     ``[B, S, index_topk]``, request-local positions ascending, -1 padded) -- top-k and the
@@ -56,6 +58,7 @@ class SparseMlaState:
     """
 
     fp8: bool = False
+    attention: str = "auto"
     page_size: int = 64
     prefill_chunk: int = 256
     record_topk: bool = False
@@ -118,6 +121,7 @@ class SparseMlaState:
                 page_size=self.page_size,
                 fused_remap=not self.record_topk,
                 mla_fp8=self.fp8,
+                attention=self.attention,
             )
             device = attn.q_b_proj.weight.device
             self.plan = p = DecodePlan(cfg, sm_scale=attn.scaling, device=device)
@@ -147,6 +151,7 @@ def enable(
     model: torch.nn.Module,
     *,
     fp8: bool = False,
+    attention: str = "auto",
     page_size: int = 64,
     prefill_chunk: int = 256,
     record_topk: bool = False,
@@ -158,6 +163,8 @@ def enable(
             the kernels run on). Weights may change later (absorption reads them each step).
         fp8: fp8 caches (FlashMLA's 656-byte latents, DeepGEMM's indexer keys) and fp8
             indexer queries; default bf16 caches.
+        attention: "auto" (the library's sparse MLA decode op) or "torch" (the step's batched
+            PyTorch attention; everything else still runs the library's kernels).
         page_size: tokens per cache page.
         prefill_chunk: prompt tokens per request taken by one step (bounds the logits buffer).
         record_topk: keep each layer's selected positions (see :class:`SparseMlaState`).
@@ -168,8 +175,14 @@ def enable(
     from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
 
     check_config(model.config)
+    if attention not in ("auto", "torch"):
+        raise ValueError(f"attention must be 'auto' or 'torch', got {attention!r}")
     state = SparseMlaState(
-        fp8=fp8, page_size=page_size, prefill_chunk=prefill_chunk, record_topk=record_topk
+        fp8=fp8,
+        attention=attention,
+        page_size=page_size,
+        prefill_chunk=prefill_chunk,
+        record_topk=record_topk,
     )
     found = 0
     for module in model.modules():
@@ -311,7 +324,7 @@ def tiny_config(**overrides):
         "num_experts_per_tok": 2,
         "n_group": 1,
         "topk_group": 1,
-        "first_k_dense_replace": 1,
+        "first_k_dense_replace": 64,  # dense MLPs: no discrete expert routing to flip
         "q_lora_rank": 128,
         "kv_lora_rank": 512,
         "qk_nope_head_dim": 32,
