@@ -188,3 +188,17 @@ def test_enable_and_disable_route_the_attention():
     assert torch.equal(back, ref)
     assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
     assert not hasattr(model, "sparse_mla")
+
+
+def test_a_batch_of_two_generates_like_hf():
+    """Two requests of equal length share the step (one block-table row each)."""
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1), seed=11)
+    model.generation_config.eos_token_id = None
+    ids = torch.randint(0, model.config.vocab_size, (2, 10))
+    kw = {"max_new_tokens": 3, "do_sample": False}
+    with torch.no_grad():
+        theirs = model.generate(ids, **kw)
+        fast = hf.enable(copy.deepcopy(model))
+        ours = fast.generate(ids, **kw)
+    assert torch.equal(ours, theirs)
+    assert len(fast.sparse_mla.pages) == 2
