@@ -29,6 +29,9 @@ from .ops.remap import (  # noqa: E402
 )
 from .ops.topk import select_topk, topk_workspace  # noqa: E402
 
+# isort: split
+from . import dcp  # noqa: E402  (sparse_mla.dcp: DCP across ranks, over torch.distributed)
+
 __all__ = [
     "DecodeMetadata",
     "DecodeMetadataBuilder",
@@ -37,6 +40,7 @@ __all__ = [
     "RemapLayout",
     "choose_remap_layout",
     "convert_req_index_to_global_index",
+    "dcp",
     "dcp_local_seq_lens",
     "expand_decode_tokens",
     "filter_and_convert_dcp_index",

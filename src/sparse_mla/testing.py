@@ -181,3 +181,67 @@ def random_attention_indices(
     if invalid_tail > 0:
         idx[:, topk - invalid_tail :] = -1
     return idx
+
+
+# ---------------------------------------------------------------------------------------
+# Decode context parallelism (sparse_mla.dcp): inputs of one simulated rank
+# ---------------------------------------------------------------------------------------
+
+
+def dcp_scores(
+    rows: int, n: int, *, kind: str, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """fp32 ``[rows, n]`` indexer-like scores for DCP top-k tests (CPU).
+
+    ``kind``: ``"normal"`` (distinct with probability ~1), ``"ties"`` (three values, so
+    ties straddle every rank), ``"special"`` (ties plus -inf, NaN, -0.0 and +0.0).
+    """
+    if kind == "normal":
+        return torch.randn(rows, n, generator=generator)
+    x = torch.randint(0, 3, (rows, n), generator=generator).float()
+    if kind == "ties":
+        return x
+    if kind != "special":
+        raise ValueError(f"kind must be 'normal', 'ties' or 'special', got {kind!r}")
+    pick = torch.randint(0, 8, (rows, n), generator=generator)
+    x = torch.where(pick == 0, float("-inf"), x)
+    x = torch.where(pick == 1, float("nan"), x)
+    x = torch.where(pick == 2, -0.0, x)
+    return torch.where(pick == 3, 0.0, x)
+
+
+def dcp_shard_scores(
+    logits: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+    fill: float = float("nan"),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One DCP rank's view of full rows: the scores of the positions it owns, in local order.
+
+    Args:
+        logits: fp32 ``[T, N]``, scores of global positions.
+        seq_lens: int32 ``[T]``, global lengths (clamped to ``[0, N]``).
+
+    Returns:
+        ``(local_logits fp32 [T, N_local], local_seq_lens int32 [T])``: column ``l`` is the
+        rank's ``l``-th owned position; ``N_local`` is the same on every rank (the most any
+        rank owns of N), columns the rank does not have hold ``fill`` (which a correct
+        kernel never reads as a candidate).
+    """
+    from .ops._common.dcp import dcp_local_count_reference, dcp_owner_reference
+
+    rows, n = logits.shape
+    pos = torch.arange(n)
+    mine = pos[dcp_owner_reference(pos, dcp_size, interleave) == dcp_rank]
+    n_local = max(
+        int(dcp_local_count_reference(torch.tensor([n]), r, dcp_size, interleave))
+        for r in range(dcp_size)
+    )
+    local = torch.full((rows, n_local), fill, dtype=torch.float32)
+    local[:, : mine.numel()] = logits[:, mine]
+    lens = seq_lens.clamp(0, n).to(torch.int32)
+    local_lens = dcp_local_count_reference(lens, dcp_rank, dcp_size, interleave)
+    return local, local_lens.to(torch.int32)

@@ -1,0 +1,40 @@
+"""The DCP kernels compile for Hopper (sm_90) with no GPU, as tests/test_sm90_compile.py
+does for the other ops (the interpreter accepts code the GPU compiler rejects)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton.backends.nvidia") is None,
+    reason="Triton without its NVIDIA backend",
+)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles every launch for real")
+def test_dcp_kernels_compile_for_sm90(tmp_path: Path) -> None:
+    launches = tmp_path / "launches.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    subprocess.run(
+        [sys.executable, str(HERE / "sm90_record.py"), str(launches)],
+        env=env,
+        check=True,
+        timeout=300,
+    )
+    env.update(
+        TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path / "c")
+    )
+    subprocess.run(
+        [sys.executable, str(HERE.parent / "sm90_compile.py"), "compile", str(launches)],
+        env=env,
+        check=True,
+        timeout=600,
+    )
