@@ -33,9 +33,12 @@ LN2 = 0.6931471805599453
 NOPE = 512
 ROPE = 64
 GROUP = 128  # nope values per fp8 scale; also the width of each nope dot
-FP8_ROW_BYTES = 656
-FP8_SCALE_WORD = NOPE // 4  # first fp32 scale of a row, in 4-byte words
-FP8_ROPE_HALF = (NOPE + 16) // 2  # first rope value of a row, in 2-byte units
+# The same as kernel constants.
+K_LOG2E = tl.constexpr(LOG2E)
+K_LN2 = tl.constexpr(LN2)
+K_NOPE = tl.constexpr(NOPE)
+K_SCALE_WORD = tl.constexpr(NOPE // 4)  # first fp32 scale of an fp8 row, in 4-byte words
+K_ROPE_HALF = tl.constexpr((NOPE + 16) // 2)  # first rope value of an fp8 row, in 2-byte units
 
 
 @triton.jit
@@ -54,8 +57,10 @@ def to_bf16(x, INTERPRET: tl.constexpr):
     if INTERPRET:
         bits = x.to(tl.int32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return x.to(tl.bfloat16)
+        y = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(tl.bfloat16)
+    return y
 
 
 @triton.jit
@@ -69,7 +74,8 @@ def _block_slots(
     i = tl.load(idx_row + cols * idx_s1, mask=in_row, other=-1)
     if FUSED:
         col = i // block_size
-        ok = in_row & (i >= 0) & (col < bt_width) & req_ok
+        # (tl.where: the interpreter turns "vector & scalar bool" into an invalid mask)
+        ok = tl.where(req_ok, in_row & (i >= 0) & (col < bt_width), False)
         page_id = tl.load(bt_row + col.to(tl.int64) * bt_s1, mask=ok, other=-1)
         slot, has_page = page_slot(page_id, i % block_size, block_size)
         ok = ok & has_page
@@ -87,8 +93,10 @@ def _load_nope(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
     d = g * 128 + tl.arange(0, 128)
     if FP8:
         raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None], other=0)
-        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    return tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
+        vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:
+        vals = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
+    return vals
 
 
 @triton.jit
@@ -192,13 +200,13 @@ def _sparse_mla_decode_kernel(
         k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, FP8)
         zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
         if FP8:
-            words = row // 4 + FP8_SCALE_WORD
+            words = row // 4 + K_SCALE_WORD
             s0 = tl.load(kv_f32 + words, mask=ok, other=0.0)
             s1 = tl.load(kv_f32 + words + 1, mask=ok, other=0.0)
             s2 = tl.load(kv_f32 + words + 2, mask=ok, other=0.0)
             s3 = tl.load(kv_f32 + words + 3, mask=ok, other=0.0)
             kr = tl.load(
-                kv_bf16 + (row // 2 + FP8_ROPE_HALF)[:, None] + r[None, :],
+                kv_bf16 + (row // 2 + K_ROPE_HALF)[:, None] + r[None, :],
                 mask=ok[:, None], other=0.0,
             )  # fmt: skip
             s = _mma(q0, tl.trans(k0), zero, INTERPRET) * s0[None, :]
@@ -242,7 +250,7 @@ def _sparse_mla_decode_kernel(
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     w = inv_l
     if HAS_SINK and not SPLIT:
-        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * LOG2E
+        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
         # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + 2^(sink2 - lse2)); 0 for empty heads.
         w = tl.where(has, inv_l / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
     w0 = w * c0
@@ -251,7 +259,7 @@ def _sparse_mla_decode_kernel(
     w3 = w * c3
     if SPLIT:
         prow = (t64 * num_splits + split) * h_q + heads.to(tl.int64)
-        po = part_out_ptr + prow[:, None] * NOPE + d[None, :]
+        po = part_out_ptr + prow[:, None] * K_NOPE + d[None, :]
         tl.store(po, acc0 * w0[:, None], mask=hmask[:, None])
         tl.store(po + 128, acc1 * w1[:, None], mask=hmask[:, None])
         tl.store(po + 256, acc2 * w2[:, None], mask=hmask[:, None])
@@ -263,4 +271,4 @@ def _sparse_mla_decode_kernel(
         tl.store(o + 128 * out_s2, to_bf16(acc1 * w1[:, None], INTERPRET), mask=hmask[:, None])
         tl.store(o + 256 * out_s2, to_bf16(acc2 * w2[:, None], INTERPRET), mask=hmask[:, None])
         tl.store(o + 384 * out_s2, to_bf16(acc3 * w3[:, None], INTERPRET), mask=hmask[:, None])
-        tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * LN2, mask=hmask)
+        tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
