@@ -251,7 +251,7 @@ def test_bad_arguments():
         sparse_mla_decode(q, cache, idx, config=AttentionConfig(block_h=8), **call)
 
 
-# ---- FlashMLA-shaped entry ------------------------------------------------------------------------
+# ---- FlashMLA-shaped entry ---------------------------------------------------------------------
 
 
 def test_flashmla_compat(seed):
