@@ -32,6 +32,8 @@ class AttentionConfig:
     num_warps, num_stages: Triton launch options of the main kernel (``num_stages``
         pipelines the row gathers).
     combine_dims: output dims per combine program (power of two dividing 512).
+    rows_major: the cache rows, not the heads, as the MMA's M dimension (for few heads; see
+        ``ops/attention/decode.py``).
     """
 
     block_h: int = 16
@@ -40,6 +42,7 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 2
     combine_dims: int = 128
+    rows_major: bool = False
 
     def head_blocks(self, h_q: int) -> int:
         return cdiv(h_q, self.block_h)
@@ -63,8 +66,9 @@ def choose_attention_config(
     Heads: the next power of two of ``h_q`` (at least 16, the smallest MMA block), at most 64
     per program (one warpgroup MMA block; 128 heads run as two programs, which read the same
     rows at about the same time, so the second read mostly hits L2). 8 warps at 64 heads (the
-    512-wide accumulator then fits the registers), else 4. Splits: none once the row x head
-    block programs fill the SMs; below that enough splits for about
+    512-wide accumulator then fits the registers), else 4 with the cache rows as the MMA's M
+    (a 64-row block; 16 or 32 heads as M would replicate the queries in every warp). Splits:
+    none once the row x head-block programs fill the SMs; below that enough splits for about
     ``TARGET_PROGRAMS_PER_SM`` programs per SM, each at least one ``block_n`` block.
     """
     if cache_format not in CACHE_FORMATS:
@@ -79,7 +83,7 @@ def choose_attention_config(
     splits = 1
     if programs < num_sms:
         splits = max(1, min(blocks, cdiv(TARGET_PROGRAMS_PER_SM * num_sms, programs)))
-    return AttentionConfig(block_h, block_n, splits, num_warps, 2, 128)
+    return AttentionConfig(block_h, block_n, splits, num_warps, 2, 128, block_h <= 32)
 
 
 def workspace_rows(num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int) -> int:
