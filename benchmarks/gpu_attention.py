@@ -3,6 +3,7 @@
 Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
 
     PYTHONPATH=src python benchmarks/gpu_attention.py --out DIR [--quick] [--no-sweep]
+    PYTHONPATH=src python benchmarks/gpu_attention.py --out DIR --sweep-only   # about 5 min
 
 1. Correctness (PASS/FAIL, max errors): every timed shape's first rows against the fp32
    reference (``sparse_mla_decode_reference``, tolerance of ``sparse_mla.testing``), plus
@@ -20,8 +21,10 @@ Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
    64), random slots with the last 100 of each row -1 (shared/anchors/README.md). Beside each
    figure its floor ``max(gathered bytes / 4.3 TB/s, FLOPs / 790 TFLOPS)`` with FLOPs
    ``2 h_q T topk (576 + 512)``, and TFLOPS. Fused remap vs global slots at T = 1, 128, 1024.
-4. A small launch-config sweep (``AttentionConfig``) at h_q 16 and 128, T 128 (skipped with
-   ``--no-sweep`` or when the time budget is spent).
+4. A launch-config sweep (``AttentionConfig``: orientation, rows per step, stages, warps,
+   splits) at h_q 16 (T 1, 8, 128) and 128 (T 128), fp8 and bf16, each config checked
+   against the reference; after the rest only while the time budget lasts (``--no-sweep``
+   skips it, ``--sweep-only`` runs just it).
 
 One failing shape never stops the rest (its error is recorded). Writes
 ``gpu_attention.json`` under ``--out``; exit status 1 when a check failed.
@@ -327,43 +330,51 @@ def fused_ratio(caches, dev, results: dict, tokens) -> None:
             _log(f"fused remap T={t}: error {e!r}")
 
 
+def _sweep_configs(h: int, t: int):
+    """Launch shapes to try at one shape: orientation x rows per step x pipeline depth x
+    warps x splits (the heuristic's neighbours)."""
+    bh = min(64, max(16, 1 << (h - 1).bit_length()))
+    splits = (1, 2) if t >= 128 else (16, 32)
+    if bh == 64:
+        shapes = [(False, bn, 8) for bn in (32, 64)] + [(True, 64, 8)]
+    else:
+        shapes = [(True, 64, 4), (True, 64, 8), (False, 16, 4), (False, 32, 4)]
+    for rows_major, bn, warps in shapes:
+        for stages in (1, 2, 3):
+            for sp in splits:
+                yield AttentionConfig(bh, bn, sp, warps, stages, 128, rows_major)
+
+
 def sweep(caches, dev, results: list, t_start: float) -> None:
-    shapes = [(16, 128, "fp8"), (16, 128, "bf16"), (128, 128, "fp8"), (16, 8, "fp8")]
+    shapes = [
+        (16, 128, "fp8"),
+        (128, 128, "fp8"),
+        (16, 128, "bf16"),
+        (16, 8, "fp8"),
+        (16, 1, "fp8"),
+    ]
     for h, t, fmt in shapes:
         q = torch.randn(t, h, 576, device=dev).bfloat16()
         idxs = rand_indices(t, dev)
-        bh = min(64, max(16, 1 << (h - 1).bit_length()))
-        warps = (8,) if bh == 64 else (4,)
-        splits = (1, 2) if t >= 128 else (16, 32)
-        for bn in (16, 32, 64):
-            for stages in (1, 2):
-                for w in warps:
-                    for sp in splits:
-                        if time.time() - t_start > BUDGET_S:
-                            _log("sweep: time budget spent, stopping")
-                            return
-                        cfg = AttentionConfig(bh, bn, sp, w, stages)
-                        try:
-                            ws = attention_workspace(t, h, TOPK, config=cfg, device=dev)
+        for cfg in _sweep_configs(h, t):
+            if time.time() - t_start > BUDGET_S:
+                _log("sweep: time budget spent, stopping")
+                return
+            try:
+                ws = attention_workspace(t, h, TOPK, config=cfg, device=dev)
 
-                            def f(ix, cfg=cfg, ws=ws, q=q, cache=caches[fmt]):
-                                return sparse_mla_decode(
-                                    q, cache, ix, sm_scale=SCALE, config=cfg, workspace=ws
-                                )
+                def f(ix, cfg=cfg, ws=ws, q=q, cache=caches[fmt]):
+                    return sparse_mla_decode(q, cache, ix, sm_scale=SCALE, config=cfg, workspace=ws)
 
-                            o, lse = f(idxs[0])
-                            chk = check_rows(q, caches[fmt], idxs[0], o, lse)
-                            us = graph_us([(lambda ix=ix: f(ix)) for ix in (idxs * 5)[:N_GRAPH]])
-                            results.append(dict(h_q=h, T=t, cache=fmt, config=str(cfg), us=us,
-                                                ok=chk["ok"]))  # fmt: skip
-                            _log(
-                                f"sweep {fmt} h={h} T={t} bn={bn} stages={stages} warps={w} "
-                                f"splits={sp}: {us:7.1f} us {'ok' if chk['ok'] else 'WRONG'}"
-                            )
-                        except Exception as e:  # noqa: BLE001
-                            results.append(dict(h_q=h, T=t, cache=fmt, config=str(cfg),
-                                                error=repr(e)[:300]))  # fmt: skip
-                            _log(f"sweep {cfg}: error {e!r}"[:300])
+                o, lse = f(idxs[0])
+                chk = check_rows(q, caches[fmt], idxs[0], o, lse)
+                us = graph_us([(lambda ix=ix: f(ix)) for ix in (idxs * 5)[:N_GRAPH]])
+                results.append(dict(h_q=h, T=t, cache=fmt, config=str(cfg), us=us, ok=chk["ok"]))
+                _log(f"sweep {fmt} h={h} T={t} {cfg}: {us:7.1f} us "
+                     f"{'ok' if chk['ok'] else 'WRONG'}")  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                results.append(dict(h_q=h, T=t, cache=fmt, config=str(cfg), error=repr(e)[:300]))
+                _log(f"sweep {cfg}: error {e!r}"[:300])
 
 
 def main() -> int:
@@ -371,6 +382,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument(
+        "--sweep-only", action="store_true", help="only the config sweep (its own time budget)"
+    )
     args = ap.parse_args()
     t_start = time.time()
     dev = torch.device("cuda")
@@ -391,6 +405,9 @@ def main() -> int:
         page=PAGE, notes=[n for n in (fm_note, vl_note) if n], correctness={}, timings=[],
         fused_remap={}, sweep=[],
     )  # fmt: skip
+    if args.sweep_only:
+        sweep(caches, dev, res["sweep"], time.time())
+        return _finish(res, True, t_start, args.out)
     ok = correctness(caches, dev, res["correctness"])
 
     heads = (16, 128) if args.quick else (8, 16, 32, 64, 128)
@@ -409,12 +426,16 @@ def main() -> int:
     fused_ratio(caches, dev, res["fused_remap"], (1, 128) if args.quick else (1, 128, 1024))
     if not args.no_sweep and not args.quick:
         sweep(caches, dev, res["sweep"], t_start)
+    return _finish(res, ok, t_start, args.out)
+
+
+def _finish(res: dict, ok: bool, t_start: float, out: str | None) -> int:
     res["ok"] = bool(ok)
     res["seconds"] = time.time() - t_start
     _log(f"# {'ALL PASS' if ok else 'SOME FAILED'} in {res['seconds']:.0f} s")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu_attention.json"), "w") as f:
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "gpu_attention.json"), "w") as f:
             json.dump(res, f, indent=1)
     return 0 if ok else 1
 
