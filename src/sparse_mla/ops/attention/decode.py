@@ -101,6 +101,10 @@ def _load_nope(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
     if FP8:
         raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None], other=0)
         vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        # A no-op for the values, but it keeps the conversion in the load's layout: without
+        # it Triton converts in each dot's operand layout (twice per value, both copies in
+        # registers) and does not pipeline the byte gathers (benchmarks/inspect_attention_sm90.py).
+        vals = tl.where(ok[:, None], vals, 0.0)
     else:
         vals = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
     return vals
