@@ -9,9 +9,9 @@ import torch
 from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms
 from ..kv_cache.kv_cache import mla_cache_layout
-from .combine import _combine_kernel
+from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
 from .config import MAX_HEADS, AttentionConfig, choose_attention_config, workspace_rows
-from .decode import LOG2E, NOPE, ROPE, _sparse_mla_decode_kernel
+from .decode import LOG2E, NOPE, ROPE
 
 HEAD_DIM = NOPE + ROPE
 INT32_MAX = 2**31 - 1
@@ -231,7 +231,7 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
     part_out = workspace.partial_out if split else out
     part_lse = workspace.partial_lse if split else lse
     head_blocks = cfg.head_blocks(h_q)
-    _sparse_mla_decode_kernel[(num_tokens * splits * head_blocks,)](
+    decode._sparse_mla_decode_kernel[(num_tokens * splits * head_blocks,)](
         q, kv_u8, kv_f32, kv_bf16, indices,
         topk_length if topk_length is not None else indices,
         bt, req_id if fused else indices,
@@ -246,7 +246,7 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         sm_scale * LOG2E,
         PAGE=lay.page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=lay.fp8,
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
-        SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
+        SPLIT=split, ROWS_MAJOR=cfg.rows_major, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,
     )  # fmt: skip
     if not split:
@@ -254,7 +254,7 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
     block_h = min(COMBINE_HEADS, next_pow2(h_q))
     head_blocks = -(-h_q // block_h)
     dim_blocks = NOPE // cfg.combine_dims
-    _combine_kernel[(num_tokens * head_blocks * dim_blocks,)](
+    combine._combine_kernel[(num_tokens * head_blocks * dim_blocks,)](
         workspace.partial_out, workspace.partial_lse,
         attn_sink if attn_sink is not None else lse, out, lse,
         h_q, splits, head_blocks, dim_blocks, *out.stride(), *lse.stride(),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode import LN2, LOG2E, NOPE, to_bf16
+from .decode import K_LN2, K_LOG2E, K_NOPE, to_bf16
 
 
 @triton.jit
@@ -42,23 +42,23 @@ def _combine_kernel(
     lse2 = tl.where(has, m_use + tl.log2(tl.where(has, total, 1.0)), float("-inf"))
     scale = tl.where(has, 1.0 / tl.where(has, total, 1.0), 0.0)
     if HAS_SINK:
-        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * LOG2E
+        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
         scale = tl.where(has, scale / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
 
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    base = (t64 * num_splits * h_q + heads.to(tl.int64))[:, None] * NOPE + d[None, :]
+    base = (t64 * num_splits * h_q + heads.to(tl.int64))[:, None] * K_NOPE + d[None, :]
     for s in range(0, num_splits):
         l_one = tl.load(part_lse_ptr + (t64 * num_splits + s) * h_q + heads, mask=hmask,
                         other=float("-inf"))  # fmt: skip
         w = tl.exp2(l_one - m_use) * scale
-        o = tl.load(part_out_ptr + base + s * h_q * NOPE, mask=hmask[:, None], other=0.0)
+        o = tl.load(part_out_ptr + base + s * h_q * K_NOPE, mask=hmask[:, None], other=0.0)
         acc += tl.where(w[:, None] > 0, o * w[:, None], 0.0)
 
     o_ptr = out_ptr + t64 * out_s0 + heads[:, None].to(tl.int64) * out_s1 + d[None, :] * out_s2
     tl.store(o_ptr, to_bf16(acc, INTERPRET), mask=hmask[:, None])
     if db == 0:
-        tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * LN2, mask=hmask)
+        tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
 
 
 __all__ = ["_combine_kernel"]

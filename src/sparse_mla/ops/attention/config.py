@@ -32,6 +32,8 @@ class AttentionConfig:
     num_warps, num_stages: Triton launch options of the main kernel (``num_stages``
         pipelines the row gathers).
     combine_dims: output dims per combine program (power of two dividing 512).
+    rows_major: the cache rows, not the heads, as the MMA's M dimension (for few heads; see
+        ``ops/attention/decode.py``).
     """
 
     block_h: int = 16
@@ -40,6 +42,7 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 2
     combine_dims: int = 128
+    rows_major: bool = False
 
     def head_blocks(self, h_q: int) -> int:
         return cdiv(h_q, self.block_h)
@@ -62,24 +65,30 @@ def choose_attention_config(
 
     Heads: the next power of two of ``h_q`` (at least 16, the smallest MMA block), at most 64
     per program (one warpgroup MMA block; 128 heads run as two programs, which read the same
-    rows at about the same time, so the second read mostly hits L2). 8 warps at 64 heads (the
-    512-wide accumulator then fits the registers), else 4. Splits: none once the row x head
-    block programs fill the SMs; below that enough splits for about
-    ``TARGET_PROGRAMS_PER_SM`` programs per SM, each at least one ``block_n`` block.
+    rows at about the same time, so the second read mostly hits L2). Up to 32 heads: the cache
+    rows as the MMA's M (64 a step; 16 or 32 heads as M would replicate the queries in every
+    warp), 8 warps for fp8 and for 32 heads, else 4. 64 heads: heads as M, 32 rows a step, 8
+    warps. These are the variants with the fewest register spills in Triton's sm_90 build
+    (``benchmarks/inspect_attention_sm90.py``; timings: ``benchmarks/gpu_attention.py``'s
+    sweep). Splits: none once the row x head-block programs fill the SMs; below that enough
+    splits for about ``TARGET_PROGRAMS_PER_SM`` programs per SM, each at least one block.
     """
     if cache_format not in CACHE_FORMATS:
         raise ValueError(f"cache_format must be one of {CACHE_FORMATS}, got {cache_format!r}")
     if not 1 <= h_q <= MAX_HEADS:
         raise ValueError(f"h_q must be in [1, {MAX_HEADS}], got {h_q}")
     block_h = min(MAX_BLOCK_H, max(MIN_BLOCK_H, next_pow2(h_q)))
-    block_n = 64
-    num_warps = 8 if block_h == 64 else 4
+    if block_h == MAX_BLOCK_H:
+        block_n, num_warps, rows_major = 32, 8, False
+    else:
+        block_n, rows_major = 64, True
+        num_warps = 8 if cache_format == "fp8" or block_h == 32 else 4
     programs = max(num_tokens, 1) * cdiv(h_q, block_h)
     blocks = max(cdiv(topk, block_n), 1)
     splits = 1
     if programs < num_sms:
         splits = max(1, min(blocks, cdiv(TARGET_PROGRAMS_PER_SM * num_sms, programs)))
-    return AttentionConfig(block_h, block_n, splits, num_warps, 2, 128)
+    return AttentionConfig(block_h, block_n, splits, num_warps, 2, 128, rows_major)
 
 
 def workspace_rows(num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int) -> int:
