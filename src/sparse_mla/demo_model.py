@@ -66,7 +66,7 @@ def _time_one_step(fast, out) -> dict[str, float]:
     state.stage_times = {}
     last = out.sequences[:, -1:]
     with torch.no_grad():
-        fast(last, cache=out.past_key_values, use_cache=True)
+        fast(last, cache=out.cache, use_cache=True)
     times, state.stage_times = state.stage_times, None
     return times
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed + 1)
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), device=device)
     print(
-        f"random DeepseekV32ForCausalLM: {cfg.num_hidden_layers} layers, "
+        f"random DeepseekV32ForCausalLM: {cfg.num_hidden_layers} layer(s), "
         f"{cfg.num_attention_heads} heads, hidden {cfg.hidden_size}, latent "
         f"{cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}, indexer {cfg.index_n_heads}x"
         f"{cfg.index_head_dim}, index_topk {cfg.index_topk}; prompt {prompt_len} tokens, "
@@ -117,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
             logits = model(b[None, :step], use_cache=False).logits[0, -1].float()
         gap = (logits.max() - logits[b[step]]).item()
         ok = gap <= FLIP_GAP
-        print(f"first difference at token {step - prompt_len}: HF's logit gap there {gap:.3f} "
-              f"({'a near-tie' if ok else 'beyond the near-tie bound'} {FLIP_GAP})")  # fmt: skip
+        verdict = "within" if ok else "BEYOND"
+        print(f"first difference at token {step - prompt_len}: HF's own logits there rank our "
+              f"token {gap:.3f} below its pick ({verdict} the near-tie bound {FLIP_GAP}); after "
+              "it the two streams continue from different prefixes")  # fmt: skip
 
     times = _time_one_step(fast, ours)
     total = sum(times.values())
-    print(f"\none decode step through sparse-mla, {cfg.num_hidden_layers} layers "
+    print(f"\none decode step through sparse-mla, {cfg.num_hidden_layers} layer(s) "
           f"(wall time, synchronised per stage):")  # fmt: skip
     print(f"  {'stage':14} {'ms':>10} {'share':>7}")
     for name in STAGES:
