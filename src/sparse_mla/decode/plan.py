@@ -150,8 +150,8 @@ class DecodePlan:
             device=dev,
         )
         t, k = c.max_num_tokens, c.topk
-        self.max_len = c.max_blocks_per_req * c.page_size
-        self._logits = torch.empty(t * self.max_len, dtype=torch.float32, device=dev)
+        max_len = c.max_blocks_per_req * c.page_size
+        self._logits = torch.empty(t * max_len, dtype=torch.float32, device=dev)
         self._indices = torch.empty(t, k, dtype=torch.int32, device=dev)
         self._positions = None if c.fused_remap else torch.empty_like(self._indices)
         self._row_req = torch.empty(t, dtype=torch.int32, device=dev)
