@@ -206,3 +206,14 @@ def test_a_batch_of_two_generates_like_hf():
         ours = fast.generate(ids, **kw)
     assert torch.equal(ours, theirs)
     assert len(fast.sparse_mla.pages) == 2
+
+
+def test_chunked_prefill_equals_one_step():
+    """A prompt taken in chunks of 5 (MTP-style steps of n = 5, then the rest) gives the
+    logits of one 13-row step: same selection, same caches."""
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1), dtype=torch.bfloat16, seed=13)
+    ids = torch.randint(0, model.config.vocab_size, (1, 13))
+    with torch.no_grad():
+        whole = hf.enable(copy.deepcopy(model))(ids, use_cache=False).logits
+        chunked = hf.enable(copy.deepcopy(model), prefill_chunk=5)(ids, use_cache=False).logits
+    torch.testing.assert_close(chunked, whole, atol=0.0, rtol=0.0)
