@@ -12,7 +12,7 @@ from sparse_mla.testing import poison
 TOPK = 128
 
 
-def _plan(case, *, heads: int, max_decode_len: int = 4, fused: bool = True, **kw) -> DecodePlan:
+def _plan(case, *, heads: int, max_decode_len: int = 4, remap: str = "topk", **kw) -> DecodePlan:
     cfg = DecodePlanConfig(
         max_num_tokens=max(case.num_tokens, 1) + 2,
         max_num_requests=len(case.decode_lens) + 1,
@@ -20,7 +20,7 @@ def _plan(case, *, heads: int, max_decode_len: int = 4, fused: bool = True, **kw
         num_heads=heads,
         topk=TOPK,
         max_decode_len=max_decode_len,
-        fused_remap=fused,
+        remap=remap,
         mla_fp8=case.inputs.kv_cache.dtype == torch.uint8,
     )
     return DecodePlan(cfg, sm_scale=0.135, **kw)
@@ -41,18 +41,18 @@ def _check(plan: DecodePlan, case) -> int:
 
 
 @pytest.mark.parametrize(
-    "fp8, seq_lens, decode_lens, pad, fused",
+    "fp8, seq_lens, decode_lens, pad, remap",
     [
-        (False, [200, 131], [1, 1], 0, True),  # plain decode, k < visible
-        (True, [300, 150, 64], [2, 2, 2], 0, False),  # native MTP rows, separate remap
-        (True, [260, 0, 140], [3, 1, 2], 2, True),  # ragged (flattened), padding req + rows
+        (False, [200, 131], [1, 1], 0, "topk"),  # plain decode, k < visible
+        (True, [300, 150, 64], [2, 2, 2], 0, "separate"),  # native MTP rows
+        (True, [260, 0, 140], [3, 1, 2], 2, "attention"),  # ragged, padding req + rows
     ],
 )
-def test_plan_matches_reference(rng, fp8, seq_lens, decode_lens, pad, fused):
+def test_plan_matches_reference(rng, fp8, seq_lens, decode_lens, pad, remap):
     case = random_step(
         rng, seq_lens=seq_lens, decode_lens=decode_lens, num_heads=8, fp8=fp8, pad_rows=pad
     )
-    ties = _check(_plan(case, heads=8, fused=fused), case)
+    ties = _check(_plan(case, heads=8, remap=remap), case)
     assert ties <= 1
 
 

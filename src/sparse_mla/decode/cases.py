@@ -137,11 +137,13 @@ def step_error(result, ref, case: StepCase, *, page_size: int = 64) -> tuple[str
     x = case.inputs
     req, vis = row_layout(x.seq_lens.cpu(), case.decode_lens, case.num_tokens)
     bt = x.block_table.long().cpu()
-    got_slots = result.indices.long().cpu()
+    got_slots = None if result.indices is None else result.indices.long().cpu()
     ties, compare = 0, []
     for t in range(case.num_tokens):
         want = set(ref.positions[t][ref.positions[t] >= 0].tolist())
-        if req[t] < 0:
+        if got_slots is None:  # the attention remapped: the positions are what it attended
+            got = set(result.positions[t][result.positions[t] >= 0].long().tolist())
+        elif req[t] < 0:
             got = set()
         else:
             slot_pos = {int(bt[req[t], p // page_size]) * page_size + p % page_size: p
@@ -183,7 +185,7 @@ def check_random_step(
 ) -> str | None:
     """One randomized plan-vs-reference comparison (for ``sparse-mla verify``): 1-3 requests
     of 0-400 tokens (some padding requests), uniform or ragged ``n`` in 1-3, padding rows,
-    bf16 or fp8 caches, fused or separate remap, 4 or 16 heads. None when they agree, else
+    bf16 or fp8 caches, each remap placement, 4 or 16 heads. None when they agree, else
     the reason with the seed."""
     from .naive import decode_step_reference
     from .plan import DecodePlan, DecodePlanConfig
@@ -194,11 +196,12 @@ def check_random_step(
     n = [rng.randint(1, 3)] * b if rng.random() < 0.5 else [rng.randint(1, 3) for _ in range(b)]
     ragged = len(set(n)) > 1
     pad = rng.randint(0, 2) if ragged else 0
-    heads, fp8, fused = rng.choice([4, 16]), rng.random() < 0.5, rng.random() < 0.5
+    heads, fp8 = rng.choice([4, 16]), rng.random() < 0.5
+    remap = rng.choice(["topk", "attention", "separate"])
     case = random_step(rng, seq_lens=lens, decode_lens=n, num_heads=heads, fp8=fp8,
                        pad_rows=pad, device=device)  # fmt: skip
     cfg = DecodePlanConfig(case.num_tokens, b, case.max_blocks, heads, topk=topk,
-                           max_decode_len=3, fused_remap=fused, mla_fp8=fp8)  # fmt: skip
+                           max_decode_len=3, remap=remap, mla_fp8=fp8)  # fmt: skip
     plan = DecodePlan(cfg, sm_scale=0.135, device=device)
     ref_inputs = clone_inputs(case.inputs)
     got = plan.run(case.inputs, n, num_tokens=case.num_tokens)
@@ -208,4 +211,4 @@ def check_random_step(
     if not torch.equal(case.inputs.index_k_cache, ref_inputs.index_k_cache):
         return f"seed {seed}: indexer cache writes differ"
     err, _ = step_error(got, ref, case)
-    return None if err is None else f"seed {seed} (lens={lens} n={n} fp8={fp8}): {err}"
+    return None if err is None else f"seed {seed} (lens={lens} n={n} fp8={fp8} {remap}): {err}"

@@ -1,8 +1,9 @@
 """One DSA attention layer's decode step, sized once, run eagerly or as one CUDA graph.
 
 Stages (each a library op): metadata (MTP expansion when the indexer cannot take the rows
-natively), cache writes (indexer key + MLA latent), indexer logits, exact top-k with the
-remap fused in (global slot ids), sparse MLA attention over those slots.
+natively), cache writes (indexer key + MLA latent), indexer logits, exact top-k, sparse MLA
+attention. Positions become cache slots in the top-k epilogue (default), in the attention's
+loads, or in a separate remap launch (``DecodePlanConfig.remap``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ class DecodePlanConfig:
     page_size: tokens per page of both caches. index_heads, index_dim: indexer q shape.
     mla_fp8: the MLA latent cache is FlashMLA's fp8 format (else bf16); sizes the attention
     workspace and is checked against the cache each run.
-    fused_remap: top-k writes global slots directly; False keeps the positions too
-    (``DecodeStepOutput.positions``) and remaps them in a separate launch.
+    remap: where request-local positions become cache slots: "topk" (top-k writes slots
+    directly), "attention" (top-k writes positions, the attention remaps them as it loads:
+    needs the library attention), "separate" (positions, then the remap op: slots). The last
+    two also return the positions (``DecodeStepOutput.positions``).
     attention: "auto" (the library's sparse_mla_decode when present, else "torch") or "torch".
     """
 
@@ -55,7 +58,7 @@ class DecodePlanConfig:
     index_heads: int = 64
     index_dim: int = 128
     mla_fp8: bool = True
-    fused_remap: bool = True
+    remap: str = "topk"
     attention: str = "auto"
 
 
@@ -91,8 +94,10 @@ class DecodeStepOutput(NamedTuple):
 
     out: bf16 ``[T, h_q, 512]`` latent attention output (apply ``W_UV`` per head).
     lse: fp32 ``[T, h_q]`` natural-log softmax denominator.
-    indices: int32 ``[T, topk]`` global slot ids attended (-1 = none).
-    positions: int32 ``[T, topk]`` request-local positions (``fused_remap=False`` only).
+    indices: int32 ``[T, topk]`` global slot ids attended (-1 = none); None with
+    ``remap="attention"`` (the attention computes them on the fly).
+    positions: int32 ``[T, topk]`` request-local positions, ascending then -1 (``remap`` not
+    "topk"; else None).
     """
 
     out: torch.Tensor
@@ -138,6 +143,8 @@ class DecodePlan:
             raise ValueError(f"topk must be a positive multiple of 128 (<= 4096), got {c.topk}")
         if c.attention not in ("auto", "torch"):
             raise ValueError(f"attention must be 'auto' or 'torch', got {c.attention!r}")
+        if c.remap not in ("topk", "attention", "separate"):
+            raise ValueError(f"remap must be 'topk', 'attention' or 'separate', got {c.remap!r}")
         self.config, self.sm_scale = c, float(sm_scale)
         self.device = dev = canonical_device(device)
         native = range(1, min(c.max_decode_len, MAX_NATIVE_N) + 1)
@@ -153,7 +160,7 @@ class DecodePlan:
         max_len = c.max_blocks_per_req * c.page_size
         self._logits = torch.empty(t * max_len, dtype=torch.float32, device=dev)
         self._indices = torch.empty(t, k, dtype=torch.int32, device=dev)
-        self._positions = None if c.fused_remap else torch.empty_like(self._indices)
+        self._positions = None if c.remap == "topk" else torch.empty_like(self._indices)
         self._row_req = torch.empty(t, dtype=torch.int32, device=dev)
         self._arange = torch.arange(t, dtype=torch.int32, device=dev)
         self._out = torch.empty(t, c.num_heads, NOPE_DIM, dtype=torch.bfloat16, device=dev)
@@ -164,6 +171,8 @@ class DecodePlan:
         if ws_fn is not None:
             fmt = "fp8" if c.mla_fp8 else "bf16"
             self._attn_ws = ws_fn(t, c.num_heads, k, cache_format=fmt, device=dev)
+        if c.remap == "attention" and self._attn is None:
+            raise ValueError("remap='attention' needs the library attention (attention='auto')")
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_out: DecodeStepOutput | None = None
 
@@ -194,36 +203,45 @@ class DecodePlan:
             next_n=meta.next_n, max_len=max_len, out=logits,
         )  # fmt: skip
 
-    def _select(self, x: DecodeInputs, meta: DecodeMetadata, logits: torch.Tensor):
-        rows, c = meta.num_tokens, self.config
+    def _selection(self, meta: DecodeMetadata) -> _Selection:
+        """Views of this step's selection buffers (nothing launched)."""
+        rows = meta.num_tokens
         if meta.flattened:
             lens, req = meta.seq_lens, meta.req_id
         else:  # native rows b * n + j: lengths [B, n] row-major, request = row // n
-            lens = meta.seq_lens.reshape(rows)
-            req = self._row_req[:rows]
-            torch.div(self._arange[:rows], meta.next_n, rounding_mode="floor", out=req)
-        slots = self._indices[:rows]
-        remap = {"block_table": x.block_table, "req_id": req, "block_size": c.page_size}
-        ws = self._topk_ws
-        if self._positions is None:
-            select_topk(logits, lens, k=c.topk, out=slots, workspace=ws, **remap)
-            return slots, None
-        pos = self._positions[:rows]
-        select_topk(logits, lens, k=c.topk, out=pos, workspace=ws)
-        convert_req_index_to_global_index(
-            req, x.block_table, pos, block_size=c.page_size, out=slots
-        )
-        return slots, pos
+            lens, req = meta.seq_lens.reshape(rows), self._row_req[:rows]
+        slots = None if self.config.remap == "attention" else self._indices[:rows]
+        pos = None if self._positions is None else self._positions[:rows]
+        return _Selection(lens, req, slots, pos)
 
-    def _attend(self, x: DecodeInputs, slots: torch.Tensor):
-        rows = slots.shape[0]
+    def _select(self, x: DecodeInputs, meta: DecodeMetadata, logits: torch.Tensor) -> _Selection:
+        c, sel, ws = self.config, self._selection(meta), self._topk_ws
+        if not meta.flattened:
+            torch.div(self._arange[: meta.num_tokens], meta.next_n, rounding_mode="floor",
+                      out=sel.req)  # fmt: skip
+        if sel.positions is None:  # remap "topk": slots straight from the top-k epilogue
+            remap = {"block_table": x.block_table, "req_id": sel.req, "block_size": c.page_size}
+            select_topk(logits, sel.lens, k=c.topk, out=sel.slots, workspace=ws, **remap)
+            return sel
+        select_topk(logits, sel.lens, k=c.topk, out=sel.positions, workspace=ws)
+        if sel.slots is not None:  # remap "separate"
+            convert_req_index_to_global_index(
+                sel.req, x.block_table, sel.positions, block_size=c.page_size, out=sel.slots
+            )
+        return sel
+
+    def _attend(self, x: DecodeInputs, sel: _Selection):
+        rows = sel.lens.shape[0]
         out, lse = self._out[:rows], self._lse[:rows]
         if self._attn is None:
-            return sparse_attention_torch(x.q, x.kv_cache, slots, self.sm_scale, out=out, lse=lse)
-        return self._attn(
-            x.q, x.kv_cache, slots, sm_scale=self.sm_scale, out=out, lse=lse,
-            workspace=self._attn_ws,
-        )  # fmt: skip
+            return sparse_attention_torch(
+                x.q, x.kv_cache, sel.slots, self.sm_scale, out=out, lse=lse
+            )
+        common = {"sm_scale": self.sm_scale, "out": out, "lse": lse, "workspace": self._attn_ws}
+        if sel.slots is not None:
+            return self._attn(x.q, x.kv_cache, sel.slots, **common)
+        return self._attn(x.q, x.kv_cache, sel.positions, block_table=x.block_table,
+                          req_id=sel.req, block_size=self.config.page_size, **common)  # fmt: skip
 
     # ---- eager ----------------------------------------------------------------------------
 
@@ -259,9 +277,9 @@ class DecodePlan:
         meta = clock("metadata", self._metadata, inputs, decode_lens, rows)
         clock("cache writes", self._write_caches, inputs)
         logits = clock("logits", self._score, inputs, meta, max_len)
-        slots, pos = clock("top-k", self._select, inputs, meta, logits)
-        out, lse = clock("attention", self._attend, inputs, slots)
-        return DecodeStepOutput(out, lse, slots, pos)
+        sel = clock("top-k", self._select, inputs, meta, logits)
+        out, lse = clock("attention", self._attend, inputs, sel)
+        return DecodeStepOutput(out, lse, sel.slots, sel.positions)
 
     def stage_calls(
         self, inputs: DecodeInputs, decode_lens: Sequence[int], *, num_tokens: int | None = None
@@ -274,13 +292,13 @@ class DecodePlan:
         max_len = inputs.block_table.shape[1] * self.config.page_size
         meta = self._metadata(inputs, decode_lens, rows)
         logits = self._logits[: rows * max_len].view(rows, max_len)
-        slots = self._indices[:rows]
+        sel = self._selection(meta)
         return {
             "metadata": lambda: self._metadata(inputs, decode_lens, rows),
             "cache writes": lambda: self._write_caches(inputs),
             "logits": lambda: self._score(inputs, meta, max_len),
             "top-k": lambda: self._select(inputs, meta, logits),
-            "attention": lambda: self._attend(inputs, slots),
+            "attention": lambda: self._attend(inputs, sel),
         }
 
     def _check(self, x: DecodeInputs, decode_lens: Sequence[int], rows: int) -> None:
@@ -345,6 +363,16 @@ class DecodePlan:
             raise RuntimeError("replay() before capture()")
         self._graph.replay()
         return self._graph_out
+
+
+class _Selection(NamedTuple):
+    """One step's top-k views: per-row visible lengths and block-table rows, the slots
+    (None when the attention remaps) and the positions (None when top-k writes slots)."""
+
+    lens: torch.Tensor
+    req: torch.Tensor
+    slots: torch.Tensor | None
+    positions: torch.Tensor | None
 
 
 class _StageClock:

@@ -100,6 +100,12 @@ class SparseMlaState:
         self.caches[layer] = fresh
         return fresh
 
+    def _remap(self) -> str:
+        """Slots from top-k's epilogue, or (recording) positions remapped by the attention."""
+        if not self.record_topk:
+            return "topk"
+        return "attention" if self.attention == "auto" else "separate"
+
     def _plan_for(self, attn, rows: int, batch: int, width: int, n: int) -> DecodePlan:
         p = self.plan
         if (
@@ -108,7 +114,7 @@ class SparseMlaState:
             or p.config.max_num_requests < batch
             or p.config.max_blocks_per_req < width
             or p.config.max_decode_len < n
-            or p.config.fused_remap == self.record_topk
+            or p.config.remap != self._remap()
         ):
             old = p.config if p is not None else None
             cfg = DecodePlanConfig(
@@ -119,7 +125,7 @@ class SparseMlaState:
                 topk=attn.indexer.index_topk,
                 max_decode_len=max(n, old.max_decode_len if old else 1),
                 page_size=self.page_size,
-                fused_remap=not self.record_topk,
+                remap=self._remap(),
                 mla_fp8=self.fp8,
                 attention=self.attention,
             )
