@@ -102,7 +102,7 @@ class DecodeStepOutput(NamedTuple):
 
     out: torch.Tensor
     lse: torch.Tensor
-    indices: torch.Tensor
+    indices: torch.Tensor | None
     positions: torch.Tensor | None
 
 
