@@ -7,6 +7,13 @@ Without a CUDA device the kernels run through Triton's CPU interpreter automatic
 __version__ = "0.1.0"
 
 from ._runtime import info, mode  # noqa: E402  (decides interpreter mode before any kernel)
+from .ops.attention import (  # noqa: E402
+    AttentionConfig,
+    AttentionWorkspace,
+    attention_workspace,
+    choose_attention_config,
+    sparse_mla_decode,
+)
 from .ops.decode_metadata import (  # noqa: E402
     DecodeMetadata,
     DecodeMetadataBuilder,
@@ -34,6 +41,11 @@ from .ops.topk import TopKConfig, plan_topk, select_topk, topk_workspace  # noqa
 from . import dcp  # noqa: E402  (sparse_mla.dcp: DCP across ranks, over torch.distributed)
 
 __all__ = [
+    "AttentionConfig",
+    "AttentionWorkspace",
+    "attention_workspace",
+    "choose_attention_config",
+    "sparse_mla_decode",
     "DecodeMetadata",
     "DecodeMetadataBuilder",
     "ExpandConfig",

@@ -86,6 +86,115 @@ def logits_error(
     return None
 
 
+# ---- sparse MLA decode attention -------------------------------------------------------------
+
+# Tolerance of the attention against its fp64 reference (sparse_mla_decode_reference with
+# magnitude=True). out: bf16 rounding of the result (half an ulp, 2^-9 relative) plus the
+# bf16/fp16 rounding of the probabilities before P @ V (2^-9 relative each, so at most 2^-9 of
+# sum_j p_j |v_j|): 2^-7 * out_mag covers both with room. lse: fp32 accumulation of the
+# 576-term score dots (MMA accumulators included), 2^-18 of the largest score magnitude,
+# plus 4e-6 (FlashMLA's own lse is within 4e-6 of such a reference at V3.2 shapes).
+ATTN_OUT_RTOL = 2.0**-7
+ATTN_LSE_RTOL = 2.0**-18
+ATTN_LSE_ATOL = 4e-6
+
+
+def attention_error(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    ref_out: torch.Tensor,
+    ref_lse: torch.Tensor,
+    out_mag: torch.Tensor,
+    score_mag: torch.Tensor,
+) -> str | None:
+    """Why (out, lse) differ from the reference (None when they agree): no NaN or poison,
+    the ``-inf`` lse pattern (empty rows) exact, out within ``ATTN_OUT_RTOL * out_mag``
+    (+1e-30), lse within ``ATTN_LSE_ATOL + ATTN_LSE_RTOL * score_mag``."""
+    out, lse = out.double().cpu(), lse.double().cpu()
+    ref_out, ref_lse = ref_out.double().cpu(), ref_lse.double().cpu()
+    out_mag, score_mag = out_mag.double().cpu(), score_mag.double().cpu()
+    if out.shape != ref_out.shape or lse.shape != ref_lse.shape:
+        return f"shapes {tuple(out.shape)}/{tuple(lse.shape)} != reference's"
+    for name, t in (("out", out), ("lse", lse)):
+        if torch.isnan(t).any():
+            return f"{int(torch.isnan(t).sum())} NaN in {name} (or poison left)"
+    if not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)):
+        at = tuple((torch.isneginf(lse) != torch.isneginf(ref_lse)).nonzero()[0].tolist())
+        return f"lse -inf pattern differs at {at}: got {lse[at].item()} want {ref_lse[at].item()}"
+    err = (out - ref_out).abs()
+    tol = ATTN_OUT_RTOL * out_mag + 1e-30
+    if not torch.all(err <= tol):
+        ratio = err / tol
+        at = tuple(int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape))
+        return (
+            f"out: max err {err.max().item():.3g}, max err/tol {ratio.max().item():.3g} at "
+            f"{at}: got {out[at].item():.6g} want {ref_out[at].item():.6g}"
+        )
+    fin = torch.isfinite(ref_lse)
+    lerr = (lse[fin] - ref_lse[fin]).abs()
+    ltol = ATTN_LSE_ATOL + ATTN_LSE_RTOL * score_mag[fin]
+    if not torch.all(lerr <= ltol):
+        return f"lse: max err {lerr.max().item():.3g}, max err/tol {(lerr / ltol).max().item():.3g}"
+    return None
+
+
+def attention_max_errors(
+    out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor
+) -> tuple[float, float]:
+    """(max |out - ref|, max |lse - ref| over finite lse) as floats, for reports."""
+    oe = (out.double() - ref_out.double()).abs().max().item() if out.numel() else 0.0
+    fin = torch.isfinite(ref_lse)
+    le = (lse.double()[fin] - ref_lse.double()[fin]).abs().max().item() if fin.any() else 0.0
+    return oe, le
+
+
+def random_mla_cache(
+    num_pages: int,
+    page_size: int,
+    *,
+    fp8: bool,
+    g: torch.Generator,
+    scale: float = 1.0,
+    arbitrary_scales: bool = False,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """An MLA latent cache (``new_mla_cache``'s formats) with every slot holding a random
+    latent of magnitude ``scale``, written by the reference writer (fp8: power-of-two scales).
+    ``arbitrary_scales`` then multiplies each fp32 scale by a random factor in [0.5, 2)
+    (the stored e4m3 values stay, so each row is still an exact e4m3 * scale)."""
+    from .ops.kv_cache import new_mla_cache
+    from .ops.kv_cache.naive import write_mla_latent_reference
+
+    rows = num_pages * page_size
+    kv = (torch.randn(rows, 576, generator=g) * scale).bfloat16().to(device)
+    cache = new_mla_cache(num_pages, page_size, fp8=fp8, device=device)
+    write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache, torch.arange(rows, device=device))
+    if fp8 and arbitrary_scales:
+        sc = cache.view(rows, -1)[:, 512:528].view(torch.float32)
+        factor = 0.5 + 1.5 * torch.rand(sc.shape, generator=g)
+        sc.mul_(factor.to(device))
+    return cache
+
+
+def random_attention_indices(
+    g: torch.Generator,
+    num_tokens: int,
+    topk: int,
+    num_rows: int,
+    *,
+    invalid_tail: int = 0,
+    invalid_frac: float = 0.0,
+) -> torch.Tensor:
+    """int32 ``[T, topk]`` random slots in ``[0, num_rows)``; the last ``invalid_tail`` of a
+    row and a random ``invalid_frac`` of the rest are -1."""
+    idx = torch.randint(0, max(num_rows, 1), (num_tokens, topk), generator=g, dtype=torch.int32)
+    if invalid_frac > 0:
+        idx[torch.rand(num_tokens, topk, generator=g) < invalid_frac] = -1
+    if invalid_tail > 0:
+        idx[:, topk - invalid_tail :] = -1
+    return idx
+
+
 # ---------------------------------------------------------------------------------------
 # Decode context parallelism (sparse_mla.dcp): inputs of one simulated rank
 # ---------------------------------------------------------------------------------------

@@ -20,9 +20,11 @@ PyTorch reference. Kinds:
   lengths, hostile lengths and page ids) against the fp64 reference within the tolerance of
   ``tests/ops/test_indexer.py``, with the ``-inf`` pattern exact.
 
-The full sweep (2352 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 72 logits)
+The full sweep (2420 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 72 logits,
+56 attention, 12 decode_step: the whole step of ``sparse_mla.decode`` against its PyTorch
+reference)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
-contexts up to 16K); ``--quick`` (513) runs a subset at interpreter sizes (k 128/256, rows up to
+contexts up to 16K); ``--quick`` (523) runs a subset at interpreter sizes (k 128/256, rows up to
 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
 A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
 it (with ``--quick`` when it came from the quick sweep).
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._runtime import cdiv, default_device, info
+from .decode.cases import check_random_step
 from .ops.decode_metadata import expand_decode_tokens
 from .ops.decode_metadata.naive import expand_decode_tokens_reference
 from .ops.indexer import index_logits, index_logits_reference
@@ -85,6 +88,7 @@ TOPK_MODES = ("short", "row", "split", "auto")
 KV_CACHES = ("indexer_bf16", "indexer_fp8", "mla_bf16", "mla_fp8")
 # Per-case repetitions of the new kinds in the full sweep; the quick sweep keeps fewer.
 TOPK_REPS, KV_REPS, LOGITS_REPS = 3, 6, 6
+DECODE_STEP_REPS = 12
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ FULL_SIZES = Sizes(
 class Case:
     """One configuration of the sweep; ``seed`` alone reproduces its inputs."""
 
-    kind: str  # "remap", "dcp", "expand", "topk", "kvcache" or "logits"
+    kind: str  # "remap", "dcp", "expand", "topk", "kvcache", "logits", "attention", "decode_step"
     seed: int
     params: dict = field(hash=False, compare=False)
 
@@ -223,6 +227,12 @@ def build_cases(quick: bool, base_seed: int = 0) -> list[Case]:
     for c, q in _new_kind_cases(QUICK_SIZES if quick else FULL_SIZES):
         cases.append(c)
         keep.append(q)
+    for c, q in _attention_cases(quick):
+        cases.append(c)
+        keep.append(q)
+    for rep in range(DECODE_STEP_REPS):  # the whole decode step against its reference
+        cases.append(Case("decode_step", 0, {}))
+        keep.append(rep < 2)
     out = [Case(c.kind, base_seed + i, c.params) for i, c in enumerate(cases)]
     if not quick:
         return out
@@ -668,6 +678,83 @@ def _run_logits(case: Case, g: torch.Generator, dev: torch.device) -> str | None
     return None
 
 
+# ---- sparse MLA decode attention -------------------------------------------------------------
+
+ATTN_HEADS = (1, 8, 16, 20, 32, 64, 128)
+
+
+def _attention_cases(quick: bool) -> list[tuple[Case, bool]]:
+    """Both cache formats x head counts x 4 repetitions (quick: interpreter sizes, one
+    repetition of a few head counts); each case draws its shape and options from its seed."""
+    out = []
+    for rep, fp8, heads in itertools.product(range(4), (False, True), ATTN_HEADS):
+        params = dict(fp8=fp8, heads=heads, quick=quick)
+        out.append((Case("attention", 0, params), rep == 0 and heads in (1, 16, 20, 128)))
+    return out
+
+
+def _run_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
+    """Random T, topk, page size, invalid entries, hostile slots, valid counts, sink, fused
+    remap and forced splits against the fp64 reference (sparse_mla.testing's tolerance);
+    the fused call must equal remap-then-attend bit for bit."""
+    from .ops.attention import AttentionConfig, sparse_mla_decode, sparse_mla_decode_reference
+    from .testing import attention_error, random_attention_indices, random_mla_cache
+
+    p = case.params
+    quick, heads = p["quick"], p["heads"]
+    page = _rand_choice(g, (16, 64))
+    pages = _rand_int(g, 2, 6) if quick else _rand_int(g, 16, 64)
+    tokens = _rand_int(g, 1, 3 if quick else 48)
+    topk = _rand_choice(g, (64, 100, 128) if quick else (512, 1000, 2048))
+    cache = random_mla_cache(pages, page, fp8=p["fp8"], g=g, arbitrary_scales=_rand_int(g, 0, 1))
+    rows = pages * page
+    q = torch.randn(tokens, heads, 576, generator=g) * _rand_choice(g, (0.3, 1.0, 8.0))
+    q = q.bfloat16()
+    idx = random_attention_indices(
+        g, tokens, topk, rows, invalid_tail=_rand_int(g, 0, topk // 4),
+        invalid_frac=_rand_choice(g, (0.0, 0.1, 0.9)),
+    )  # fmt: skip
+    hostile = torch.rand(tokens, topk, generator=g) < 0.05
+    idx[hostile] = _rand_choice(g, (rows, -3, 2**31 - 1))
+    kw: dict = {}
+    if _rand_int(g, 0, 1):
+        kw["topk_length"] = torch.randint(-2, topk + 3, (tokens,), generator=g, dtype=torch.int32)
+    if _rand_int(g, 0, 2) == 0:
+        kw["attn_sink"] = torch.randn(heads, generator=g) * 3
+    cfg = None
+    if _rand_int(g, 0, 1):
+        cfg = AttentionConfig(
+            block_h=min(64, max(16, 1 << (heads - 1).bit_length())),
+            block_n=_rand_choice(g, (16, 32, 64)),
+            num_splits=_rand_int(g, 1, 8),
+            num_warps=_rand_choice(g, (4, 8)),
+        )
+    ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=0.1352, magnitude=True, **kw)
+    dkw = {k: v.to(dev) for k, v in kw.items()}
+    out = torch.full((tokens, heads, 512), float("nan"), dtype=torch.bfloat16, device=dev)
+    lse = torch.full((tokens, heads), float("nan"), device=dev)
+    qd, cd, idd = _to(dev, q, cache, idx)
+    sparse_mla_decode(qd, cd, idd, sm_scale=0.1352, out=out, lse=lse, config=cfg, **dkw)
+    label = f"T={tokens} topk={topk} page={page} cfg={cfg} {sorted(kw)}"
+    err = attention_error(out, lse, *ref)
+    if err:
+        return f"{label}: {err}"
+    # Fused remap: request-local positions through a hostile block table.
+    width, num_req = cdiv(rows, page) + 1, _rand_int(g, 1, 3)
+    bt = torch.randint(-1, pages + 2, (num_req, width), generator=g, dtype=torch.int32)
+    req = torch.randint(-1, num_req + 1, (tokens,), generator=g, dtype=torch.int32)
+    pos = torch.randint(-2, width * page + 5, (tokens, topk), generator=g, dtype=torch.int32)
+    slots = convert_req_index_to_global_index_reference(req, bt, pos, block_size=page)
+    two = sparse_mla_decode(qd, cd, slots.to(dev), sm_scale=0.1352, config=cfg, **dkw)
+    fused = sparse_mla_decode(
+        qd, cd, pos.to(dev), sm_scale=0.1352, block_table=bt.to(dev), req_id=req.to(dev),
+        block_size=page, config=cfg, **dkw,
+    )  # fmt: skip
+    return _compare(f"{label} fused out", fused[0].cpu(), two[0].cpu()) or _compare(
+        f"{label} fused lse", fused[1].cpu(), two[1].cpu()
+    )
+
+
 def _compare(what: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
     return None if torch.equal(got, want) else f"{what}: {_first_diff(got, want)}"
 
@@ -689,9 +776,12 @@ RUNNERS = {
     "topk": _run_topk,
     "kvcache": _run_kvcache,
     "logits": _run_logits,
+    "attention": _run_attention,
+    "decode_step": lambda case, g, dev: check_random_step(case.seed, dev),
 }
 # Rough relative cost of one case, for scheduling across worker processes.
-_COST = {"remap": 1, "dcp": 1, "expand": 1, "kvcache": 2, "topk": 4, "logits": 8}
+_COST = {"remap": 1, "dcp": 1, "expand": 1, "kvcache": 2, "topk": 4, "logits": 8, "attention": 8,
+         "decode_step": 8}  # fmt: skip
 
 
 def run_case(case: Case, dev: torch.device) -> str | None:

@@ -1,0 +1,444 @@
+"""GPU check and timing of the sparse MLA decode attention, beside FlashMLA and vLLM's Triton.
+
+Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
+
+    PYTHONPATH=src python benchmarks/gpu_attention.py --out DIR [--quick] [--no-sweep]
+    PYTHONPATH=src python benchmarks/gpu_attention.py --out DIR --sweep-only   # about 5 min
+
+1. Correctness (PASS/FAIL, max errors): every timed shape's first rows against the fp32
+   reference (``sparse_mla_decode_reference``, tolerance of ``sparse_mla.testing``), plus
+   fused remap (bit-equal to remap-then-attend), ``topk_length``, sink and forced splits at
+   h_q 8/16/32/64/128 on both cache formats.
+2. Anchors fed the same inputs, skipped with a note when they do not import: FlashMLA
+   (``$FLASHMLA_PATH`` or ``.anchors/flashmla``, ``shared/anchors/flashmla``: a folder holding
+   ``flash_mla/``), fp8 only, h_q 64/128 natively and h_q 16 padded to 64 (q copied into a
+   64-head buffer each call, as engines do); vLLM's Triton kernel
+   (``.anchors/vllm_triton_sparse_mla.py`` or ``shared/anchors/``), bf16 cache. Max abs diff
+   of out (and lse for FlashMLA, its +inf for empty rows mapped to -inf) against ours.
+3. Timings per call inside a CUDA graph (10 calls alternating two index sets; triton's
+   do_bench median of replays / 10) and eagerly, for h_q {8,16,32,64,128} x T
+   {1,8,32,128,512} (+256 at 128 heads) x {fp8, bf16}: topk 2048, a 2^20-token cache (page
+   64), random slots with the last 100 of each row -1 (shared/anchors/README.md). Beside each
+   figure its floor ``max(gathered bytes / 4.3 TB/s, FLOPs / 790 TFLOPS)`` with FLOPs
+   ``2 h_q T topk (576 + 512)``, and TFLOPS. Fused remap vs global slots at T = 1, 128, 1024.
+4. A launch-config sweep (``AttentionConfig``: orientation, rows per step, stages, warps,
+   splits) at h_q 16 (T 1, 8, 128) and 128 (T 128), fp8 and bf16, each config checked
+   against the reference; after the rest only while the time budget lasts (``--no-sweep``
+   skips it, ``--sweep-only`` runs just it).
+
+One failing shape never stops the rest (its error is recorded). Writes
+``gpu_attention.json`` under ``--out``; exit status 1 when a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from sparse_mla import convert_req_index_to_global_index
+from sparse_mla.ops.attention import (
+    AttentionConfig,
+    attention_workspace,
+    choose_attention_config,
+    sparse_mla_decode,
+    sparse_mla_decode_reference,
+)
+from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
+from sparse_mla.testing import attention_error, attention_max_errors
+
+ROOT = Path(__file__).resolve().parents[1]
+BW, PEAK = 4.3e12, 790e12
+TOPK, PAGE, NKV = 2048, 64, 1 << 20
+SCALE = 0.1352
+N_GRAPH = 10
+CHECK_ROWS = 16  # rows of each timed shape compared with the reference
+BUDGET_S = 330.0  # optional work (sweep, eager timings) stops once this much time has passed
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ---- anchors ----------------------------------------------------------------------------------
+
+
+def _import_flashmla():
+    cands = [os.environ.get("FLASHMLA_PATH"), ROOT / ".anchors/flashmla"]
+    cands += [ROOT / "shared/anchors/flashmla", ROOT.parent / "shared/anchors/flashmla"]
+    for c in cands:
+        if c and (Path(c) / "flash_mla").is_dir():
+            sys.path.insert(0, str(c))
+            try:
+                return importlib.import_module("flash_mla"), None
+            except Exception as e:  # noqa: BLE001
+                return None, f"flash_mla at {c} did not import: {e}"
+    return None, "FlashMLA not found ($FLASHMLA_PATH, .anchors/flashmla)"
+
+
+def _import_vllm():
+    for c in (ROOT / ".anchors", ROOT / "shared/anchors", ROOT.parent / "shared/anchors"):
+        if (c / "vllm_triton_sparse_mla.py").is_file():
+            sys.path.insert(0, str(c))
+            try:
+                return importlib.import_module("vllm_triton_sparse_mla"), None
+            except Exception as e:  # noqa: BLE001
+                return None, f"vllm_triton_sparse_mla did not import: {e}"
+    return None, "vllm_triton_sparse_mla.py not found (.anchors/)"
+
+
+# ---- timing -------------------------------------------------------------------------------------
+
+
+def graph_us(fns) -> float:
+    from triton.testing import do_bench
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    t = do_bench(g.replay, warmup=5, rep=60, return_mode="median") * 1e3 / len(fns)
+    del g
+    return t
+
+
+def eager_us(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3
+
+
+def floor_us(h: int, t: int, fp8: bool) -> float:
+    rows = t * TOPK * (656 if fp8 else 1152)
+    flops = 2 * h * t * TOPK * (576 + 512)
+    return max(rows / BW, flops / PEAK) * 1e6
+
+
+def tflops(h: int, t: int, us: float) -> float:
+    return 2 * h * t * TOPK * (576 + 512) / us / 1e6
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+
+def build_caches(dev):
+    torch.manual_seed(0)
+    kv = (torch.randn(NKV, 576, device=dev) * 0.5).bfloat16()
+    slots = torch.arange(NKV, device=dev)
+    caches = {}
+    for fmt in ("fp8", "bf16"):
+        c = new_mla_cache(NKV // PAGE, PAGE, fp8=fmt == "fp8", device=dev)
+        write_mla_latent(kv[:, :512], kv[:, 512:], c, slots)
+        caches[fmt] = c
+    del kv
+    return caches
+
+
+def rand_indices(t: int, dev, n: int = 2) -> list[torch.Tensor]:
+    out = []
+    for _ in range(n):
+        ix = torch.randint(0, NKV, (t, TOPK), device=dev, dtype=torch.int32)
+        ix[:, -100:] = -1
+        out.append(ix)
+    return out
+
+
+def check_rows(q, cache, idx, out, lse, **kw) -> dict:
+    """Our first CHECK_ROWS rows against the fp32 reference."""
+    n = min(CHECK_ROWS, q.shape[0])
+    kw = {k: (v[:n] if k == "topk_length" else v) for k, v in kw.items()}
+    ref = sparse_mla_decode_reference(
+        q[:n], cache, idx[:n], sm_scale=SCALE, dtype=torch.float32, chunk=4, magnitude=True, **kw
+    )
+    err = attention_error(out[:n], lse[:n], *ref)
+    oe, le = attention_max_errors(out[:n], lse[:n], ref[0], ref[1])
+    return dict(ok=err is None, why=err, out_err=oe, lse_err=le)
+
+
+# ---- sections -----------------------------------------------------------------------------------
+
+
+def correctness(caches, dev, results: dict) -> bool:
+    """Fused remap, lengths, sink, forced splits at every head count and both formats."""
+    ok_all = True
+    g = torch.Generator(device=dev).manual_seed(1)
+    for fmt in ("fp8", "bf16"):
+        cache = caches[fmt]
+        for h in (8, 16, 32, 64, 128):
+            t = 24
+            try:
+                q = torch.randn(t, h, 576, device=dev, generator=g).bfloat16()
+                reqs, width = 4, 1024
+                bt = torch.randint(0, NKV // PAGE, (reqs, width), device=dev, dtype=torch.int32)
+                req = torch.randint(0, reqs, (t,), device=dev, dtype=torch.int32)
+                pos = torch.randint(-1, width * PAGE, (t, TOPK), device=dev, dtype=torch.int32)
+                lens = torch.randint(0, TOPK + 1, (t,), device=dev, dtype=torch.int32)
+                lens[0] = 0
+                sink = torch.randn(h, device=dev, generator=g)
+                slots = convert_req_index_to_global_index(req, bt, pos, block_size=PAGE)
+                cfgs = [("auto", None)]
+                if h == 16:  # forced splits once per format (each config compiles anew)
+                    cfgs.append(("splits=5", AttentionConfig(num_splits=5)))
+                for label, cfg in cfgs:
+                    kw = dict(sm_scale=SCALE, topk_length=lens, attn_sink=sink, config=cfg)
+                    two = sparse_mla_decode(q, cache, slots, **kw)
+                    fused = sparse_mla_decode(
+                        q, cache, pos, block_table=bt, req_id=req, block_size=PAGE, **kw
+                    )
+                    same = torch.equal(two[0], fused[0]) and torch.equal(two[1], fused[1])
+                    r = check_rows(q, cache, slots, *two, topk_length=lens, attn_sink=sink)
+                    again = sparse_mla_decode(q, cache, slots, **kw)
+                    det = torch.equal(again[0], two[0]) and torch.equal(again[1], two[1])
+                    r.update(fused_equal=same, deterministic=det)
+                    ok = r["ok"] and same and det
+                    ok_all &= ok
+                    key = f"{fmt} h={h} {label} fused+lengths+sink"
+                    results[key] = r
+                    _log(f"{'PASS' if ok else 'FAIL'} {key}: out err {r['out_err']:.2e} lse err "
+                         f"{r['lse_err']:.2e} fused==two-step {same} deterministic {det}"
+                         + (f" ({r['why']})" if r["why"] else ""))  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                ok_all = False
+                results[f"{fmt} h={h}"] = dict(ok=False, why=repr(e))
+                _log(f"FAIL {fmt} h={h}: {e!r}")
+                traceback.print_exc()
+    return ok_all
+
+
+def time_shape(h, t, fmt, caches, dev, anchors, eager, results) -> bool:
+    fp8 = fmt == "fp8"
+    cache = caches[fmt]
+    q = torch.randn(t, h, 576, device=dev).bfloat16()
+    idxs = rand_indices(t, dev)
+    cfg = choose_attention_config(
+        t, h, TOPK, fmt, torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    ws = attention_workspace(t, h, TOPK, cache_format=fmt, device=dev)
+    out = torch.empty(t, h, 512, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(t, h, dtype=torch.float32, device=dev)
+
+    def ours(ix):
+        return sparse_mla_decode(q, cache, ix, sm_scale=SCALE, out=out, lse=lse, workspace=ws)
+
+    ours(idxs[0])
+    torch.cuda.synchronize()
+    row = dict(h_q=h, T=t, cache=fmt, config=str(cfg), floor_us=floor_us(h, t, fp8))
+    row.update({f"check_{k}": v for k, v in check_rows(q, cache, idxs[0], out, lse).items()})
+    ref_out, ref_lse = out.clone(), lse.clone()
+    row["us"] = graph_us([(lambda ix=ix: ours(ix)) for ix in (idxs * N_GRAPH)[:N_GRAPH]])
+    row["tflops"] = tflops(h, t, row["us"])
+    if eager:
+        row["eager_us"] = eager_us(lambda: ours(idxs[0]))
+    fm, vl = anchors
+    if fm is not None and fp8 and h in (16, 64, 128):
+        try:
+            hk = 64 if h == 16 else h
+            qpad = torch.zeros(1, t, hk, 576, dtype=torch.bfloat16, device=dev)
+            k4 = cache.view(torch.float8_e4m3fn)
+            meta, _ = fm.get_mla_metadata()
+
+            def anchor(ix):
+                qpad[0, :, :h].copy_(q)
+                return fm.flash_mla_with_kvcache(
+                    qpad, k4, None, None, 512, meta, softmax_scale=SCALE,
+                    is_fp8_kvcache=True, indices=ix.view(1, t, TOPK),
+                )  # fmt: skip
+
+            o, lf = anchor(idxs[0])
+            lf = lf[0, :h].t()
+            lf = torch.where(torch.isposinf(lf), float("-inf"), lf)
+            row["flashmla_out_diff"] = (o[0, :, :h].float() - ref_out.float()).abs().max().item()
+            fin = torch.isfinite(ref_lse)
+            row["flashmla_lse_diff"] = (lf[fin] - ref_lse[fin]).abs().max().item()
+            row["flashmla_us"] = graph_us(
+                [(lambda ix=ix: anchor(ix)) for ix in (idxs * N_GRAPH)[:N_GRAPH]]
+            )
+        except Exception as e:  # noqa: BLE001
+            row["flashmla_error"] = repr(e)
+    if vl is not None and not fp8 and h in (16, 64, 128):
+        try:
+            kv3 = cache.view(NKV, 1, 576)
+
+            def anchor_v(ix):
+                return vl.triton_sparse_mla_attention(q, kv3, ix.view(t, 1, TOPK), SCALE)
+
+            o = anchor_v(idxs[0])
+            row["vllm_out_diff"] = (o.float() - ref_out.float()).abs().max().item()
+            row["vllm_us"] = graph_us(
+                [(lambda ix=ix: anchor_v(ix)) for ix in (idxs * N_GRAPH)[:N_GRAPH]]
+            )
+        except Exception as e:  # noqa: BLE001
+            row["vllm_error"] = repr(e)
+    results.append(row)
+    anchor_txt = ""
+    if "flashmla_us" in row:
+        anchor_txt = f" flashmla {row['flashmla_us']:7.1f} (diff {row['flashmla_out_diff']:.1e})"
+    if "vllm_us" in row:
+        anchor_txt = f" vllm {row['vllm_us']:7.1f} (diff {row['vllm_out_diff']:.1e})"
+    eager_txt = f" eager {row['eager_us']:7.1f}" if "eager_us" in row else ""
+    _log(f"{'PASS' if row['check_ok'] else 'FAIL'} {fmt:4} h={h:3} T={t:4}: {row['us']:7.1f} us "
+         f"(floor {row['floor_us']:6.1f}, {row['tflops']:5.1f} TFLOPS){eager_txt}{anchor_txt}"
+         + (f" [{row['check_why']}]" if row["check_why"] else ""))  # fmt: skip
+    return row["check_ok"]
+
+
+def fused_ratio(caches, dev, results: dict, tokens) -> None:
+    cache = caches["fp8"]
+    h = 16
+    for t in tokens:
+        try:
+            q = torch.randn(t, h, 576, device=dev).bfloat16()
+            width = 1024  # 64K positions per request
+            reqs = max(1, min(t, 64))
+            bt = torch.randint(0, NKV // PAGE, (reqs, width), device=dev, dtype=torch.int32)
+            req = torch.randint(0, reqs, (t,), device=dev, dtype=torch.int32)
+            pos = torch.randint(0, width * PAGE, (t, TOPK), device=dev, dtype=torch.int32)
+            pos[:, -100:] = -1
+            slots = convert_req_index_to_global_index(req, bt, pos, block_size=PAGE)
+            ws = attention_workspace(t, h, TOPK, device=dev)
+            kw = dict(sm_scale=SCALE, workspace=ws)
+
+            def glob_call(q=q, slots=slots, kw=kw):
+                return sparse_mla_decode(q, cache, slots, **kw)
+
+            def fused_call(q=q, pos=pos, bt=bt, req=req, kw=kw):
+                return sparse_mla_decode(
+                    q, cache, pos, block_table=bt, req_id=req, block_size=PAGE, **kw
+                )
+
+            glob = graph_us([glob_call] * N_GRAPH)
+            fused = graph_us([fused_call] * N_GRAPH)
+            results[str(t)] = dict(global_us=glob, fused_us=fused, ratio=fused / glob)
+            _log(f"fused remap h=16 fp8 T={t:5}: global {glob:7.1f} us, fused {fused:7.1f} us, "
+                 f"ratio {fused / glob:.3f}")  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            results[str(t)] = dict(error=repr(e))
+            _log(f"fused remap T={t}: error {e!r}")
+
+
+def _sweep_configs(h: int, t: int):
+    """Launch shapes to try at one shape: orientation x rows per step x pipeline depth x
+    warps x splits (the heuristic's neighbours)."""
+    bh = min(64, max(16, 1 << (h - 1).bit_length()))
+    splits = (1, 2) if t >= 128 else (16, 32)
+    if bh == 64:
+        shapes = [(False, bn, 8) for bn in (32, 64)] + [(True, 64, 8)]
+    else:
+        shapes = [(True, 64, 4), (True, 64, 8), (False, 16, 4), (False, 32, 4)]
+    for rows_major, bn, warps in shapes:
+        for stages in (1, 2, 3):
+            for sp in splits:
+                yield AttentionConfig(bh, bn, sp, warps, stages, 128, rows_major)
+
+
+def sweep(caches, dev, results: list, t_start: float) -> None:
+    shapes = [
+        (16, 128, "fp8"),
+        (128, 128, "fp8"),
+        (16, 128, "bf16"),
+        (16, 8, "fp8"),
+        (16, 1, "fp8"),
+    ]
+    for h, t, fmt in shapes:
+        q = torch.randn(t, h, 576, device=dev).bfloat16()
+        idxs = rand_indices(t, dev)
+        for cfg in _sweep_configs(h, t):
+            if time.time() - t_start > BUDGET_S:
+                _log("sweep: time budget spent, stopping")
+                return
+            try:
+                ws = attention_workspace(t, h, TOPK, config=cfg, device=dev)
+
+                def f(ix, cfg=cfg, ws=ws, q=q, cache=caches[fmt]):
+                    return sparse_mla_decode(q, cache, ix, sm_scale=SCALE, config=cfg, workspace=ws)
+
+                o, lse = f(idxs[0])
+                chk = check_rows(q, caches[fmt], idxs[0], o, lse)
+                us = graph_us([(lambda ix=ix: f(ix)) for ix in (idxs * 5)[:N_GRAPH]])
+                results.append(dict(h_q=h, T=t, cache=fmt, config=str(cfg), us=us, ok=chk["ok"]))
+                _log(f"sweep {fmt} h={h} T={t} {cfg}: {us:7.1f} us "
+                     f"{'ok' if chk['ok'] else 'WRONG'}")  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                results.append(dict(h_q=h, T=t, cache=fmt, config=str(cfg), error=repr(e)[:300]))
+                _log(f"sweep {cfg}: error {e!r}"[:300])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument(
+        "--sweep-only", action="store_true", help="only the config sweep (its own time budget)"
+    )
+    args = ap.parse_args()
+    t_start = time.time()
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    _log(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
+         f"triton {triton.__version__}, CUDA {torch.version.cuda}")  # fmt: skip
+    fm, fm_note = _import_flashmla()
+    vl, vl_note = _import_vllm()
+    for note in (fm_note, vl_note):
+        if note:
+            _log(f"# note: {note}")
+    caches = build_caches(dev)
+    res: dict = dict(
+        device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
+        triton=triton.__version__, cuda=torch.version.cuda, topk=TOPK, cache_tokens=NKV,
+        page=PAGE, notes=[n for n in (fm_note, vl_note) if n], correctness={}, timings=[],
+        fused_remap={}, sweep=[],
+    )  # fmt: skip
+    if args.sweep_only:
+        sweep(caches, dev, res["sweep"], time.time())
+        return _finish(res, True, t_start, args.out)
+    ok = correctness(caches, dev, res["correctness"])
+
+    heads = (16, 128) if args.quick else (8, 16, 32, 64, 128)
+    tokens = (1, 8, 128) if args.quick else (1, 8, 32, 128, 512)
+    for fmt in ("fp8", "bf16"):
+        for h in heads:
+            for t in tokens + ((256,) if h == 128 and not args.quick else ()):
+                try:
+                    eager = time.time() - t_start < BUDGET_S
+                    ok &= time_shape(h, t, fmt, caches, dev, (fm, vl), eager, res["timings"])
+                except Exception as e:  # noqa: BLE001
+                    ok = False
+                    res["timings"].append(dict(h_q=h, T=t, cache=fmt, error=repr(e)))
+                    _log(f"FAIL {fmt} h={h} T={t}: {e!r}")
+                torch.cuda.empty_cache()
+    fused_ratio(caches, dev, res["fused_remap"], (1, 128) if args.quick else (1, 128, 1024))
+    if not args.no_sweep and not args.quick:
+        sweep(caches, dev, res["sweep"], t_start)
+    return _finish(res, ok, t_start, args.out)
+
+
+def _finish(res: dict, ok: bool, t_start: float, out: str | None) -> int:
+    res["ok"] = bool(ok)
+    res["seconds"] = time.time() - t_start
+    _log(f"# {'ALL PASS' if ok else 'SOME FAILED'} in {res['seconds']:.0f} s")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "gpu_attention.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

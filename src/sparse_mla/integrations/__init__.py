@@ -1,0 +1,4 @@
+"""Other projects' models through sparse-mla (optional dependencies, imported on use).
+
+``sparse_mla.integrations.hf``: Hugging Face transformers' DeepSeek-V3.2 (extra ``hf``).
+"""

@@ -1,0 +1,360 @@
+"""Hugging Face transformers' DeepSeek-V3.2 (``DeepseekV32ForCausalLM``) through sparse-mla.
+
+:func:`enable` replaces the forward of every ``DeepseekV32Attention`` (its indexer included)
+with the library's decode step (:class:`sparse_mla.decode.DecodePlan`):
+
+* the indexer's query and key come from the layer's own modules (``wq_b``, ``wk``, ``k_norm``,
+  NeoX-style RoPE on their first 64 dims) and are scored by ``index_logits`` over our paged
+  indexer K cache; ``select_topk`` keeps the exact top ``index_topk``;
+* MLA is absorbed, as engines run it: ``q_lat = q_nope @ W_UK`` per head (W_UK, W_UV are the
+  two halves of ``kv_b_proj``), ``[q_lat | q_pe]`` attends over the 576-dim latents
+  ``[kv_a_layernorm(c_kv) | k_pe]`` of the selected slots, and ``W_UV`` maps the 512-dim output
+  back to ``v_head_dim`` before ``o_proj``; the main RoPE stays interleaved (HF's own helper);
+* prefill goes through the same kernels: a prompt chunk is one step whose every token is a row
+  with its own causal top-k; decode steps are rows of one token.
+
+Our paged caches (per layer, bf16 or fp8, one shared block table) replace HF's dense cache:
+the HF cache object only counts tokens (one scalar per token and layer), so ``generate``'s
+positions and masks work unchanged. HF's dense indexer and attention never run.
+
+Limits: every sequence of a batch has the same length (no padded batches); ``kv_lora_rank``
+must be 512, ``qk_rope_head_dim`` 64, ``index_head_dim`` 128 and ``index_topk`` a multiple of
+128 (checked at :func:`enable`).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from ..decode.cases import quantize_index_q
+from ..decode.plan import DecodeInputs, DecodePlan, DecodePlanConfig
+from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache
+from ..ops.topk.topk import supported_k
+
+_PAGE_GROUP = 8  # pages are handed out in groups, in reverse order within one (real paging)
+
+
+@dataclass
+class _Caches:
+    index_k: torch.Tensor
+    kv: torch.Tensor
+
+
+@dataclass
+class SparseMlaState:
+    """What :func:`enable` attaches to the model (``model.sparse_mla``).
+
+    fp8: caches (and indexer queries) in the fp8 formats; attention: the plan's attention
+    ("auto": the library's sparse_mla_decode; "torch": the batched PyTorch path);
+    page_size: tokens per page;
+    prefill_chunk: prompt tokens per request and step; record_topk: keep each layer's last
+    selected positions of every forward in ``topk[layer_idx]`` (a list of int32
+    ``[B, S, index_topk]``, request-local positions ascending, -1 padded) -- top-k and the
+    remap then run as two launches;
+    stage_times: when a dict, each step adds its per-stage wall times to it.
+    """
+
+    fp8: bool = False
+    attention: str = "auto"
+    page_size: int = 64
+    prefill_chunk: int = 256
+    record_topk: bool = False
+    stage_times: dict[str, float] | None = None
+    topk: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    caches: dict[int, _Caches] = field(default_factory=dict)
+    pages: list[list[int]] = field(default_factory=list)
+    num_pages: int = 0
+    plan: DecodePlan | None = None
+
+    def reset(self, batch: int) -> None:
+        """Forget every sequence (a new batch of ``batch`` requests); caches are kept."""
+        self.pages = [[] for _ in range(batch)]
+        self.num_pages = 0
+
+    def _allocate(self, length: int) -> None:
+        """Give every request pages for ``length`` tokens."""
+        need = -(-length // self.page_size)
+        for pages in self.pages:
+            while len(pages) < need:
+                group, within = divmod(self.num_pages, _PAGE_GROUP)
+                pages.append(group * _PAGE_GROUP + _PAGE_GROUP - 1 - within)
+                self.num_pages += 1
+
+    def _layer_caches(self, layer: int, device: torch.device) -> _Caches:
+        """The layer's caches, grown (contents copied) to hold every allocated page."""
+        held = -(-self.num_pages // _PAGE_GROUP) * _PAGE_GROUP
+        c = self.caches.get(layer)
+        if c is not None and c.kv.shape[0] >= held:
+            return c
+        size = max(held, 2 * c.kv.shape[0] if c is not None else 0)
+        fresh = _Caches(
+            new_indexer_k_cache(size, self.page_size, fp8=self.fp8, device=device),
+            new_mla_cache(size, self.page_size, fp8=self.fp8, device=device),
+        )
+        if c is not None:
+            fresh.index_k[: c.index_k.shape[0]] = c.index_k
+            fresh.kv[: c.kv.shape[0]] = c.kv
+        self.caches[layer] = fresh
+        return fresh
+
+    def _remap(self) -> str:
+        """Slots from top-k's epilogue, or (recording) positions remapped by the attention."""
+        if not self.record_topk:
+            return "topk"
+        return "attention" if self.attention == "auto" else "separate"
+
+    def _plan_for(self, attn, rows: int, batch: int, width: int, n: int) -> DecodePlan:
+        p = self.plan
+        if (
+            p is None
+            or p.config.max_num_tokens < rows
+            or p.config.max_num_requests < batch
+            or p.config.max_blocks_per_req < width
+            or p.config.max_decode_len < n
+            or p.config.remap != self._remap()
+        ):
+            old = p.config if p is not None else None
+            cfg = DecodePlanConfig(
+                max_num_tokens=max(rows, old.max_num_tokens if old else 0),
+                max_num_requests=max(batch, old.max_num_requests if old else 0),
+                max_blocks_per_req=max(width, 2 * old.max_blocks_per_req if old else 0),
+                num_heads=attn.num_heads,
+                topk=attn.indexer.index_topk,
+                max_decode_len=max(n, old.max_decode_len if old else 1),
+                page_size=self.page_size,
+                remap=self._remap(),
+                mla_fp8=self.fp8,
+                attention=self.attention,
+            )
+            device = attn.q_b_proj.weight.device
+            self.plan = p = DecodePlan(cfg, sm_scale=attn.scaling, device=device)
+        return p
+
+
+def check_config(config) -> None:
+    """Raise ValueError when the model's attention sizes are ones the kernels do not take."""
+    want = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "index_head_dim": 128}
+    for name, value in want.items():
+        got = getattr(config, name, None)
+        if got != value:
+            raise ValueError(
+                f"sparse-mla needs config.{name} == {value} (the kernels' latent / indexer "
+                f"layout), got {got}"
+            )
+    if not supported_k(config.index_topk):
+        raise ValueError(
+            f"sparse-mla needs config.index_topk to be a positive multiple of 128 (<= 4096), "
+            f"got {config.index_topk}"
+        )
+    if config.q_lora_rank is None:
+        raise ValueError("sparse-mla needs config.q_lora_rank (the indexer reads q_lora)")
+
+
+def enable(
+    model: torch.nn.Module,
+    *,
+    fp8: bool = False,
+    attention: str = "auto",
+    page_size: int = 64,
+    prefill_chunk: int = 256,
+    record_topk: bool = False,
+) -> torch.nn.Module:
+    """Route every ``DeepseekV32Attention`` of ``model`` through sparse-mla; returns ``model``.
+
+    Args:
+        model: a ``DeepseekV32ForCausalLM`` / ``DeepseekV32Model`` (any dtype, any device
+            the kernels run on). Weights may change later (absorption reads them each step).
+        fp8: fp8 caches (FlashMLA's 656-byte latents, DeepGEMM's indexer keys) and fp8
+            indexer queries; default bf16 caches.
+        attention: "auto" (the library's sparse MLA decode op) or "torch" (the step's batched
+            PyTorch attention; everything else still runs the library's kernels).
+        page_size: tokens per cache page.
+        prefill_chunk: prompt tokens per request taken by one step (bounds the logits buffer).
+        record_topk: keep each layer's selected positions (see :class:`SparseMlaState`).
+
+    Raises:
+        ValueError: the config has latent sizes the kernels do not take (see module notes).
+    """
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    check_config(model.config)
+    if attention not in ("auto", "torch"):
+        raise ValueError(f"attention must be 'auto' or 'torch', got {attention!r}")
+    state = SparseMlaState(
+        fp8=fp8,
+        attention=attention,
+        page_size=page_size,
+        prefill_chunk=prefill_chunk,
+        record_topk=record_topk,
+    )
+    found = 0
+    for module in model.modules():
+        if isinstance(module, m.DeepseekV32Attention):
+            module.forward = types.MethodType(_make_forward(state, m), module)
+            found += 1
+    if not found:
+        raise ValueError("model has no DeepseekV32Attention module to route")
+    model.sparse_mla = state
+    return model
+
+
+def disable(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`enable` (HF's own attention again); returns ``model``."""
+    for module in model.modules():
+        if "forward" in vars(module) and getattr(module.forward, "_sparse_mla", False):
+            del module.forward
+    vars(model).pop("sparse_mla", None)
+    return model
+
+
+def _make_forward(state: SparseMlaState, m):
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
+                position_ids=None, **kwargs):  # fmt: skip
+        del attention_mask, position_ids, kwargs  # causal by construction; positions via cos/sin
+        batch, seq, _ = hidden_states.shape
+        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
+        if cache is not None:  # count the tokens only: one scalar per token
+            tick = hidden_states.new_zeros(batch, 1, seq, 1)
+            cache.update(tick, tick, self.layer_idx)
+        x = _project(self, hidden_states, position_embeddings, m, state.fp8)
+        out = torch.empty(batch, seq, self.num_heads, 512, dtype=torch.float32,
+                          device=hidden_states.device)  # fmt: skip
+        if state.record_topk:
+            state.topk.setdefault(self.layer_idx, []).append(
+                torch.empty(
+                    batch, seq, self.indexer.index_topk, dtype=torch.int32, device=out.device
+                )  # fmt: skip
+            )
+        if past == 0 and (self.layer_idx == 0 or len(state.pages) != batch):
+            state.reset(batch)
+        for s0 in range(0, seq, state.prefill_chunk):
+            s1 = min(seq, s0 + state.prefill_chunk)
+            out[:, s0:s1] = _step(self, state, x, past, s0, s1)
+        w_uv = self.kv_b_proj.weight.view(self.num_heads, -1, 512)[:, self.qk_nope_head_dim :]
+        o = torch.einsum("bshc,hvc->bshv", out, w_uv.float())
+        o = o.reshape(batch, seq, -1).to(hidden_states.dtype)
+        return self.o_proj(o), None
+
+    forward._sparse_mla = True
+    return forward
+
+
+def _project(attn, hidden_states, position_embeddings, m, fp8: bool) -> dict[str, torch.Tensor]:
+    """The step's inputs of every token, ``[B, S, ...]``: absorbed MLA query and latent,
+    indexer query / weights / key, computed with the layer's own modules."""
+    b, s, _ = hidden_states.shape
+    h, nope, rope = attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim
+    cos, sin = position_embeddings
+    q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden_states))
+    q = attn.q_b_proj(q_resid).view(b, s, h, nope + rope).transpose(1, 2)  # [B, H, S, .]
+    q_nope, q_rot = torch.split(q, [nope, rope], dim=-1)
+    ckv = attn.kv_a_proj_with_mqa(hidden_states)
+    c_kv, k_rot = torch.split(ckv, [attn.kv_lora_rank, rope], dim=-1)
+    c_kv = attn.kv_a_layernorm(c_kv)
+    q_rot, k_rot = m.apply_rotary_pos_emb_interleave(q_rot, k_rot.view(b, 1, s, rope), cos, sin)
+    w_uk = attn.kv_b_proj.weight.view(h, nope + attn.v_head_dim, 512)[:, :nope]  # [H, nope, 512]
+    q_lat = torch.einsum("bhsn,hnc->bshc", q_nope.float(), w_uk.float())
+    q576 = torch.cat([q_lat, q_rot.transpose(1, 2).float()], dim=-1).bfloat16()
+    kv576 = torch.cat([c_kv, k_rot.view(b, s, rope)], dim=-1).bfloat16()
+
+    ix = attn.indexer
+    qi = ix.wq_b(q_resid).view(b, s, ix.n_heads, ix.head_dim)
+    qi_rot, qi_pass = torch.split(qi, [rope, ix.head_dim - rope], dim=-1)
+    ki = ix.k_norm(ix.wk(hidden_states)).unsqueeze(2)
+    ki_rot, ki_pass = torch.split(ki, [rope, ix.head_dim - rope], dim=-1)
+    qi_rot, ki_rot = m.apply_rotary_pos_emb(qi_rot, ki_rot, cos, sin, unsqueeze_dim=2)  # NeoX
+    qi = torch.cat([qi_rot, qi_pass], dim=-1)
+    ki = torch.cat([ki_rot, ki_pass], dim=-1).squeeze(2)
+    w = ix.weights_proj(hidden_states.to(ix.weights_proj.weight.dtype)).float()
+    w = w * (ix.n_heads**-0.5 * ix.softmax_scale)  # relu(a * c) = c * relu(a), c > 0
+    if fp8:
+        qi, w = quantize_index_q(qi.float(), w)
+    else:
+        qi = qi.bfloat16()
+    return {"q": q576, "kv": kv576, "q_idx": qi, "idx_weights": w, "k_idx": ki.bfloat16()}
+
+
+def _step(attn, state: SparseMlaState, x: dict, past: int, s0: int, s1: int) -> torch.Tensor:
+    """Tokens ``[s0, s1)`` of every request as one decode step; fp32 ``[B, s1-s0, H, 512]``."""
+    b, n = x["q"].shape[0], s1 - s0
+    dev = x["q"].device
+    length = past + s1
+    state._allocate(length)
+    caches = state._layer_caches(attn.layer_idx, dev)
+    width = len(state.pages[0])
+    bt = torch.tensor(state.pages, dtype=torch.int32)
+    page = state.page_size
+    pos = torch.arange(past + s0, past + s1)
+    slots = (bt[:, pos // page] * page + pos % page).flatten()
+    plan = state._plan_for(attn, b * n, b, width, n)
+
+    def rows(name: str) -> torch.Tensor:
+        return x[name][:, s0:s1].flatten(0, 1)
+
+    inputs = DecodeInputs(
+        q_idx=rows("q_idx"),
+        idx_weights=rows("idx_weights"),
+        k_idx=rows("k_idx"),
+        q=rows("q"),
+        kv=rows("kv"),
+        slot_mapping=slots.to(torch.int32).to(dev),
+        index_k_cache=caches.index_k,
+        kv_cache=caches.kv,
+        seq_lens=torch.full((b,), length, dtype=torch.int32, device=dev),
+        block_table=bt.to(dev),
+    )
+    res = plan.run(inputs, [n] * b, max_seq_len=length, stage_times=state.stage_times)
+    if state.record_topk:
+        state.topk[attn.layer_idx][-1][:, s0:s1] = res.positions.view(b, n, -1)
+    return res.out.float().view(b, n, attn.num_heads, 512)
+
+
+def tiny_config(**overrides):
+    """A small random-model ``DeepseekV32Config`` with the real latent / indexer sizes
+    (512 + 64 latent, 64 x 128 indexer) and small everything else; ``overrides`` win."""
+    from transformers import DeepseekV32Config
+
+    base = {
+        "vocab_size": 256,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 64,  # dense MLPs: no discrete expert routing to flip
+        "q_lora_rank": 128,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 32,
+        "index_topk": 128,
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "max_position_embeddings": 4096,
+        "initializer_range": 0.1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": False,
+    }
+    base.update(overrides)
+    return DeepseekV32Config(**base)
+
+
+def random_model(config=None, *, dtype=torch.float32, seed: int = 0, attn_implementation="eager"):
+    """A random ``DeepseekV32ForCausalLM`` (eval mode) from ``config`` (default
+    :func:`tiny_config`), weights drawn from ``seed``."""
+    from transformers import DeepseekV32ForCausalLM
+
+    config = tiny_config() if config is None else config
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = DeepseekV32ForCausalLM(config).to(dtype).eval()
+    return model

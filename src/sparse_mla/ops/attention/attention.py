@@ -1,0 +1,263 @@
+"""Host side of the sparse MLA decode: checks, workspace, config choice and the launches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
+from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms
+from ..kv_cache.kv_cache import mla_cache_layout
+from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
+from .config import MAX_HEADS, AttentionConfig, choose_attention_config, workspace_rows
+from .decode import LOG2E, NOPE, ROPE
+
+HEAD_DIM = NOPE + ROPE
+INT32_MAX = 2**31 - 1
+# "SMs" the launch-shape choice assumes under the interpreter: small calls still split.
+INTERPRETER_SMS = 4
+COMBINE_HEADS = 8
+
+
+@dataclass(frozen=True)
+class AttentionWorkspace:
+    """Split scratch of :func:`sparse_mla_decode`, sized once so a CUDA graph allocates nothing.
+
+    partial_out: fp32 ``[rows, h_q, 512]``, each split's normalised partial output.
+    partial_lse: fp32 ``[rows, h_q]``, each split's base-2 log-sum-exp.
+    ``rows`` covers ``T * splits`` of every call it was sized for.
+    """
+
+    partial_out: torch.Tensor
+    partial_lse: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.partial_lse.shape[0]
+
+
+def _sms(device: torch.device) -> int:
+    return num_sms(device, interpreter=INTERPRETER_SMS)
+
+
+def attention_workspace(
+    num_tokens: int,
+    h_q: int,
+    topk: int = 2048,
+    *,
+    cache_format: str = "fp8",
+    config: AttentionConfig | None = None,
+    device: torch.device | str | None = None,
+) -> AttentionWorkspace:
+    """Pre-sized split scratch for :func:`sparse_mla_decode` calls of up to ``num_tokens``
+    query rows with ``h_q`` heads and ``topk`` columns on a ``cache_format`` cache ("bf16" or
+    "fp8"), under the default launch shapes or under a fixed ``config``. Its contents need no
+    initialisation."""
+    check_int("num_tokens", num_tokens, lo=0)
+    check_int("h_q", h_q, lo=1, hi=MAX_HEADS)
+    check_int("topk", topk, lo=1)
+    dev = canonical_device(device)
+    if config is not None:
+        splits = config.effective_splits(topk)
+        rows = num_tokens * splits if splits > 1 else 0
+    else:
+        rows = workspace_rows(num_tokens, h_q, topk, cache_format, _sms(dev))
+    return AttentionWorkspace(
+        torch.empty((rows, h_q, NOPE), dtype=torch.float32, device=dev),
+        torch.empty((rows, h_q), dtype=torch.float32, device=dev),
+    )
+
+
+def _check_fused(block_table, req_id, block_size, num_tokens, page_size, dev):
+    if (block_table is None) != (req_id is None):
+        raise ValueError("block_table and req_id go together: pass both (fused remap) or neither")
+    if block_table is None:
+        if block_size is not None:
+            raise ValueError("block_size is only used with block_table and req_id")
+        return None
+    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev)
+    check_tensor("req_id", req_id, dtype=torch.int32, ndim=1, device=dev)
+    check_shape("req_id", req_id, (num_tokens,))
+    bs = page_size if block_size is None else check_int("block_size", block_size, lo=1)
+    return bs
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    sm_scale: float,
+    block_table: torch.Tensor | None = None,
+    req_id: torch.Tensor | None = None,
+    block_size: int | None = None,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    workspace: AttentionWorkspace | None = None,
+    config: AttentionConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode attention (DeepSeek-V3.2 DSA) over the selected cache rows.
+
+    ``s_j = sm_scale * q[t, h] . kv[slot_j]`` (576 dims), softmax in fp32 over the valid
+    entries j of row t, ``out[t, h] = sum_j p_j kv[slot_j, :512]``, ``lse = logsumexp_j s_j``.
+
+    Args:
+        q: bf16 ``[T, h_q, 576]``, any strides, any ``h_q`` in 1..128 (no padding needed).
+        kv_cache: bf16 ``[P, page, 576]`` (or ``[P, page, 1, 576]``), or FlashMLA's fp8 format,
+            uint8 ``[P, page, 1, 656]`` (or ``[P, page, 656]``: 512 e4m3 | 4 fp32 scales, one
+            per 128 values, any finite positive values | 64 bf16 rope), as ``new_mla_cache``.
+        indices: int32 ``[T, topk]`` (any ``topk >= 1``; 2048 is the model's): global slots
+            ``page * page_size + offset``, or, with ``block_table`` and ``req_id``,
+            request-local positions. -1 is no entry. Device data is not trusted: a slot
+            outside ``[0, P * page)``, any other negative value, a position whose block-table
+            column is past the table or holds a negative page id, and a ``req_id`` outside
+            ``[0, R)`` are invalid entries (skipped, never read).
+        sm_scale: softmax scale (V3.2: 0.1352...).
+        block_table: int32 ``[R, W]`` page ids (fused remap; with ``req_id``).
+        req_id: int32 ``[T]``: the block-table row of each query row.
+        block_size: positions per block-table page (default: the cache's page size); the slot
+            of position p is ``block_table[req, p // block_size] * block_size +
+            p % block_size``, exactly as :func:`convert_req_index_to_global_index`.
+        topk_length: int32 ``[T]`` or None: row t reads only its first ``n`` entries, ``n``
+            clamped to ``[0, topk]``.
+        attn_sink: fp32 ``[h_q]`` or None: out is scaled by ``exp(lse) / (exp(lse) +
+            exp(sink))`` (lse unchanged; +inf gives 0, -inf leaves out as is).
+        out: optional bf16 ``[T, h_q, 512]`` to write into (any strides, no broadcast view).
+        lse: optional fp32 ``[T, h_q]`` to write into.
+        workspace: split scratch from :func:`attention_workspace` (allocated per call when
+            None and the call splits); pass one to capture the call in a CUDA graph.
+        config: launch shape (default :func:`choose_attention_config`).
+
+    Returns:
+        (out bf16 ``[T, h_q, 512]``, lse fp32 ``[T, h_q]``, natural log). A row with no valid
+        entry gives out 0 and lse ``-inf`` (FlashMLA gives +inf there; -inf is what a DCP
+        merge takes as is: such a rank weighs 0). Deterministic: the splits are merged in a
+        fixed order, so repeated calls give bitwise identical results.
+    """
+    check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
+    num_tokens, h_q, dim = q.shape
+    if dim != HEAD_DIM:
+        raise ValueError(f"q must have head dim {HEAD_DIM} (512 nope + 64 rope), got {dim}")
+    if not 1 <= h_q <= MAX_HEADS:
+        raise ValueError(f"q must have 1..{MAX_HEADS} heads, got {h_q}")
+    lay = mla_cache_layout(kv_cache)
+    check_tensor("indices", indices, dtype=torch.int32, ndim=2)
+    if indices.shape[0] != num_tokens:
+        raise ValueError(f"indices has {indices.shape[0]} rows but q has {num_tokens} tokens")
+    topk = indices.shape[1]
+    if topk < 1:
+        raise ValueError("indices must have at least one column")
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    dev = check_same_device(q=q, kv_cache=kv_cache, indices=indices)
+    bs = _check_fused(block_table, req_id, block_size, num_tokens, lay.page_size, dev)
+    if topk_length is not None:
+        check_tensor("topk_length", topk_length, dtype=torch.int32, ndim=1, device=dev)
+        check_shape("topk_length", topk_length, (num_tokens,))
+    if attn_sink is not None:
+        check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1, device=dev)
+        check_shape("attn_sink", attn_sink, (h_q,))
+    if out is None:
+        out = torch.empty((num_tokens, h_q, NOPE), dtype=torch.bfloat16, device=dev)
+    check_tensor("out", out, dtype=torch.bfloat16, device=dev)
+    check_output("out", out, (num_tokens, h_q, NOPE))
+    if lse is None:
+        lse = torch.empty((num_tokens, h_q), dtype=torch.float32, device=dev)
+    check_tensor("lse", lse, dtype=torch.float32, device=dev)
+    check_output("lse", lse, (num_tokens, h_q))
+    fmt = "fp8" if lay.fp8 else "bf16"
+    cfg = config or choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
+    _check_config(cfg)
+    if num_tokens == 0:
+        return out, lse
+
+    splits = cfg.effective_splits(topk)
+    if splits > 1:
+        if workspace is None:
+            workspace = attention_workspace(
+                num_tokens, h_q, topk, cache_format=fmt, config=cfg, device=dev
+            )
+        _check_workspace(workspace, num_tokens * splits, h_q, dev)
+    _launch(q, lay, indices, block_table, req_id, bs, topk_length, attn_sink, out, lse,
+            workspace, cfg, splits, float(sm_scale))  # fmt: skip
+    return out, lse
+
+
+def _check_config(cfg: AttentionConfig) -> None:
+    if not isinstance(cfg, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(cfg).__name__}")
+    if cfg.block_h not in (16, 32, 64):
+        raise ValueError(f"config.block_h must be 16, 32 or 64, got {cfg.block_h}")
+    if cfg.block_n < 16 or cfg.block_n != next_pow2(cfg.block_n):
+        raise ValueError(f"config.block_n must be a power of two >= 16, got {cfg.block_n}")
+    check_int("config.num_splits", cfg.num_splits, lo=1)
+    if cfg.combine_dims not in (16, 32, 64, 128, 256, 512):
+        raise ValueError(f"config.combine_dims must divide 512, got {cfg.combine_dims}")
+
+
+def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.device) -> None:
+    if not isinstance(ws, AttentionWorkspace):
+        raise TypeError(f"workspace must come from attention_workspace, got {type(ws).__name__}")
+    for name, t in (("partial_out", ws.partial_out), ("partial_lse", ws.partial_lse)):
+        check_tensor(f"workspace.{name}", t, dtype=torch.float32, device=dev)
+        if not t.is_contiguous():
+            raise ValueError(f"workspace.{name} must be contiguous")
+    if ws.partial_out.shape[1:] != (h_q, NOPE) or ws.partial_lse.shape[1:] != (h_q,):
+        raise ValueError(f"workspace was sized for {ws.partial_lse.shape[1]} heads, not {h_q}")
+    if ws.rows < rows or ws.partial_out.shape[0] < rows:
+        raise ValueError(
+            f"workspace holds {ws.rows} partial rows but this call needs {rows} "
+            "(size it with attention_workspace for at least this many tokens)"
+        )
+
+
+def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_sink, out, lse,
+            workspace, cfg, splits, sm_scale):  # fmt: skip
+    num_tokens, h_q, _ = q.shape
+    topk = indices.shape[1]
+    c3 = lay.cache3
+    if lay.fp8:
+        kv_u8, kv_f32, kv_bf16 = c3, c3.view(torch.float32), c3.view(torch.bfloat16)
+        kv_s = (c3.stride(0), c3.stride(1), 1)  # bytes
+    else:
+        kv_u8 = kv_f32 = kv_bf16 = c3
+        kv_s = c3.stride()
+    fused = block_table is not None
+    bt = block_table if fused else indices
+    split = splits > 1
+    part_out = workspace.partial_out if split else out
+    part_lse = workspace.partial_lse if split else lse
+    head_blocks = cfg.head_blocks(h_q)
+    decode._sparse_mla_decode_kernel[(num_tokens * splits * head_blocks,)](
+        q, kv_u8, kv_f32, kv_bf16, indices,
+        topk_length if topk_length is not None else indices,
+        bt, req_id if fused else indices,
+        attn_sink if attn_sink is not None else lse,
+        out, lse, part_out, part_lse,
+        h_q, topk, min(lay.num_pages * lay.page_size, INT32_MAX), cfg.split_cols(topk), splits,
+        head_blocks, *q.stride(), *kv_s, *indices.stride(),
+        bt.stride(0) if fused else 0, bt.stride(1) if fused else 0,
+        bt.shape[1] if fused else 0, bt.shape[0] if fused else 0,
+        block_size if fused else 1,
+        *out.stride(), *lse.stride(),
+        sm_scale * LOG2E,
+        PAGE=lay.page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=lay.fp8,
+        FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
+        SPLIT=split, ROWS_MAJOR=cfg.rows_major, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
+    if not split:
+        return
+    block_h = min(COMBINE_HEADS, next_pow2(h_q))
+    head_blocks = -(-h_q // block_h)
+    dim_blocks = NOPE // cfg.combine_dims
+    combine._combine_kernel[(num_tokens * head_blocks * dim_blocks,)](
+        workspace.partial_out, workspace.partial_lse,
+        attn_sink if attn_sink is not None else lse, out, lse,
+        h_q, splits, head_blocks, dim_blocks, *out.stride(), *lse.stride(),
+        BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
+        HAS_SINK=attn_sink is not None, INTERPRET=INTERPRETER, num_warps=4,
+    )  # fmt: skip

@@ -1,0 +1,64 @@
+"""Merge the splits' partial (out, lse) of the sparse MLA decode, in a fixed order.
+
+Each split wrote its normalised partial output ``o_s`` (fp32) and base-2 log-sum-exp ``l_s``;
+the row's ``lse = log2 sum_s 2^l_s`` and ``out = sum_s 2^(l_s - lse) o_s``, summed in split
+order (no atomics: the result is bitwise identical run to run). Splits without a valid entry
+have ``l_s = -inf`` and weigh 0; a row where every split is empty gives out 0, lse -inf.
+The attention sink, when given, is applied here (the splits cannot know the full lse).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .decode import K_LN2, K_LOG2E, K_NOPE, to_bf16
+
+
+@triton.jit
+def _combine_kernel(
+    part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr,
+    h_q, num_splits, head_blocks, dim_blocks,
+    out_s0, out_s1, out_s2, lse_s0, lse_s1,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P: tl.constexpr,
+    HAS_SINK: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    db = pid % dim_blocks
+    hb = (pid // dim_blocks) % head_blocks
+    t64 = (pid // (dim_blocks * head_blocks)).to(tl.int64)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < h_q
+    sp = tl.arange(0, SPLITS_P)
+
+    # All splits' lse at once: [SPLITS_P, BLOCK_H].
+    rows = (t64 * num_splits + sp[:, None]) * h_q + heads[None, :]
+    lmask = (sp[:, None] < num_splits) & hmask[None, :]
+    l_s = tl.load(part_lse_ptr + rows, mask=lmask, other=float("-inf"))
+    m = tl.max(l_s, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp2(l_s - m_use[None, :]), 0)
+    has = total > 0
+    lse2 = tl.where(has, m_use + tl.log2(tl.where(has, total, 1.0)), float("-inf"))
+    scale = tl.where(has, 1.0 / tl.where(has, total, 1.0), 0.0)
+    if HAS_SINK:
+        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
+        scale = tl.where(has, scale / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
+
+    d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    base = (t64 * num_splits * h_q + heads.to(tl.int64))[:, None] * K_NOPE + d[None, :]
+    for s in range(0, num_splits):
+        l_one = tl.load(part_lse_ptr + (t64 * num_splits + s) * h_q + heads, mask=hmask,
+                        other=float("-inf"))  # fmt: skip
+        w = tl.exp2(l_one - m_use) * scale
+        o = tl.load(part_out_ptr + base + s * h_q * K_NOPE, mask=hmask[:, None], other=0.0)
+        acc += tl.where(w[:, None] > 0, o * w[:, None], 0.0)
+
+    o_ptr = out_ptr + t64 * out_s0 + heads[:, None].to(tl.int64) * out_s1 + d[None, :] * out_s2
+    tl.store(o_ptr, to_bf16(acc, INTERPRET), mask=hmask[:, None])
+    if db == 0:
+        tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
+
+
+__all__ = ["_combine_kernel"]

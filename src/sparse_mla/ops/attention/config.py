@@ -1,0 +1,106 @@
+"""Launch shape of the sparse MLA decode: a small pure function, tested alone.
+
+A program owns one query row t, one split (a contiguous run of the row's top-k columns) and
+one block of ``block_h`` heads; it walks its columns ``block_n`` at a time. Splitting the
+top-k axis gives small batches enough programs to fill the chip; a combine kernel then merges
+the splits' partial (out, lse) in a fixed order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..._runtime import cdiv, next_pow2
+
+CACHE_FORMATS = ("bf16", "fp8")
+MAX_HEADS = 128
+# Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
+# warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
+MIN_BLOCK_H, MAX_BLOCK_H = 16, 64
+# Split the top-k axis until about this many programs per SM are in flight.
+TARGET_PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """How :func:`sparse_mla.sparse_mla_decode` tiles one call.
+
+    block_h: heads per program (power of two, 16..64; heads past ``h_q`` are masked).
+    block_n: selected cache rows per loop step (power of two >= 16).
+    num_splits: programs per (row, head block) along the top-k axis; > 1 writes partial
+        results to the workspace and runs the combine kernel.
+    num_warps, num_stages: Triton launch options of the main kernel (``num_stages``
+        pipelines the row gathers).
+    combine_dims: output dims per combine program (power of two dividing 512).
+    rows_major: the cache rows, not the heads, as the MMA's M dimension (for few heads; see
+        ``ops/attention/decode.py``).
+    """
+
+    block_h: int = 16
+    block_n: int = 64
+    num_splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+    combine_dims: int = 128
+    rows_major: bool = False
+
+    def head_blocks(self, h_q: int) -> int:
+        return cdiv(h_q, self.block_h)
+
+    def split_cols(self, topk: int) -> int:
+        """Top-k columns per split: whole ``block_n`` blocks, so splits never share one."""
+        blocks = cdiv(topk, self.block_n)
+        return cdiv(blocks, self.num_splits) * self.block_n
+
+    def effective_splits(self, topk: int) -> int:
+        """Splits that own at least one column (``num_splits`` rounded down to fit)."""
+        return max(1, cdiv(topk, self.split_cols(topk)))
+
+
+def choose_attention_config(
+    num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int
+) -> AttentionConfig:
+    """Heuristic launch shape for ``num_tokens`` query rows of ``h_q`` heads over ``topk``
+    columns of a ``cache_format`` ("bf16" or "fp8") cache on ``num_sms`` multiprocessors.
+
+    Heads: the next power of two of ``h_q`` (at least 16, the smallest MMA block), at most 64
+    per program (one warpgroup MMA block; 128 heads run as two programs, which read the same
+    rows at about the same time, so the second read mostly hits L2). Up to 32 heads: the cache
+    rows as the MMA's M (64 a step; 16 or 32 heads as M would replicate the queries in every
+    warp), 8 warps for fp8 and for 32 heads, else 4. 64 heads: heads as M, 32 rows a step, 8
+    warps. These are the variants with the fewest register spills in Triton's sm_90 build
+    (``benchmarks/inspect_attention_sm90.py``; timings: ``benchmarks/gpu_attention.py``'s
+    sweep). Splits: none once the row x head-block programs fill the SMs; below that enough
+    splits for about ``TARGET_PROGRAMS_PER_SM`` programs per SM, each at least one block.
+    """
+    if cache_format not in CACHE_FORMATS:
+        raise ValueError(f"cache_format must be one of {CACHE_FORMATS}, got {cache_format!r}")
+    if not 1 <= h_q <= MAX_HEADS:
+        raise ValueError(f"h_q must be in [1, {MAX_HEADS}], got {h_q}")
+    block_h = min(MAX_BLOCK_H, max(MIN_BLOCK_H, next_pow2(h_q)))
+    if block_h == MAX_BLOCK_H:
+        block_n, num_warps, rows_major = 32, 8, False
+    else:
+        block_n, rows_major = 64, True
+        num_warps = 8 if cache_format == "fp8" or block_h == 32 else 4
+    programs = max(num_tokens, 1) * cdiv(h_q, block_h)
+    blocks = max(cdiv(topk, block_n), 1)
+    splits = 1
+    if programs < num_sms:
+        splits = max(1, min(blocks, cdiv(TARGET_PROGRAMS_PER_SM * num_sms, programs)))
+    return AttentionConfig(block_h, block_n, splits, num_warps, 2, 128, rows_major)
+
+
+def workspace_rows(num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int) -> int:
+    """Partial-result rows (one per query row and split) that any call of up to
+    ``num_tokens`` rows needs under :func:`choose_attention_config`: the largest
+    ``T * splits`` over ``T <= num_tokens`` with more than one split."""
+    need = 0
+    for t in range(1, num_tokens + 1):
+        cfg = choose_attention_config(t, h_q, topk, cache_format, num_sms)
+        splits = cfg.effective_splits(topk)
+        if splits > 1:
+            need = max(need, t * splits)
+        elif t * cfg.head_blocks(h_q) >= num_sms:
+            break  # from here on every call runs unsplit
+    return need

@@ -1,0 +1,387 @@
+"""Sparse MLA decode attention (split-KV), one Triton kernel over both cache formats.
+
+A program owns query row ``t``, one split of the row's top-k columns and ``BLOCK_H`` heads.
+It loads its queries once, then walks its columns ``BLOCK_N`` at a time: gather the selected
+cache rows by slot, scores ``S = sm_scale * Q . K`` as four 128-wide nope dots plus one
+64-wide rope dot, an online softmax in fp32 (base 2), and ``O += P @ V`` into four 128-wide
+accumulators (no dot wider than 128 in N: Triton 3.6 miscompiled a 512-wide bf16 dot split
+over two warpgroups on the H200, docs/DEVELOPING.md).
+
+Two orientations (``ROWS_MAJOR``): heads as the MMA's M (``S [H, N]``, ``O [H, 512]``: 64
+heads fill a Hopper warpgroup MMA block), or, for few heads, the block's cache rows as M
+(``S^T [N, H] = K Q^T``, ``O^T [512, H] += V^T P^T``): then 64 rows fill the M block, the
+queries are the B operand, which the warpgroup MMA reads from shared memory, and no operand is
+replicated in every warp's registers (with 16 heads as M, each warp of an Ampere-style MMA
+holds all 16 x 576 queries).
+
+fp8 cache (FlashMLA's 656-byte rows: 512 e4m3 | 4 fp32 scales | 64 bf16 rope): the e4m3
+values convert exactly to fp16 (one hardware instruction per pair, where bf16 takes three)
+and the per-row, per-128-group scales are folded into the math instead of multiplied into
+every value: ``S = sum_g (Q_g . K8_g) * scale_g`` and ``O_g += (P * scale_g) @ V8_g``. So the
+nope dots run in fp16: the queries are brought into fp16 range by a power of two per head
+(exact), and ``P * scale_g`` is divided by the block's largest scale of the group (values in
+[0, 1]), a factor the running accumulator carries (``_group_probs``). Any finite positive fp32
+scales work, not only powers of two.
+
+Untrusted indices: a slot outside ``[0, rows)``, a position whose page lies past the block
+table or has a negative page id, and a ``req_id`` outside the table are invalid entries
+(masked, never read). The row's valid count (``topk_length``) is clamped to ``[0, topk]``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .._common.paging import page_slot
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NOPE = 512
+ROPE = 64
+GROUP = 128  # nope values per fp8 scale; also the width of each nope dot
+# The same as kernel constants.
+K_LOG2E = tl.constexpr(LOG2E)
+K_LN2 = tl.constexpr(LN2)
+K_NOPE = tl.constexpr(NOPE)
+K_SCALE_WORD = tl.constexpr(NOPE // 4)  # first fp32 scale of an fp8 row, in 4-byte words
+K_ROPE_HALF = tl.constexpr((NOPE + 16) // 2)  # first rope value of an fp8 row, in 2-byte units
+
+
+@triton.jit
+def _mma(a, b, acc, INTERPRET: tl.constexpr):
+    """``acc + a @ b``; the interpreter computes 16-bit dots wrongly, so it gets fp32."""
+    if INTERPRET:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def to_bf16(x, INTERPRET: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. Triton 3.9's interpreter truncates instead, so
+    there the rounding is done on the bits (NaN inputs are not expected)."""
+    if INTERPRET:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        y = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(tl.bfloat16)
+    return y
+
+
+@triton.jit
+def _block_slots(
+    idx_row, idx_s1, cols, n_valid, num_rows, bt_row, bt_s1, bt_width, req_ok, block_size,
+    FUSED: tl.constexpr,
+):  # fmt: skip
+    """(slot int64, valid) of one block's columns: global slots as given, or (``FUSED``)
+    request-local positions resolved through the block table with ``page_slot``."""
+    in_row = cols < n_valid
+    i = tl.load(idx_row + cols * idx_s1, mask=in_row, other=-1)
+    if FUSED:
+        col = i // block_size
+        # (tl.where: the interpreter turns "vector & scalar bool" into an invalid mask)
+        ok = tl.where(req_ok, in_row & (i >= 0) & (col < bt_width), False)
+        page_id = tl.load(bt_row + col.to(tl.int64) * bt_s1, mask=ok, other=-1)
+        slot, has_page = page_slot(page_id, i % block_size, block_size)
+        ok = ok & has_page
+    else:
+        slot = i
+        ok = in_row & (i >= 0)
+    ok = ok & (slot < num_rows)
+    return tl.where(ok, slot, 0).to(tl.int64), ok
+
+
+@triton.jit
+def _load_nope(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
+    """Nope values ``[g*128, g*128 + 128)`` of the block's rows: fp16 (fp8 cache, exact) or
+    bf16, zeros where not valid."""
+    d = g * 128 + tl.arange(0, 128)
+    if FP8:
+        raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None], other=0)
+        vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        # A no-op for the values, but it keeps the conversion in the load's layout: without
+        # it Triton converts in each dot's operand layout (twice per value, both copies in
+        # registers) and does not pipeline the byte gathers (benchmarks/inspect_attention_sm90.py).
+        vals = tl.where(ok[:, None], vals, 0.0)
+    else:
+        vals = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
+    return vals
+
+
+@triton.jit
+def _pow2_normaliser(amax):
+    """(f, 1/f), powers of two with ``amax * f`` in ``[2**14, 2**15)`` (fp16's top binade;
+    clamped for zero and extreme inputs)."""
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    k = tl.minimum(tl.maximum(14 - e, -100), 100)
+    f = ((k + 127) << 23).to(tl.float32, bitcast=True)
+    inv = ((127 - k) << 23).to(tl.float32, bitcast=True)
+    return f, inv
+
+
+@triton.jit
+def _softmax_update(s, m_i, l_i, AXIS: tl.constexpr):
+    """Online softmax (base 2) over ``AXIS`` of the scores ``s`` (the block's columns):
+    (p, alpha, m_new, l_new); a block with nothing valid leaves the state as it is."""
+    m_new = tl.maximum(m_i, tl.max(s, AXIS))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    if AXIS == 1:
+        p = tl.exp2(s - m_use[:, None])
+    else:
+        p = tl.exp2(s - m_use[None, :])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, AXIS)
+
+
+@triton.jit
+def _group_probs(p, scale, ok, c_run, AXIS: tl.constexpr):
+    """One fp8 group's ``P * scale / cmax`` in fp16 (values in [0, 1]) and ``cmax``, the
+    block's largest scale of the group (``c_run`` kept when the block has none): the
+    accumulator holds ``O_g / cmax``, so the change of ``cmax`` folds into the rescale."""
+    cmax = tl.max(tl.where(ok, scale, 0.0), axis=0)
+    cmax = tl.where(cmax > 0, cmax, c_run)
+    if AXIS == 1:
+        pg = (p * (scale / cmax)[None, :]).to(tl.float16)
+    else:
+        pg = (p * (scale / cmax)[:, None]).to(tl.float16)
+    return pg, cmax
+
+
+@triton.jit
+def _step_heads_major(
+    q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
+    m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """One block with heads as the MMA's M: ``S [H, N] = Q K^T``, ``O [H, 128] += P V``."""
+    zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
+    if FP8:
+        s = _mma(q0, tl.trans(k0), zero, INTERPRET) * s0[None, :]
+        s += _mma(q1, tl.trans(k1), zero, INTERPRET) * s1[None, :]
+        s += _mma(q2, tl.trans(k2), zero, INTERPRET) * s2[None, :]
+        s += _mma(q3, tl.trans(k3), zero, INTERPRET) * s3[None, :]
+        s = s * q_inv[:, None]
+    else:
+        s = _mma(q0, tl.trans(k0), zero, INTERPRET)
+        s = _mma(q1, tl.trans(k1), s, INTERPRET)
+        s = _mma(q2, tl.trans(k2), s, INTERPRET)
+        s = _mma(q3, tl.trans(k3), s, INTERPRET)
+    s = _mma(qr, tl.trans(kr), s, INTERPRET)
+    s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, 1)
+    if FP8:
+        pg, m0 = _group_probs(p, s0, ok, c0, 1)
+        acc0 = _mma(pg, k0, acc0 * (alpha * (c0 / m0))[:, None], INTERPRET)
+        pg, m1 = _group_probs(p, s1, ok, c1, 1)
+        acc1 = _mma(pg, k1, acc1 * (alpha * (c1 / m1))[:, None], INTERPRET)
+        pg, m2 = _group_probs(p, s2, ok, c2, 1)
+        acc2 = _mma(pg, k2, acc2 * (alpha * (c2 / m2))[:, None], INTERPRET)
+        pg, m3 = _group_probs(p, s3, ok, c3, 1)
+        acc3 = _mma(pg, k3, acc3 * (alpha * (c3 / m3))[:, None], INTERPRET)
+        c0, c1, c2, c3 = m0, m1, m2, m3
+    else:
+        pb = to_bf16(p, INTERPRET)
+        acc0 = _mma(pb, k0, acc0 * alpha[:, None], INTERPRET)
+        acc1 = _mma(pb, k1, acc1 * alpha[:, None], INTERPRET)
+        acc2 = _mma(pb, k2, acc2 * alpha[:, None], INTERPRET)
+        acc3 = _mma(pb, k3, acc3 * alpha[:, None], INTERPRET)
+    return m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3
+
+
+@triton.jit
+def _step_rows_major(
+    q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
+    m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """One block with the cache rows as the MMA's M (few heads: a 64-row M block for the
+    Hopper warpgroup MMA, the queries in shared memory as its B operand, nothing replicated
+    per warp): ``S^T [N, H] = K Q^T`` (q0..qr given transposed), ``O^T [128, H] += V^T P^T``."""
+    zero = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
+    if FP8:
+        s = _mma(k0, q0, zero, INTERPRET) * s0[:, None]
+        s += _mma(k1, q1, zero, INTERPRET) * s1[:, None]
+        s += _mma(k2, q2, zero, INTERPRET) * s2[:, None]
+        s += _mma(k3, q3, zero, INTERPRET) * s3[:, None]
+        s = s * q_inv[None, :]
+    else:
+        s = _mma(k0, q0, zero, INTERPRET)
+        s = _mma(k1, q1, s, INTERPRET)
+        s = _mma(k2, q2, s, INTERPRET)
+        s = _mma(k3, q3, s, INTERPRET)
+    s = _mma(kr, qr, s, INTERPRET)
+    s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, 0)
+    if FP8:
+        pg, m0 = _group_probs(p, s0, ok, c0, 0)
+        acc0 = _mma(tl.trans(k0), pg, acc0 * (alpha * (c0 / m0))[None, :], INTERPRET)
+        pg, m1 = _group_probs(p, s1, ok, c1, 0)
+        acc1 = _mma(tl.trans(k1), pg, acc1 * (alpha * (c1 / m1))[None, :], INTERPRET)
+        pg, m2 = _group_probs(p, s2, ok, c2, 0)
+        acc2 = _mma(tl.trans(k2), pg, acc2 * (alpha * (c2 / m2))[None, :], INTERPRET)
+        pg, m3 = _group_probs(p, s3, ok, c3, 0)
+        acc3 = _mma(tl.trans(k3), pg, acc3 * (alpha * (c3 / m3))[None, :], INTERPRET)
+        c0, c1, c2, c3 = m0, m1, m2, m3
+    else:
+        pb = to_bf16(p, INTERPRET)
+        acc0 = _mma(tl.trans(k0), pb, acc0 * alpha[None, :], INTERPRET)
+        acc1 = _mma(tl.trans(k1), pb, acc1 * alpha[None, :], INTERPRET)
+        acc2 = _mma(tl.trans(k2), pb, acc2 * alpha[None, :], INTERPRET)
+        acc3 = _mma(tl.trans(k3), pb, acc3 * alpha[None, :], INTERPRET)
+    return m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3
+
+
+@triton.jit
+def _sparse_mla_decode_kernel(
+    q_ptr, kv_u8, kv_f32, kv_bf16, idx_ptr, len_ptr, bt_ptr, req_ptr, sink_ptr,
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
+    h_q, topk, num_rows, split_cols, num_splits, head_blocks,
+    q_s0, q_s1, q_s2, kv_s0, kv_s1, kv_s2, idx_s0, idx_s1,
+    bt_s0, bt_s1, bt_width, num_req, block_size,
+    out_s0, out_s1, out_s2, lse_s0, lse_s1,
+    qk_scale,
+    PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
+    SPLIT: tl.constexpr, ROWS_MAJOR: tl.constexpr, NUM_STAGES: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    hb = pid % head_blocks
+    split = (pid // head_blocks) % num_splits
+    t = pid // (head_blocks * num_splits)
+    t64 = t.to(tl.int64)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < h_q
+
+    n_valid = topk
+    if HAS_LEN:
+        n_valid = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), topk)
+    col_lo = split * split_cols
+    col_hi = tl.minimum(col_lo + split_cols, n_valid)
+    req_ok = True
+    bt_row = bt_ptr
+    if FUSED:
+        req = tl.load(req_ptr + t)
+        req_ok = (req >= 0) & (req < num_req)
+        bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * bt_s0
+    idx_row = idx_ptr + t64 * idx_s0
+
+    # Queries: four 128-wide nope groups and the rope part, loaded once.
+    q_row = q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1
+    d = tl.arange(0, 128)
+    q0 = tl.load(q_row + d[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q1 = tl.load(q_row + (128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q2 = tl.load(q_row + (256 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q3 = tl.load(q_row + (384 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    r = tl.arange(0, 64)
+    qr = tl.load(q_row + (512 + r)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q_inv = tl.full([BLOCK_H], 1.0, tl.float32)
+    if FP8:
+        amax = tl.maximum(
+            tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), 1), tl.max(tl.abs(q1.to(tl.float32)), 1)),
+            tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), 1), tl.max(tl.abs(q3.to(tl.float32)), 1)),
+        )
+        q_f, q_inv = _pow2_normaliser(amax)
+        q0 = (q0.to(tl.float32) * q_f[:, None]).to(tl.float16)
+        q1 = (q1.to(tl.float32) * q_f[:, None]).to(tl.float16)
+        q2 = (q2.to(tl.float32) * q_f[:, None]).to(tl.float16)
+        q3 = (q3.to(tl.float32) * q_f[:, None]).to(tl.float16)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    if ROWS_MAJOR:  # rows x heads: the queries are the B operand, the accumulators [128, H]
+        q0 = tl.trans(q0)
+        q1 = tl.trans(q1)
+        q2 = tl.trans(q2)
+        q3 = tl.trans(q3)
+        qr = tl.trans(qr)
+        acc0 = tl.zeros([128, BLOCK_H], tl.float32)
+        acc1 = tl.zeros([128, BLOCK_H], tl.float32)
+        acc2 = tl.zeros([128, BLOCK_H], tl.float32)
+        acc3 = tl.zeros([128, BLOCK_H], tl.float32)
+    else:
+        acc0 = tl.zeros([BLOCK_H, 128], tl.float32)
+        acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
+        acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
+        acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
+    c0 = tl.full([], 1.0, tl.float32)
+    c1 = tl.full([], 1.0, tl.float32)
+    c2 = tl.full([], 1.0, tl.float32)
+    c3 = tl.full([], 1.0, tl.float32)
+    for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=NUM_STAGES):
+        cols = start + tl.arange(0, BLOCK_N)
+        slot, ok = _block_slots(
+            idx_row, idx_s1, cols, col_hi, num_rows, bt_row, bt_s1, bt_width, req_ok,
+            block_size, FUSED,
+        )  # fmt: skip
+        row = (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1
+        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, FP8)
+        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, FP8)
+        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, FP8)
+        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, FP8)
+        if FP8:
+            words = row // 4 + K_SCALE_WORD
+            s0 = tl.load(kv_f32 + words, mask=ok, other=0.0)
+            s1 = tl.load(kv_f32 + words + 1, mask=ok, other=0.0)
+            s2 = tl.load(kv_f32 + words + 2, mask=ok, other=0.0)
+            s3 = tl.load(kv_f32 + words + 3, mask=ok, other=0.0)
+            kr = tl.load(
+                kv_bf16 + (row // 2 + K_ROPE_HALF)[:, None] + r[None, :],
+                mask=ok[:, None], other=0.0,
+            )  # fmt: skip
+        else:
+            s0 = 1.0
+            s1 = 1.0
+            s2 = 1.0
+            s3 = 1.0
+            kr = tl.load(
+                kv_bf16 + row[:, None] + (512 + r)[None, :] * kv_s2, mask=ok[:, None], other=0.0
+            )
+        if ROWS_MAJOR:
+            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step_rows_major(
+                q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
+                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
+                BLOCK_H, BLOCK_N, FP8, INTERPRET,
+            )  # fmt: skip
+        else:
+            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step_heads_major(
+                q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
+                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
+                BLOCK_H, BLOCK_N, FP8, INTERPRET,
+            )  # fmt: skip
+    if ROWS_MAJOR:
+        acc0 = tl.trans(acc0)
+        acc1 = tl.trans(acc1)
+        acc2 = tl.trans(acc2)
+        acc3 = tl.trans(acc3)
+
+    # Normalise; a head with no valid entry gives out 0 and lse -inf (base 2 here).
+    has = l_i > 0
+    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    w = inv_l
+    if HAS_SINK and not SPLIT:
+        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
+        # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + 2^(sink2 - lse2)); 0 for empty heads.
+        w = tl.where(has, inv_l / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
+    w0 = w * c0
+    w1 = w * c1
+    w2 = w * c2
+    w3 = w * c3
+    if SPLIT:
+        prow = (t64 * num_splits + split) * h_q + heads.to(tl.int64)
+        po = part_out_ptr + prow[:, None] * K_NOPE + d[None, :]
+        tl.store(po, acc0 * w0[:, None], mask=hmask[:, None])
+        tl.store(po + 128, acc1 * w1[:, None], mask=hmask[:, None])
+        tl.store(po + 256, acc2 * w2[:, None], mask=hmask[:, None])
+        tl.store(po + 384, acc3 * w3[:, None], mask=hmask[:, None])
+        tl.store(part_lse_ptr + prow, lse2, mask=hmask)
+    else:
+        o = out_ptr + t64 * out_s0 + heads[:, None].to(tl.int64) * out_s1 + d[None, :] * out_s2
+        tl.store(o, to_bf16(acc0 * w0[:, None], INTERPRET), mask=hmask[:, None])
+        tl.store(o + 128 * out_s2, to_bf16(acc1 * w1[:, None], INTERPRET), mask=hmask[:, None])
+        tl.store(o + 256 * out_s2, to_bf16(acc2 * w2[:, None], INTERPRET), mask=hmask[:, None])
+        tl.store(o + 384 * out_s2, to_bf16(acc3 * w3[:, None], INTERPRET), mask=hmask[:, None])
+        tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)

@@ -1,0 +1,283 @@
+"""Sparse MLA decode attention against the fp64 reference (tolerance in sparse_mla.testing):
+both cache formats, head counts without padding, splits, hostile indices, valid counts, the
+fused remap, the attention sink, strides, poisoned outputs, determinism, bad input, and the
+FlashMLA-shaped entry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparse_mla import convert_req_index_to_global_index
+from sparse_mla._runtime import default_device
+from sparse_mla.compat import flashmla
+from sparse_mla.ops.attention import (
+    AttentionConfig,
+    attention_workspace,
+    choose_attention_config,
+    sparse_mla_decode,
+    sparse_mla_decode_reference,
+    workspace_rows,
+)
+from sparse_mla.testing import (
+    attention_error,
+    poison,
+    random_attention_indices,
+    random_mla_cache,
+)
+
+DEV = default_device()
+PAGES, PAGE = 6, 16
+ROWS = PAGES * PAGE
+SCALE = 0.1352
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _case(g, *, T=2, h=16, topk=128, fp8=True, arbitrary=False, q_scale=1.0):
+    cache = random_mla_cache(PAGES, PAGE, fp8=fp8, g=g, arbitrary_scales=arbitrary)
+    q = (torch.randn(T, h, 576, generator=g) * q_scale).bfloat16()
+    idx = random_attention_indices(g, T, topk, ROWS, invalid_tail=7, invalid_frac=0.1)
+    return q, cache, idx
+
+
+def _check(q, cache, idx, *, config=None, **kw):
+    """Run ours on poisoned outputs and compare with the reference; returns (out, lse)."""
+    out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=DEV)
+    poison(out, lse)
+    dev_kw = {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    got = sparse_mla_decode(
+        q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=SCALE, out=out, lse=lse,
+        config=config, **dev_kw,
+    )  # fmt: skip
+    assert got[0] is out and got[1] is lse
+    ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=SCALE, magnitude=True, **kw)
+    err = attention_error(out, lse, *ref)
+    assert err is None, err
+    return out.cpu(), lse.cpu()
+
+
+# ---- launch shape -----------------------------------------------------------------------------
+
+
+def test_config_choice():
+    for h in range(1, 129):
+        cfg = choose_attention_config(1, h, 2048, "fp8", 132)
+        assert cfg.block_h in (16, 32, 64) and cfg.block_h >= min(h, 64)
+        assert cfg.block_h < 2 * max(h, 16) or cfg.block_h == 16
+        assert cfg.head_blocks(h) * cfg.block_h >= h
+    small = choose_attention_config(1, 16, 2048, "fp8", 132)
+    assert small.num_splits > 1 and small.effective_splits(2048) <= 2048 // small.block_n
+    assert choose_attention_config(1024, 16, 2048, "bf16", 132).num_splits == 1
+    # Splits never overlap and cover the row.
+    for topk in (64, 100, 2048, 4096):
+        for splits in (1, 3, 7, 64):
+            cfg = AttentionConfig(num_splits=splits)
+            cols, eff = cfg.split_cols(topk), cfg.effective_splits(topk)
+            assert cols % cfg.block_n == 0 and (eff - 1) * cols < topk <= eff * cols
+    with pytest.raises(ValueError, match="cache_format"):
+        choose_attention_config(1, 16, 2048, "fp16", 132)
+    with pytest.raises(ValueError, match="h_q"):
+        choose_attention_config(1, 129, 2048, "fp8", 132)
+
+
+def test_workspace_rows_cover_every_call():
+    for h in (8, 16, 128):
+        need = workspace_rows(300, h, 2048, "fp8", 132)
+        for t in range(1, 301):
+            cfg = choose_attention_config(t, h, 2048, "fp8", 132)
+            splits = cfg.effective_splits(2048)
+            assert splits == 1 or t * splits <= need
+
+
+# ---- numerics -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+@pytest.mark.parametrize("h", [1, 8, 16, 20, 128])
+def test_matches_reference(seed, fp8, h):
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=2 if h < 128 else 1, h=h, fp8=fp8)
+    _check(q, cache, idx)
+
+
+def test_arbitrary_fp8_scales(seed):
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=2, h=16, arbitrary=True)
+    _check(q, cache, idx)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 8])
+def test_forced_splits(seed, splits):
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=2, h=16, topk=128, fp8=splits % 2 == 0)
+    cfg = AttentionConfig(block_n=16, num_splits=splits)
+    _check(q, cache, idx, config=cfg)
+
+
+def test_deterministic_and_workspace_reuse(seed):
+    g = _gen(seed)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16))
+    cfg = AttentionConfig(block_n=32, num_splits=4)
+    ws = attention_workspace(2, 16, 128, config=cfg, device=DEV)
+    a = sparse_mla_decode(q, cache, idx, sm_scale=SCALE, config=cfg, workspace=ws)
+    poison(ws.partial_out, ws.partial_lse)
+    b = sparse_mla_decode(q, cache, idx, sm_scale=SCALE, config=cfg, workspace=ws)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_hostile_indices(seed, fp8):
+    """All -1 rows, one valid entry, duplicates, the last cache row, out-of-range and
+    negative slots (never read: the cache is surrounded by nothing), across splits."""
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=6, h=16, topk=64, fp8=fp8)
+    idx[0] = -1
+    idx[1] = -1
+    idx[1, 37] = 5
+    idx[2] = 11  # one slot, 64 times: same as a single entry
+    idx[3, :32] = ROWS - 1
+    bad = torch.tensor([ROWS, ROWS + 1, -2, -(2**31), 2**31 - 1, 10**9], dtype=torch.int32)
+    idx[4] = bad[torch.randint(0, len(bad), (64,), generator=g)]
+    idx[4, 63] = ROWS - 1
+    idx[5, ::2] = bad[torch.randint(0, len(bad), (32,), generator=g)]
+    out, lse = _check(q, cache, idx, config=AttentionConfig(block_n=16, num_splits=3))
+    assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
+    _check(q, cache, idx)
+
+
+def test_topk_length(seed):
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=7, h=8, topk=128)
+    lens = torch.tensor([0, 1, 63, 64, 128, 200, -3], dtype=torch.int32)
+    out, lse = _check(q, cache, idx, topk_length=lens, config=AttentionConfig(num_splits=2))
+    assert torch.all(torch.isneginf(lse[0])) and torch.all(torch.isneginf(lse[6]))
+
+
+def test_large_logits_and_odd_width(seed):
+    """Scores in the thousands (overflow safety of the online softmax), topk not a multiple
+    of 64 (masked tail)."""
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=2, h=16, topk=100, q_scale=30.0)
+    _check(q, cache, idx)
+    q, cache, idx = _case(g, T=2, h=16, topk=100, fp8=False, q_scale=30.0)
+    _check(q, cache, idx, config=AttentionConfig(block_n=32, num_splits=2))
+
+
+def test_strided_q_and_out(seed):
+    g = _gen(seed)
+    _, cache, idx = _case(g, T=3, h=16)
+    wide = torch.randn(16, 3, 600, generator=g).bfloat16()
+    q = wide.transpose(0, 1)[:, :, 10:586]  # [3, 16, 576], no unit stride on heads
+    assert not q.is_contiguous()
+    ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=SCALE, magnitude=True)
+    out_full = torch.full((16, 3, 1024), float("nan"), dtype=torch.bfloat16, device=DEV)
+    out = out_full.transpose(0, 1)[:, :, ::2]
+    lse = torch.full((16, 3), float("nan"), device=DEV).t()
+    sparse_mla_decode(q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=SCALE, out=out, lse=lse)
+    assert attention_error(out, lse, *ref) is None
+    assert torch.isnan(out_full[:, :, 1::2].float()).all()  # the gaps were not written
+
+
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_fused_remap_equals_remap_then_attend(seed, fp8):
+    g = _gen(seed)
+    q, cache, _ = _case(g, T=5, h=16, topk=64, fp8=fp8)
+    num_req, width, bs = 3, 4, 16
+    bt = torch.randint(0, PAGES, (num_req, width + 2), generator=g, dtype=torch.int32)[:, :width]
+    bt[1, 2] = -1  # a -1-padded table entry
+    bt[2, 3] = PAGES + 3  # a page past the cache: its slots are out of range
+    req = torch.tensor([0, 1, 2, 5, -1], dtype=torch.int32)  # the last two outside the table
+    pos = torch.randint(-1, width * bs + 20, (5, 64), generator=g, dtype=torch.int32)
+    pos[0, :5] = -7
+    slots = convert_req_index_to_global_index(req, bt, pos, block_size=bs)
+    lens = torch.tensor([64, 30, 64, 64, 3], dtype=torch.int32)
+    for cfg in (None, AttentionConfig(block_n=16, num_splits=3)):
+        two_step = _check(q, cache, slots, topk_length=lens, config=cfg)
+        fused = _check(
+            q, cache, pos, block_table=bt, req_id=req, block_size=bs, topk_length=lens, config=cfg
+        )
+        assert torch.equal(two_step[0], fused[0]) and torch.equal(two_step[1], fused[1])
+
+
+def test_attention_sink(seed):
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=3, h=16)
+    idx[2] = -1
+    sink = torch.randn(16, generator=g) * 3
+    sink[0], sink[1] = float("inf"), float("-inf")
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=32, num_splits=3)):
+        out, lse = _check(q, cache, idx, attn_sink=sink, config=cfg)
+        assert torch.all(out[:, 0] == 0) and torch.all(out[2] == 0)
+        plain = sparse_mla_decode(q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=SCALE, config=cfg)
+        assert torch.equal(plain[1].cpu(), lse)  # the sink leaves lse unchanged
+
+
+# ---- arguments ----------------------------------------------------------------------------------
+
+
+def test_bad_arguments():
+    g = _gen(0)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16))
+    call = dict(sm_scale=SCALE)
+    with pytest.raises(TypeError, match="q must have dtype"):
+        sparse_mla_decode(q.float(), cache, idx, **call)
+    with pytest.raises(ValueError, match="head dim 576"):
+        sparse_mla_decode(q[:, :, :512], cache, idx, **call)
+    with pytest.raises(ValueError, match="1..128 heads"):
+        sparse_mla_decode(q[:, :1].expand(2, 129, 576), cache, idx, **call)
+    with pytest.raises(TypeError, match="indices must have dtype"):
+        sparse_mla_decode(q, cache, idx.long(), **call)
+    with pytest.raises(ValueError, match="indices has 1 rows"):
+        sparse_mla_decode(q, cache, idx[:1], **call)
+    with pytest.raises(ValueError, match="kv_cache"):
+        sparse_mla_decode(q, cache[..., :600], idx, **call)
+    with pytest.raises(ValueError, match="go together"):
+        sparse_mla_decode(q, cache, idx, block_table=idx, **call)
+    with pytest.raises(ValueError, match="out must have shape"):
+        sparse_mla_decode(q, cache, idx, out=torch.empty(2, 16, 576, dtype=torch.bfloat16), **call)
+    with pytest.raises(ValueError, match="attn_sink must have shape"):
+        sparse_mla_decode(q, cache, idx, attn_sink=torch.zeros(8), **call)
+    with pytest.raises(ValueError, match="topk_length must have shape"):
+        sparse_mla_decode(q, cache, idx, topk_length=torch.zeros(3, dtype=torch.int32), **call)
+    cfg = AttentionConfig(num_splits=2)
+    small = attention_workspace(1, 16, 128, config=cfg, device=DEV)
+    with pytest.raises(ValueError, match="workspace holds 2 partial rows"):
+        sparse_mla_decode(q, cache, idx, config=cfg, workspace=small, **call)
+    with pytest.raises(ValueError, match="block_h"):
+        sparse_mla_decode(q, cache, idx, config=AttentionConfig(block_h=8), **call)
+
+
+# ---- FlashMLA-shaped entry ---------------------------------------------------------------------
+
+
+def test_flashmla_compat(seed):
+    g = _gen(seed)
+    b, s_q, h, topk = 2, 2, 16, 64
+    q, cache, idx = _case(g, T=b * s_q, h=h, topk=topk)
+    idx[3] = -1  # an empty row: FlashMLA gives lse +inf
+    sink = torch.randn(h, generator=g)
+    lens = torch.tensor([64, 20], dtype=torch.int32)  # per request, as FlashMLA takes it
+    meta, _ = flashmla.get_mla_metadata()
+    out, lse = flashmla.flash_mla_with_kvcache(
+        q.view(b, s_q, h, 576).to(DEV), cache.to(DEV), None, None, 512, meta, None,
+        softmax_scale=SCALE, is_fp8_kvcache=True, indices=idx.view(b, s_q, topk).to(DEV),
+        attn_sink=sink.to(DEV), topk_length=lens.to(DEV),
+    )  # fmt: skip
+    assert out.shape == (b, s_q, h, 512) and lse.shape == (b, h, s_q)
+    ref = sparse_mla_decode_reference(
+        q, cache, idx, sm_scale=SCALE, attn_sink=sink,
+        topk_length=lens.repeat_interleave(s_q), magnitude=True,
+    )  # fmt: skip
+    ours_lse = lse.transpose(1, 2).reshape(b * s_q, h).clone()
+    assert torch.all(torch.isposinf(ours_lse[3]))
+    ours_lse[3] = float("-inf")
+    assert attention_error(out.reshape(b * s_q, h, 512), ours_lse, *ref) is None
+    with pytest.raises(ValueError, match="is_fp8_kvcache"):
+        flashmla.flash_mla_with_kvcache(
+            q.view(b, s_q, h, 576).to(DEV), cache.to(DEV), None, None, 512, meta,
+            softmax_scale=SCALE, is_fp8_kvcache=False, indices=idx.view(b, s_q, topk).to(DEV),
+        )  # fmt: skip
