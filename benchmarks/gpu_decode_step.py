@@ -277,7 +277,7 @@ def _time_torch(ts, row: dict) -> float:
 def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> dict:
     from transformers import DynamicCache
 
-    from sparse_mla.demo_model import _config
+    from sparse_mla.demo import _config
     from sparse_mla.integrations import hf
 
     cfg = _config("tiny" if dry else "v32", layers)

@@ -1,63 +1,17 @@
-"""The demo's decode-step pipeline and the verify sweep's machinery: the pipeline passes on a
-small batch and reports a planted corruption; the sweep has the advertised size, and a planted
-kernel error fails its case with a label that reproduces it."""
+"""The verify sweep's machinery: the sweep has the advertised size, and a planted kernel error
+fails its case with a label that reproduces it."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 
 import pytest
 import torch
 
-from sparse_mla import demo, verify
+from sparse_mla import verify
 from sparse_mla._runtime import default_device
 
 DEV = default_device()
-# A small batch: 5 requests (n_b 1..4, one shorter than k) + 2 padding requests, contexts to 1K.
-TINY = dataclasses.replace(
-    demo.SIZES["small"], name="tiny", requests=5, min_context=100, max_context=1024, k=128
-)
-STAGES = (
-    "metadata: ragged -> flattened",
-    "metadata: DCP-local lengths, 2 ranks",
-    "cache fill: indexer K bf16",
-    "cache fill: indexer K fp8 132 B",
-    "cache fill: MLA latent fp8 656 B",
-    "step write: MLA latent fp8 (pad -1)",
-    "logits fp8, flattened",
-    "top-k k=128 (fp8 logits)",
-    "remap -> global slots",
-    "top-k + fused slot epilogue",
-    "DCP filter + compact, rank 0/2",
-    "DCP filter + compact, rank 1/2",
-    "DCP: union of ranks = selection",
-    "metadata: uniform n=2 -> native",
-    "top-k + fused slots, native rows",
-)
-
-
-# ---- demo ------------------------------------------------------------------------------------
-
-
-def test_decode_step_passes(seed: int, monkeypatch: pytest.MonkeyPatch, capsys):
-    """The pipeline, as ``sparse-mla demo`` runs it, on a small batch: every stage passes."""
-    stages = demo.decode_step(TINY, seed, log=lambda *_: None)
-    lines: list[str] = []
-    demo.print_stages(stages, log=lines.append)
-    assert stages and all(s.ok for s in stages), "\n".join(lines)
-    names = [s.name for s in stages]
-    for name in STAGES:
-        assert name in names, (name, names)
-    assert all(s.time == "-" or s.time.endswith(("interp", "us")) for s in stages)
-
-    # main() prints the same table and ends with the verdict line.
-    monkeypatch.setattr(demo, "decode_step", lambda size, seed, log=print: stages)
-    assert demo.main(["--skip-verify", "--seed", str(seed)]) == 0
-    out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1] == "demo: PASS"
-    assert "worked examples  PASS" in out and "decode step      PASS" in out
-    assert all(name in out for name in STAGES)
 
 
 def _corrupt(out: torch.Tensor) -> None:
@@ -68,40 +22,6 @@ def _corrupt(out: torch.Tensor) -> None:
         out.view(-1)[0] += 7
     else:  # a bf16 or byte cache: flip one bit
         out.view(torch.uint8).view(-1)[0] ^= 1
-
-
-def test_demo_main_reports_planted_error(monkeypatch: pytest.MonkeyPatch, capsys):
-    """A top-k kernel that gets one element wrong fails its stage, the demo and the exit code."""
-    monkeypatch.setitem(demo.SIZES, "small", TINY)
-    monkeypatch.setitem(demo.SIZES, "v32", TINY)
-    real = demo.select_topk
-
-    def bad_topk(*args, **kwargs):
-        res = real(*args, **kwargs)
-        _corrupt(res[0] if isinstance(res, tuple) else res)
-        return res
-
-    monkeypatch.setattr(demo, "select_topk", bad_topk)
-    assert demo.main(["--skip-verify", "--seed", "3"]) == 1
-    out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1] == "demo: FAIL"
-    failed = [line for line in out.splitlines() if " FAIL " in line]
-    assert any("top-k k=128 (fp8 logits)" in line for line in failed), out
-    assert any("top-k + fused slots, native rows" in line for line in failed), out
-    # The stages that do not involve top-k still pass.
-    assert any("logits fp8, flattened" in line and "PASS" in line for line in out.splitlines())
-
-
-def test_decode_step_crash_fails_its_stage(monkeypatch: pytest.MonkeyPatch):
-    def broken(*args, **kwargs):
-        raise RuntimeError("kernel exploded")
-
-    monkeypatch.setattr(demo, "index_logits", broken)
-    stages = demo.decode_step(TINY, 0, log=lambda *_: None)
-    assert all(s.ok for s in stages[:-1])
-    last = stages[-1]
-    assert last.name == "logits bf16, flattened" and not last.ok
-    assert "RuntimeError: kernel exploded" in last.verdict
 
 
 # ---- verify: the sweep ----------------------------------------------------------------------

@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from sparse_mla import demo_model  # noqa: E402
+from sparse_mla import demo  # noqa: E402
 
 
 def test_demo_generates_and_times_the_stages(capsys):
-    assert demo_model.main(["--prompt", "12", "--new", "4"]) == 0
+    assert demo.main(["--prompt", "12", "--new", "4"]) == 0
     text = capsys.readouterr().out
     assert "agreement: 4/4 tokens" in text
     for stage in ("metadata", "cache writes", "logits", "top-k", "attention", "total"):
