@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
-from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms
+from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
 from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
 from .config import MAX_HEADS, AttentionConfig, choose_attention_config, workspace_rows
@@ -248,6 +248,8 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, ROWS_MAJOR=cfg.rows_major, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,
+        # With splits the combine may start launching early (it waits for this kernel).
+        **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
     )  # fmt: skip
     if not split:
         return
@@ -260,4 +262,5 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         h_q, splits, head_blocks, dim_blocks, *out.stride(), *lse.stride(),
         BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
         HAS_SINK=attn_sink is not None, INTERPRET=INTERPRETER, num_warps=4,
+        **pdl_launch(q.device, 2 if cfg.pdl else 0),
     )  # fmt: skip

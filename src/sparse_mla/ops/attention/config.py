@@ -34,6 +34,10 @@ class AttentionConfig:
     combine_dims: output dims per combine program (power of two dividing 512).
     rows_major: the cache rows, not the heads, as the MMA's M dimension (for few heads; see
         ``ops/attention/decode.py``).
+    pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
+        the previous kernel's tail and waits for it before touching memory; with splits the
+        combine launches early and waits the same way. A kernel launched next *with* the PDL
+        attribute must wait before reading our outputs (the CUDA contract, README).
     """
 
     block_h: int = 16
@@ -43,6 +47,7 @@ class AttentionConfig:
     num_stages: int = 2
     combine_dims: int = 128
     rows_major: bool = False
+    pdl: bool = True
 
     def head_blocks(self, h_q: int) -> int:
         return cdiv(h_q, self.block_h)
