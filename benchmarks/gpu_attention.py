@@ -342,7 +342,7 @@ def _sweep_configs(h: int, t: int):
     for rows_major, bn, warps in shapes:
         for stages in (1, 2, 3):
             for sp in splits:
-                yield AttentionConfig(bh, bn, sp, warps, stages, 128, rows_major)
+                yield AttentionConfig(bh, bn, sp, warps, stages, 8, 128, rows_major)
 
 
 def sweep(caches, dev, results: list, t_start: float) -> None:

@@ -17,7 +17,6 @@ HEAD_DIM = NOPE + ROPE
 INT32_MAX = 2**31 - 1
 # "SMs" the launch-shape choice assumes under the interpreter: small calls still split.
 INTERPRETER_SMS = 4
-COMBINE_HEADS = 8
 
 
 @dataclass(frozen=True)
@@ -194,6 +193,8 @@ def _check_config(cfg: AttentionConfig) -> None:
     if cfg.block_n < 16 or cfg.block_n != next_pow2(cfg.block_n):
         raise ValueError(f"config.block_n must be a power of two >= 16, got {cfg.block_n}")
     check_int("config.num_splits", cfg.num_splits, lo=1)
+    if cfg.combine_heads not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config.combine_heads must be 1, 2, 4, 8 or 16, got {cfg.combine_heads}")
     if cfg.combine_dims not in (16, 32, 64, 128, 256, 512):
         raise ValueError(f"config.combine_dims must divide 512, got {cfg.combine_dims}")
 
@@ -253,7 +254,7 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
     )  # fmt: skip
     if not split:
         return
-    block_h = min(COMBINE_HEADS, next_pow2(h_q))
+    block_h = min(cfg.combine_heads, next_pow2(h_q))
     head_blocks = -(-h_q // block_h)
     dim_blocks = NOPE // cfg.combine_dims
     combine._combine_kernel[(num_tokens * head_blocks * dim_blocks,)](
