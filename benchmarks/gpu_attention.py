@@ -335,14 +335,14 @@ def _sweep_configs(h: int, t: int):
     warps x splits (the heuristic's neighbours)."""
     bh = min(64, max(16, 1 << (h - 1).bit_length()))
     splits = (1, 2) if t >= 128 else (16, 32)
-    if bh == 64:
-        shapes = [(False, bn, 8) for bn in (32, 64)] + [(True, 64, 8)]
+    if bh == 64:  # also 32-head blocks (rows-major, fewer spills, rows read 4 times at 128)
+        shapes = [(64, False, bn, 8) for bn in (32, 64)] + [(64, True, 64, 8), (32, True, 64, 8)]
     else:
-        shapes = [(True, 64, 4), (True, 64, 8), (False, 16, 4), (False, 32, 4)]
-    for rows_major, bn, warps in shapes:
-        for stages in (1, 2, 3):
+        shapes = [(bh, True, 64, 4), (bh, True, 64, 8), (bh, False, 16, 4), (bh, False, 32, 4)]
+    for block_h, rows_major, bn, warps in shapes:
+        for stages in (2, 1):
             for sp in splits:
-                yield AttentionConfig(bh, bn, sp, warps, stages, 8, 128, rows_major)
+                yield AttentionConfig(block_h, bn, sp, warps, stages, 8, 128, rows_major)
 
 
 def sweep(caches, dev, results: list, t_start: float) -> None:
