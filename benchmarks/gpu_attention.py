@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from sparse_mla import convert_req_index_to_global_index
+from sparse_mla.compat import flashmla as compat_flashmla
 from sparse_mla.ops.attention import (
     AttentionConfig,
     attention_workspace,
@@ -259,6 +260,15 @@ def time_shape(h, t, fmt, caches, dev, anchors, eager, results) -> bool:
                 )  # fmt: skip
 
             o, lf = anchor(idxs[0])
+            # Our FlashMLA-shaped entry, same call: same shapes and +inf convention.
+            cm, _ = compat_flashmla.get_mla_metadata()
+            co, cl = compat_flashmla.flash_mla_with_kvcache(
+                qpad, k4, None, None, 512, cm, softmax_scale=SCALE, is_fp8_kvcache=True,
+                indices=idxs[0].view(1, t, TOPK),
+            )  # fmt: skip
+            same_inf = torch.equal(torch.isposinf(cl), torch.isposinf(lf))
+            row["compat_shapes_ok"] = co.shape == o.shape and cl.shape == lf.shape and same_inf
+            row["compat_out_diff"] = (co.float() - o.float()).abs().max().item()
             lf = lf[0, :h].t()
             lf = torch.where(torch.isposinf(lf), float("-inf"), lf)
             row["flashmla_out_diff"] = (o[0, :, :h].float() - ref_out.float()).abs().max().item()
