@@ -7,8 +7,8 @@ Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
 
 1. Correctness (PASS/FAIL, max errors): every timed shape's first rows against the fp32
    reference (``sparse_mla_decode_reference``, tolerance of ``sparse_mla.testing``), plus
-   fused remap (bit-equal to remap-then-attend), ``topk_length``, sink and forced splits at
-   h_q 8/16/32/64/128 on both cache formats.
+   fused remap (bit-equal to remap-then-attend), ``topk_length`` and sink at h_q 8, 32 and 128
+   (one per head-block size) and forced splits of the heads-major variant at 16, both formats.
 2. Anchors fed the same inputs, skipped with a note when they do not import: FlashMLA
    (``$FLASHMLA_PATH`` or ``.anchors/flashmla``, ``shared/anchors/flashmla``: a folder holding
    ``flash_mla/``), fp8 only, h_q 64/128 natively and h_q 16 padded to 64 (q copied into a
@@ -174,12 +174,14 @@ def check_rows(q, cache, idx, out, lse, **kw) -> dict:
 
 
 def correctness(caches, dev, results: dict) -> bool:
-    """Fused remap, lengths, sink, forced splits at every head count and both formats."""
+    """Fused remap, lengths and sink at one head count per head-block size (8, 32, 128: each
+    compiles its own variants; every timed shape is checked besides), forced splits on the
+    heads-major variant at 16 heads, both formats."""
     ok_all = True
     g = torch.Generator(device=dev).manual_seed(1)
     for fmt in ("fp8", "bf16"):
         cache = caches[fmt]
-        for h in (8, 16, 32, 64, 128):
+        for h in (8, 16, 32, 128):
             t = 24
             try:
                 q = torch.randn(t, h, 576, device=dev, generator=g).bfloat16()
@@ -191,8 +193,9 @@ def correctness(caches, dev, results: dict) -> bool:
                 lens[0] = 0
                 sink = torch.randn(h, device=dev, generator=g)
                 slots = convert_req_index_to_global_index(req, bt, pos, block_size=PAGE)
-                cfgs = [("auto", None)]
-                if h == 16:  # forced splits once per format (each config compiles anew)
+                # 16 heads: only the heads-major variant with forced splits.
+                cfgs = [("auto", None)] if h != 16 else []
+                if h == 16:
                     cfgs.append(("splits=5", AttentionConfig(num_splits=5)))
                 for label, cfg in cfgs:
                     kw = dict(sm_scale=SCALE, topk_length=lens, attn_sink=sink, config=cfg)
