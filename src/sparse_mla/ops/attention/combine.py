@@ -61,6 +61,3 @@ def _combine_kernel(
     tl.store(o_ptr, to_bf16(acc, INTERPRET), mask=hmask[:, None])
     if db == 0:
         tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
-
-
-__all__ = ["_combine_kernel"]
