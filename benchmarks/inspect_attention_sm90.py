@@ -57,7 +57,7 @@ def main() -> int:
     consts = dict(
         PAGE=64, BLOCK_H=args.block_h, BLOCK_N=args.block_n, FP8=args.cache == "fp8",
         FUSED=args.fused, HAS_LEN=False, HAS_SINK=False, SPLIT=args.split,
-        ROWS_MAJOR=args.rows_major, NUM_STAGES=args.stages, INTERPRET=False,
+        ROWS_MAJOR=args.rows_major, NUM_STAGES=args.stages, INTERPRET=False, PDL=1,
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
     for i, p in enumerate(fn.params):

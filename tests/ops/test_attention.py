@@ -71,6 +71,8 @@ def test_config_choice():
         assert cfg.head_blocks(h) * cfg.block_h >= h
     small = choose_attention_config(1, 16, 2048, "fp8", 132)
     assert small.num_splits > 1 and small.effective_splits(2048) <= 2048 // small.block_n
+    assert small.combine_heads == 1  # one row: the combine spreads over heads
+    assert choose_attention_config(64, 16, 2048, "fp8", 132).combine_heads == 8
     assert choose_attention_config(1024, 16, 2048, "bf16", 132).num_splits == 1
     # Splits never overlap and cover the row.
     for topk in (64, 100, 2048, 4096):
@@ -110,11 +112,15 @@ def test_arbitrary_fp8_scales(seed):
     _check(q, cache, idx)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 8])
-def test_forced_splits(seed, splits):
+@pytest.mark.parametrize(
+    "splits,combine_heads,combine_dims", [(1, 8, 128), (2, 1, 64), (3, 16, 512), (8, 2, 128)]
+)
+def test_forced_splits(seed, splits, combine_heads, combine_dims):
     g = _gen(seed)
     q, cache, idx = _case(g, T=2, h=16, topk=128, fp8=splits % 2 == 0)
-    cfg = AttentionConfig(block_n=16, num_splits=splits)
+    cfg = AttentionConfig(
+        block_n=16, num_splits=splits, combine_heads=combine_heads, combine_dims=combine_dims
+    )
     _check(q, cache, idx, config=cfg)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
-from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms
+from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
 from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
 from .config import MAX_HEADS, AttentionConfig, choose_attention_config, workspace_rows
@@ -17,7 +17,6 @@ HEAD_DIM = NOPE + ROPE
 INT32_MAX = 2**31 - 1
 # "SMs" the launch-shape choice assumes under the interpreter: small calls still split.
 INTERPRETER_SMS = 4
-COMBINE_HEADS = 8
 
 
 @dataclass(frozen=True)
@@ -194,6 +193,8 @@ def _check_config(cfg: AttentionConfig) -> None:
     if cfg.block_n < 16 or cfg.block_n != next_pow2(cfg.block_n):
         raise ValueError(f"config.block_n must be a power of two >= 16, got {cfg.block_n}")
     check_int("config.num_splits", cfg.num_splits, lo=1)
+    if cfg.combine_heads not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config.combine_heads must be 1, 2, 4, 8 or 16, got {cfg.combine_heads}")
     if cfg.combine_dims not in (16, 32, 64, 128, 256, 512):
         raise ValueError(f"config.combine_dims must divide 512, got {cfg.combine_dims}")
 
@@ -248,10 +249,12 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, ROWS_MAJOR=cfg.rows_major, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,
+        # With splits the combine may start launching early (it waits for this kernel).
+        **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
     )  # fmt: skip
     if not split:
         return
-    block_h = min(COMBINE_HEADS, next_pow2(h_q))
+    block_h = min(cfg.combine_heads, next_pow2(h_q))
     head_blocks = -(-h_q // block_h)
     dim_blocks = NOPE // cfg.combine_dims
     combine._combine_kernel[(num_tokens * head_blocks * dim_blocks,)](
@@ -260,4 +263,5 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         h_q, splits, head_blocks, dim_blocks, *out.stride(), *lse.stride(),
         BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
         HAS_SINK=attn_sink is not None, INTERPRET=INTERPRETER, num_warps=4,
+        **pdl_launch(q.device, 2 if cfg.pdl else 0),
     )  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..._runtime import pdl_prologue
 from .decode import K_LN2, K_LOG2E, K_NOPE, to_bf16
 
 
@@ -21,8 +22,9 @@ def _combine_kernel(
     h_q, num_splits, head_blocks, dim_blocks,
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P: tl.constexpr,
-    HAS_SINK: tl.constexpr, INTERPRET: tl.constexpr,
+    HAS_SINK: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     db = pid % dim_blocks
     hb = (pid // dim_blocks) % head_blocks
@@ -59,6 +61,3 @@ def _combine_kernel(
     tl.store(o_ptr, to_bf16(acc, INTERPRET), mask=hmask[:, None])
     if db == 0:
         tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
-
-
-__all__ = ["_combine_kernel"]

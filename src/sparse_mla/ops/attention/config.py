@@ -31,9 +31,14 @@ class AttentionConfig:
         results to the workspace and runs the combine kernel.
     num_warps, num_stages: Triton launch options of the main kernel (``num_stages``
         pipelines the row gathers).
+    combine_heads: heads per combine program (power of two, 1..16).
     combine_dims: output dims per combine program (power of two dividing 512).
     rows_major: the cache rows, not the heads, as the MMA's M dimension (for few heads; see
         ``ops/attention/decode.py``).
+    pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
+        the previous kernel's tail and waits for it before touching memory; with splits the
+        combine launches early and waits the same way. A kernel launched next *with* the PDL
+        attribute must wait before reading our outputs (the CUDA contract, README).
     """
 
     block_h: int = 16
@@ -41,8 +46,10 @@ class AttentionConfig:
     num_splits: int = 1
     num_warps: int = 4
     num_stages: int = 2
+    combine_heads: int = 8
     combine_dims: int = 128
     rows_major: bool = False
+    pdl: bool = True
 
     def head_blocks(self, h_q: int) -> int:
         return cdiv(h_q, self.block_h)
@@ -88,7 +95,11 @@ def choose_attention_config(
     splits = 1
     if programs < num_sms:
         splits = max(1, min(blocks, cdiv(TARGET_PROGRAMS_PER_SM * num_sms, programs)))
-    return AttentionConfig(block_h, block_n, splits, num_warps, 2, 128, rows_major)
+    # Combine: 8 heads x 128 dims a program, fewer heads while that leaves SMs idle (T = 1).
+    combine_heads = min(8, next_pow2(h_q))
+    while combine_heads > 1 and num_tokens * cdiv(h_q, combine_heads) * 4 < num_sms:
+        combine_heads //= 2
+    return AttentionConfig(block_h, block_n, splits, num_warps, 2, combine_heads, 128, rows_major)
 
 
 def workspace_rows(num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int) -> int:

@@ -33,13 +33,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..._runtime import pdl_prologue
 from .._common.paging import page_slot
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NOPE = 512
 ROPE = 64
-GROUP = 128  # nope values per fp8 scale; also the width of each nope dot
 # The same as kernel constants.
 K_LOG2E = tl.constexpr(LOG2E)
 K_LN2 = tl.constexpr(LN2)
@@ -234,6 +234,68 @@ def _step_rows_major(
 
 
 @triton.jit
+def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """The program's queries, loaded once: four 128-wide nope groups (fp8 cache: in fp16,
+    scaled per head by a power of two into fp16's top binade) and the bf16 rope part, with
+    ``q_inv`` [H], the factor that undoes the scaling (1 for the bf16 cache)."""
+    d = tl.arange(0, 128)
+    q0 = tl.load(q_row + d[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q1 = tl.load(q_row + (128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q2 = tl.load(q_row + (256 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q3 = tl.load(q_row + (384 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    r = tl.arange(0, 64)
+    qr = tl.load(q_row + (512 + r)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q_inv = tl.full([BLOCK_H], 1.0, tl.float32)
+    if FP8:
+        amax = tl.maximum(
+            tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), 1), tl.max(tl.abs(q1.to(tl.float32)), 1)),
+            tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), 1), tl.max(tl.abs(q3.to(tl.float32)), 1)),
+        )
+        q_f, q_inv = _pow2_normaliser(amax)
+        q0 = (q0.to(tl.float32) * q_f[:, None]).to(tl.float16)
+        q1 = (q1.to(tl.float32) * q_f[:, None]).to(tl.float16)
+        q2 = (q2.to(tl.float32) * q_f[:, None]).to(tl.float16)
+        q3 = (q3.to(tl.float32) * q_f[:, None]).to(tl.float16)
+    return q0, q1, q2, q3, qr, q_inv
+
+
+@triton.jit
+def _store_result(
+    acc0, acc1, acc2, acc3, c0, c1, c2, c3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q,
+    sink_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0,
+    lse_s1, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """Normalise (``O_g = acc_g * c_g / l``) and store: the final bf16 out and natural-log
+    lse (sink applied), or with splits the fp32 partial and base-2 lse for the combine. A
+    head with no valid entry gives out 0 and lse -inf."""
+    has = l_i > 0
+    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    w = inv_l
+    if HAS_SINK and not SPLIT:
+        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
+        # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + 2^(sink2 - lse2)); 0 for empty heads.
+        w = tl.where(has, inv_l / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
+    d = tl.arange(0, 128)
+    m = hmask[:, None]
+    if SPLIT:
+        prow = (t64 * num_splits + split) * h_q + heads.to(tl.int64)
+        po = part_out_ptr + prow[:, None] * K_NOPE + d[None, :]
+        tl.store(po, acc0 * (w * c0)[:, None], mask=m)
+        tl.store(po + 128, acc1 * (w * c1)[:, None], mask=m)
+        tl.store(po + 256, acc2 * (w * c2)[:, None], mask=m)
+        tl.store(po + 384, acc3 * (w * c3)[:, None], mask=m)
+        tl.store(part_lse_ptr + prow, lse2, mask=hmask)
+    else:
+        o = out_ptr + t64 * out_s0 + heads[:, None].to(tl.int64) * out_s1 + d[None, :] * out_s2
+        tl.store(o, to_bf16(acc0 * (w * c0)[:, None], INTERPRET), mask=m)
+        tl.store(o + 128 * out_s2, to_bf16(acc1 * (w * c1)[:, None], INTERPRET), mask=m)
+        tl.store(o + 256 * out_s2, to_bf16(acc2 * (w * c2)[:, None], INTERPRET), mask=m)
+        tl.store(o + 384 * out_s2, to_bf16(acc3 * (w * c3)[:, None], INTERPRET), mask=m)
+        tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
+
+
+@triton.jit
 def _sparse_mla_decode_kernel(
     q_ptr, kv_u8, kv_f32, kv_bf16, idx_ptr, len_ptr, bt_ptr, req_ptr, sink_ptr,
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
@@ -245,8 +307,9 @@ def _sparse_mla_decode_kernel(
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr, ROWS_MAJOR: tl.constexpr, NUM_STAGES: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     hb = pid % head_blocks
     split = (pid // head_blocks) % num_splits
@@ -268,27 +331,10 @@ def _sparse_mla_decode_kernel(
         bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * bt_s0
     idx_row = idx_ptr + t64 * idx_s0
 
-    # Queries: four 128-wide nope groups and the rope part, loaded once.
-    q_row = q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1
-    d = tl.arange(0, 128)
-    q0 = tl.load(q_row + d[None, :] * q_s2, mask=hmask[:, None], other=0.0)
-    q1 = tl.load(q_row + (128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
-    q2 = tl.load(q_row + (256 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
-    q3 = tl.load(q_row + (384 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q0, q1, q2, q3, qr, q_inv = _load_queries(
+        q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1, hmask, q_s2, BLOCK_H, FP8
+    )
     r = tl.arange(0, 64)
-    qr = tl.load(q_row + (512 + r)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
-    q_inv = tl.full([BLOCK_H], 1.0, tl.float32)
-    if FP8:
-        amax = tl.maximum(
-            tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), 1), tl.max(tl.abs(q1.to(tl.float32)), 1)),
-            tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), 1), tl.max(tl.abs(q3.to(tl.float32)), 1)),
-        )
-        q_f, q_inv = _pow2_normaliser(amax)
-        q0 = (q0.to(tl.float32) * q_f[:, None]).to(tl.float16)
-        q1 = (q1.to(tl.float32) * q_f[:, None]).to(tl.float16)
-        q2 = (q2.to(tl.float32) * q_f[:, None]).to(tl.float16)
-        q3 = (q3.to(tl.float32) * q_f[:, None]).to(tl.float16)
-
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     if ROWS_MAJOR:  # rows x heads: the queries are the B operand, the accumulators [128, H]
@@ -357,31 +403,8 @@ def _sparse_mla_decode_kernel(
         acc2 = tl.trans(acc2)
         acc3 = tl.trans(acc3)
 
-    # Normalise; a head with no valid entry gives out 0 and lse -inf (base 2 here).
-    has = l_i > 0
-    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    w = inv_l
-    if HAS_SINK and not SPLIT:
-        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
-        # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + 2^(sink2 - lse2)); 0 for empty heads.
-        w = tl.where(has, inv_l / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
-    w0 = w * c0
-    w1 = w * c1
-    w2 = w * c2
-    w3 = w * c3
-    if SPLIT:
-        prow = (t64 * num_splits + split) * h_q + heads.to(tl.int64)
-        po = part_out_ptr + prow[:, None] * K_NOPE + d[None, :]
-        tl.store(po, acc0 * w0[:, None], mask=hmask[:, None])
-        tl.store(po + 128, acc1 * w1[:, None], mask=hmask[:, None])
-        tl.store(po + 256, acc2 * w2[:, None], mask=hmask[:, None])
-        tl.store(po + 384, acc3 * w3[:, None], mask=hmask[:, None])
-        tl.store(part_lse_ptr + prow, lse2, mask=hmask)
-    else:
-        o = out_ptr + t64 * out_s0 + heads[:, None].to(tl.int64) * out_s1 + d[None, :] * out_s2
-        tl.store(o, to_bf16(acc0 * w0[:, None], INTERPRET), mask=hmask[:, None])
-        tl.store(o + 128 * out_s2, to_bf16(acc1 * w1[:, None], INTERPRET), mask=hmask[:, None])
-        tl.store(o + 256 * out_s2, to_bf16(acc2 * w2[:, None], INTERPRET), mask=hmask[:, None])
-        tl.store(o + 384 * out_s2, to_bf16(acc3 * w3[:, None], INTERPRET), mask=hmask[:, None])
-        tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
+    _store_result(
+        acc0, acc1, acc2, acc3, c0, c1, c2, c3, m_i, l_i, heads, hmask, t64, split, num_splits,
+        h_q, sink_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2,
+        lse_s0, lse_s1, HAS_SINK, SPLIT, INTERPRET,
+    )  # fmt: skip
