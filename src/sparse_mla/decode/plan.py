@@ -21,8 +21,7 @@ from ..ops.decode_metadata import DecodeMetadata, DecodeMetadataBuilder
 from ..ops.indexer import index_logits
 from ..ops.kv_cache import write_indexer_k, write_mla_latent
 from ..ops.remap import convert_req_index_to_global_index
-from ..ops.topk import select_topk, topk_workspace
-from ..ops.topk.topk import supported_k
+from ..ops.topk import select_topk, supported_k, topk_workspace
 from .naive import NOPE_DIM, sparse_attention_torch
 
 MAX_NATIVE_N = 8  # query tokens per request the indexer kernel takes natively

@@ -32,7 +32,7 @@ import torch
 from ..decode.cases import quantize_index_q
 from ..decode.plan import DecodeInputs, DecodePlan, DecodePlanConfig
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache
-from ..ops.topk.topk import supported_k
+from ..ops.topk import supported_k
 
 _PAGE_GROUP = 8  # pages are handed out in groups, in reverse order within one (real paging)
 

@@ -84,13 +84,14 @@ def _block_slots(
         # (tl.where: the interpreter turns "vector & scalar bool" into an invalid mask)
         ok = tl.where(req_ok, in_row & (i >= 0) & (col < bt_width), False)
         page_id = tl.load(bt_row + col.to(tl.int64) * bt_s1, mask=ok, other=-1)
-        slot, has_page = page_slot(page_id, i % block_size, block_size)
-        ok = ok & has_page
+        slot, _ = page_slot(page_id, i % block_size, block_size)  # -1 where not valid
+        slot = slot.to(tl.int64)
     else:
-        slot = i
-        ok = in_row & (i >= 0)
-    ok = ok & (slot < num_rows)
-    return tl.where(ok, slot, 0).to(tl.int64), ok
+        slot = tl.where(in_row, i, -1).to(tl.int64)
+    ok = (slot >= 0) & (slot < num_rows)
+    # Clamped, not tl.where(ok, slot, 0): Triton 3.6 breaks that select's layouts on sm_90
+    # when the slots come through the block table (tests/sm90_compile.py, realistic mode).
+    return tl.minimum(tl.maximum(slot, 0), num_rows - 1), ok
 
 
 @triton.jit
