@@ -85,7 +85,7 @@ def test_step_error_catches_a_wrong_selection(rng):
 def test_plan_rejects_bad_arguments(rng):
     case = random_step(rng, seq_lens=[10], decode_lens=[1], num_heads=4)
     with pytest.raises(ValueError, match="topk"):
-        DecodePlan(DecodePlanConfig(4, 1, 1, num_heads=4, topk=100), sm_scale=1.0)
+        DecodePlan(DecodePlanConfig(4, 1, 1, num_heads=4, topk=0), sm_scale=1.0)
     plan = _plan(case, heads=8)
     with pytest.raises(ValueError, match="q must be"):
         plan.run(case.inputs, case.decode_lens)

@@ -169,7 +169,7 @@ def test_enable_rejects_sizes_the_kernels_do_not_take():
     for bad, match in [
         ({"kv_lora_rank": 256}, "kv_lora_rank"),
         ({"qk_rope_head_dim": 32}, "qk_rope_head_dim"),
-        ({"index_topk": 100}, "index_topk"),
+        ({"index_topk": 20000}, "index_topk"),
     ]:
         model = hf.random_model(hf.tiny_config(num_hidden_layers=1, **bad))
         with pytest.raises(ValueError, match=match):

@@ -21,7 +21,7 @@ from ..ops.decode_metadata import DecodeMetadata, DecodeMetadataBuilder
 from ..ops.indexer import index_logits
 from ..ops.kv_cache import write_indexer_k, write_mla_latent
 from ..ops.remap import convert_req_index_to_global_index
-from ..ops.topk import select_topk, supported_k, topk_workspace
+from ..ops.topk import MAX_K, select_topk, supported_k, topk_workspace
 from .naive import NOPE_DIM, sparse_attention_torch
 
 MAX_NATIVE_N = 8  # query tokens per request the indexer kernel takes natively
@@ -36,7 +36,7 @@ class DecodePlanConfig:
     max_num_tokens: query rows per step, CUDA-graph padding included.
     max_num_requests: requests per step; max_blocks_per_req: block-table columns.
     max_decode_len: largest ``n_b`` (1 + draft tokens; a prefill chunk's length).
-    num_heads: ``h_q`` of the absorbed MLA query. topk: the indexer's k (multiple of 128).
+    num_heads: ``h_q`` of the absorbed MLA query. topk: the indexer's k (1 to ``MAX_K``).
     page_size: tokens per page of both caches. index_heads, index_dim: indexer q shape.
     mla_fp8: the MLA latent cache is FlashMLA's fp8 format (else bf16); sizes the attention
     workspace and is checked against the cache each run.
@@ -139,7 +139,7 @@ class DecodePlan:
             check_int(name, getattr(c, name), lo=1)
         check_int("max_decode_len", c.max_decode_len, lo=1)
         if not supported_k(c.topk):
-            raise ValueError(f"topk must be a positive multiple of 128 (<= 4096), got {c.topk}")
+            raise ValueError(f"topk must be an int in [1, {MAX_K}], got {c.topk!r}")
         if c.attention not in ("auto", "torch"):
             raise ValueError(f"attention must be 'auto' or 'torch', got {c.attention!r}")
         if c.remap not in ("topk", "attention", "separate"):

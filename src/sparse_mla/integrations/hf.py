@@ -32,7 +32,7 @@ import torch
 from ..decode.cases import quantize_index_q
 from ..decode.plan import DecodeInputs, DecodePlan, DecodePlanConfig
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache
-from ..ops.topk import supported_k
+from ..ops.topk import MAX_K, supported_k
 
 _PAGE_GROUP = 8  # pages are handed out in groups, in reverse order within one (real paging)
 
@@ -146,8 +146,8 @@ def check_config(config) -> None:
             )
     if not supported_k(config.index_topk):
         raise ValueError(
-            f"sparse-mla needs config.index_topk to be a positive multiple of 128 (<= 4096), "
-            f"got {config.index_topk}"
+            f"sparse-mla needs config.index_topk to be an int in [1, {MAX_K}], "
+            f"got {config.index_topk!r}"
         )
     if config.q_lora_rank is None:
         raise ValueError("sparse-mla needs config.q_lora_rank (the indexer reads q_lora)")
