@@ -56,9 +56,11 @@ def check_kernel_device(device: torch.device, name: str = "device") -> None:
 def canonical_device(device: torch.device | str | None) -> torch.device:
     """``device`` with its index filled in (``cuda`` -> ``cuda:0``), so it compares equal to
     a tensor's ``.device``; None means :func:`default_device`. Raises ``ValueError`` for a
-    device kernels cannot run on."""
+    device with no memory to use (meta, ...): buffers may live on the CPU (references use
+    them there), but kernel calls still check their tensors with :func:`check_kernel_device`."""
     d = default_device() if device is None else torch.device(device)
-    check_kernel_device(d)
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"device is on {d}, but buffers live on the GPU or the CPU")
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d
