@@ -315,14 +315,16 @@ def filled_indexer_cache(
     dim: int,
     *,
     fp8: bool,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     chunk: int = 1 << 20,
 ) -> torch.Tensor:
     """An indexer K cache of ``pages`` pages of standard-normal bf16 keys, written through
     ``write_indexer_k`` (so the fp8 format holds real scales) ``chunk`` tokens at a time to
     bound the temporaries."""
     from . import new_indexer_k_cache, write_indexer_k
+    from ._runtime import canonical_device
 
+    device = canonical_device(device)
     cache = new_indexer_k_cache(pages, page, dim, fp8=fp8, device=device)
     total = pages * page
     for s0 in range(0, total, chunk):

@@ -199,8 +199,9 @@ def test_fused_remap_equals_remap_then_attend(seed, fp8):
     req = torch.tensor([0, 1, 2, 5, -1], dtype=torch.int32)  # the last two outside the table
     pos = torch.randint(-1, width * bs + 20, (5, 64), generator=g, dtype=torch.int32)
     pos[0, :5] = -7
+    bt, req, pos = bt.to(DEV), req.to(DEV), pos.to(DEV)
     slots = convert_req_index_to_global_index(req, bt, pos, block_size=bs)
-    lens = torch.tensor([64, 30, 64, 64, 3], dtype=torch.int32)
+    lens = torch.tensor([64, 30, 64, 64, 3], dtype=torch.int32, device=DEV)
     for cfg in (None, AttentionConfig(block_n=16, num_splits=3)):
         two_step = _check(q, cache, slots, topk_length=lens, config=cfg)
         fused = _check(
@@ -244,11 +245,15 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="go together"):
         sparse_mla_decode(q, cache, idx, block_table=idx, **call)
     with pytest.raises(ValueError, match="out must have shape"):
-        sparse_mla_decode(q, cache, idx, out=torch.empty(2, 16, 576, dtype=torch.bfloat16), **call)
+        sparse_mla_decode(
+            q, cache, idx, out=torch.empty(2, 16, 576, dtype=torch.bfloat16, device=DEV), **call
+        )
     with pytest.raises(ValueError, match="attn_sink must have shape"):
-        sparse_mla_decode(q, cache, idx, attn_sink=torch.zeros(8), **call)
+        sparse_mla_decode(q, cache, idx, attn_sink=torch.zeros(8, device=DEV), **call)
     with pytest.raises(ValueError, match="topk_length must have shape"):
-        sparse_mla_decode(q, cache, idx, topk_length=torch.zeros(3, dtype=torch.int32), **call)
+        sparse_mla_decode(
+            q, cache, idx, topk_length=torch.zeros(3, dtype=torch.int32, device=DEV), **call
+        )
     cfg = AttentionConfig(num_splits=2)
     small = attention_workspace(1, 16, 128, config=cfg, device=DEV)
     with pytest.raises(ValueError, match="workspace holds 2 partial rows"):

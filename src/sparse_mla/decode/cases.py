@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._runtime import canonical_device
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache, write_indexer_k, write_mla_latent
 from ..ops.kv_cache.naive import quantize_pow2_e4m3
 from .plan import LATENT_DIM, DecodeInputs
@@ -49,7 +50,7 @@ def random_step(
     max_blocks: int | None = None,
     spare_pages: int = 3,
     num_pages: int | None = None,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
 ) -> StepCase:
     """A step over requests of total lengths ``seq_lens`` with ``decode_lens`` new tokens each.
 
@@ -59,7 +60,7 @@ def random_step(
     The page pool has ``spare_pages`` pages more than needed, or ``num_pages`` in all (to
     match another case's cache shapes).
     """
-    dev = torch.device(device)
+    dev = canonical_device(device)
     b = len(seq_lens)
     pages_per_req = [-(-max(n, 1) // page_size) for n in seq_lens]
     width = max_blocks if max_blocks is not None else max(pages_per_req, default=1)
@@ -181,7 +182,7 @@ def step_error(result, ref, case: StepCase, *, page_size: int = 64) -> tuple[str
 
 
 def check_random_step(
-    seed: int, device: torch.device | str = "cpu", *, topk: int = 128
+    seed: int, device: torch.device | str | None = None, *, topk: int = 128
 ) -> str | None:
     """One randomized plan-vs-reference comparison (for ``sparse-mla verify``): 1-3 requests
     of 0-400 tokens (some padding requests), uniform or ragged ``n`` in 1-3, padding rows,
