@@ -260,6 +260,12 @@ def test_bad_arguments():
         sparse_mla_decode(q, cache, idx, config=cfg, workspace=small, **call)
     with pytest.raises(ValueError, match="block_h"):
         sparse_mla_decode(q, cache, idx, config=AttentionConfig(block_h=8), **call)
+    bf16_cache = _case(g, T=2, h=16, fp8=False)[1].to(DEV)
+    with pytest.raises(ValueError, match="num_stages=1 on a bf16 cache"):
+        cfg = AttentionConfig(rows_major=True, num_stages=1)
+        sparse_mla_decode(q, bf16_cache, idx, config=cfg, **call)
+    with pytest.raises(ValueError, match="num_warps must be 4 or 8"):
+        sparse_mla_decode(q, cache, idx, config=AttentionConfig(num_warps=2), **call)
 
 
 # ---- FlashMLA-shaped entry ---------------------------------------------------------------------

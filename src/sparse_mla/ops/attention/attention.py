@@ -169,7 +169,7 @@ def sparse_mla_decode(
     check_output("lse", lse, (num_tokens, h_q))
     fmt = "fp8" if lay.fp8 else "bf16"
     cfg = config or choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
-    _check_config(cfg)
+    _check_config(cfg, fmt)
     if num_tokens == 0:
         return out, lse
 
@@ -185,9 +185,19 @@ def sparse_mla_decode(
     return out, lse
 
 
-def _check_config(cfg: AttentionConfig) -> None:
+def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
     if not isinstance(cfg, AttentionConfig):
         raise TypeError(f"config must be an AttentionConfig, got {type(cfg).__name__}")
+    check_int("config.num_stages", cfg.num_stages, lo=1)
+    if cfg.num_warps not in (4, 8):
+        raise ValueError(f"config.num_warps must be 4 or 8, got {cfg.num_warps}")
+    if cfg.rows_major and cfg.num_stages == 1 and cache_format == "bf16":
+        # Measured on the H200 (Triton 3.6): wrong outputs at 4 warps, illegal memory
+        # accesses at 8; docs/PERF.md, attention launch-shape sweep.
+        raise ValueError(
+            "config: rows_major with num_stages=1 on a bf16 cache miscompiles on sm_90 "
+            "(Triton 3.6); use num_stages >= 2"
+        )
     if cfg.block_h not in (16, 32, 64):
         raise ValueError(f"config.block_h must be 16, 32 or 64, got {cfg.block_h}")
     if cfg.block_n < 16 or cfg.block_n != next_pow2(cfg.block_n):
