@@ -173,6 +173,10 @@ def write_page(runs: Sequence[Run], out_dir: Path, *, plots: bool = True) -> Pat
         results = [r for run in runs for r in run.results if r.plot in PAGE_PLOTS]
         for p in write_plots(results, perf, dpi=72):
             links[p.stem] = f"perf/{p.name}"
+    text = render_perf_page(runs, links)
+    scripts = perf / "scripts.md"  # ops timed by their own GPU scripts, not yet by the bench
+    if scripts.exists():
+        text += "\n" + scripts.read_text()
     page = out_dir / "PERF.md"
-    page.write_text(render_perf_page(runs, links))
+    page.write_text(text)
     return page
