@@ -12,5 +12,6 @@ def test_combine_matches_the_fp64_merge(scenario_result) -> None:
 @pytest.mark.parametrize("interleave", [1, 64])
 def test_dcp_attention_equals_single_process_attention(scenario_result, interleave: int) -> None:
     # global_topk -> filter_and_convert_dcp_index (page 64) -> attention over the rank's shard
-    # (plain torch reference) -> combine, against attention over the full cache.
+    # (plain torch reference, then the library kernel) -> combine, against attention over the
+    # full cache.
     scenario_result(f"attention_i{interleave}")

@@ -16,7 +16,13 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from sparse_mla import dcp, filter_and_convert_dcp_index, select_topk
+from sparse_mla import (
+    dcp,
+    filter_and_convert_dcp_index,
+    new_mla_cache,
+    select_topk,
+    sparse_mla_decode,
+)
 from sparse_mla.dcp import _dist
 from sparse_mla.dcp.naive import (
     attention_rows_reference,
@@ -30,6 +36,7 @@ from sparse_mla.testing import POISON, dcp_scores, dcp_shard_scores
 
 K = 128
 PAGE = 64
+LATENT = 576  # the attention kernel's row: 512 nope + 64 rope
 _TOPK_ROWS = 10
 
 
@@ -237,6 +244,36 @@ def attention(group, rank: int, world: int, seed: int, interleave: int) -> str |
         _check_equal("global top-k", topk, want_topk),
         _check_close("attention out", got_out, want_out, atol=1e-5, rtol=1e-5),
         _check_close("attention lse", got_lse, want_lse, atol=1e-5, rtol=1e-6),
+    ]
+
+    if world != 2:  # the kernel runs in the interpreter: once, on 2 ranks, is enough on CPUs
+        return _joined(errs)
+    # The same step through the library's attention kernel: 576-dim latent rows in a bf16
+    # cache, the compacted local rows read up to their valid counts.
+    kv = torch.randn(len(req_lens), n, LATENT, generator=gen).bfloat16()
+    q = torch.randn(rows, heads, LATENT, generator=gen).bfloat16()
+    cache = new_mla_cache(len(req_lens) * pages, PAGE, fp8=False)
+    flat_cache = cache.view(-1, LATENT)
+    for r in range(len(req_lens)):
+        local = torch.arange(mine.numel())
+        slots = block_table[r, local // PAGE].long() * PAGE + local % PAGE
+        flat_cache[slots] = kv[r, mine]
+    local_slots, counts = filter_and_convert_dcp_index(
+        req_id, block_table, topk, block_size=PAGE, return_valid_counts=True, **kw
+    )
+    scale = LATENT**-0.5
+    part_out, part_lse = sparse_mla_decode(
+        q, cache, local_slots, sm_scale=scale, topk_length=counts
+    )
+    summed = torch.empty(rows, heads, 512, dtype=torch.float32)
+    got_out, got_lse = dcp.combine(part_out, part_lse, group=group, out_buffer=summed)
+    want_out, want_lse = attention_rows_reference(
+        q.float(), kv.view(-1, LATENT).float(), flat, sm_scale=scale, v_dim=512
+    )
+    # Each rank's out is bf16 (2^-9 relative) and its softmax weights feed a bf16 dot.
+    errs += [
+        _check_close("kernel attention out", got_out, want_out, atol=2e-2, rtol=2e-2),
+        _check_close("kernel attention lse", got_lse, want_lse, atol=1e-4, rtol=1e-5),
     ]
     return _joined(errs)
 
