@@ -267,6 +267,12 @@ def _to(dev, *ts):
     return [t.to(dev) if isinstance(t, torch.Tensor) else t for t in ts]
 
 
+def _tiled_atomic_layout(k: int) -> RemapLayout:
+    """Upstream's tiling (``benchmarks/baselines``; K a multiple of 128): 128-wide column
+    tiles of 4 warps that count and compact through atomics."""
+    return RemapLayout(1, 128, 1, k // 128, True, False, 4)
+
+
 def _flat_layout(k: int) -> RemapLayout:
     """Four rows a program as one flat run in 512-wide steps: the layout ``auto`` picks for
     large calls of odd widths, here at every size and width (it takes no compaction)."""
@@ -280,7 +286,7 @@ def _run_remap(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     )
     kwargs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     req_id, bt, idx = _to(dev, req_id, bt, idx)
-    for layout in ("auto", "tiled_atomic", _flat_layout(idx.shape[1])):
+    for layout in ("auto", _tiled_atomic_layout(idx.shape[1]), _flat_layout(idx.shape[1])):
         out = torch.full_like(idx, POISON)
         got, counts = convert_req_index_to_global_index(
             req_id, bt, idx, return_valid_counts=True, out=out, layout=layout, **kwargs
@@ -301,7 +307,8 @@ def _run_dcp(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
         req_id, bt, idx, compact=p["compact"], return_valid_counts=True, **dcp, **kwargs
     )
     req_id, bt, idx = _to(dev, req_id, bt, idx)
-    layouts = ["auto", "tiled_atomic"] + ([] if p["compact"] else [_flat_layout(idx.shape[1])])
+    layouts = ["auto", _tiled_atomic_layout(idx.shape[1])]
+    layouts += [] if p["compact"] else [_flat_layout(idx.shape[1])]
     for layout in layouts:
         out = torch.full_like(idx, POISON)
         got, counts = filter_and_convert_dcp_index(
@@ -316,7 +323,7 @@ def _run_dcp(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
             **kwargs,
         )
         got = got.cpu()
-        if layout == "tiled_atomic" and p["compact"]:
+        if layout != "auto" and layout.atomic and p["compact"]:
             # Atomic compaction fills the prefix in arbitrary order: compare as sets.
             got, want = got.sort(dim=1).values, ref.sort(dim=1).values
         else:
