@@ -17,6 +17,7 @@ from sparse_mla.ops.remap.naive import (
     convert_req_index_to_global_index_reference as remap_reference,
 )
 from sparse_mla.ops.topk.naive import select_topk_reference
+from sparse_mla.testing import POISON, poison
 
 DEV = sparse_mla._runtime.default_device()
 
@@ -140,12 +141,12 @@ def test_top_k_per_row_decode(k):
     n = k + 300
     seq_lens = i32([k + 300, 17, k + 1])
     logits = torch.randn(batch * next_n, n, generator=g).to(DEV)
-    out = torch.full((batch * next_n, k), -7777, dtype=torch.int32, device=DEV)
+    out = torch.full((batch * next_n, k), POISON, dtype=torch.int32, device=DEV)
     compat.top_k_per_row_decode(logits, next_n, seq_lens, out, batch * next_n, n, 1, k)
     lens = (seq_lens.cpu()[:, None] - next_n + 1 + torch.arange(next_n)).flatten().int()
     assert torch.equal(out.cpu(), _topk_reference(logits, lens, k))
     # The per-token [B, next_n] lengths give the same rows.
-    out2 = torch.full_like(out, -7777)
+    out2 = torch.full_like(out, POISON)
     compat.top_k_per_row_decode(logits, next_n, lens.view(batch, next_n).to(DEV), out2,
                                 batch * next_n, n, 1)  # fmt: skip
     assert torch.equal(out2, out)
@@ -169,7 +170,7 @@ def test_top_k_per_row_prefill_offsets_from_row_starts():
     logits = torch.randn(4, n, generator=g).to(DEV)
     starts = i32([0, 10, 650, 300])
     ends = i32([600, 700, 700, 250])  # the last one is empty
-    out = torch.full((4, k), -7777, dtype=torch.int32, device=DEV)
+    out = torch.full((4, k), POISON, dtype=torch.int32, device=DEV)
     compat.top_k_per_row_prefill(logits, starts, ends, out, 4, n, 1, k)
     for r in range(4):
         s, e = int(starts[r]), int(ends[r])
@@ -177,9 +178,9 @@ def test_top_k_per_row_prefill_offsets_from_row_starts():
         want = _topk_reference(window, torch.tensor([max(e - s, 0)], dtype=torch.int32), k)
         assert torch.equal(out[r].cpu(), want[0]), r
     # Fewer rows than the tensors hold: the rest stays untouched.
-    out.fill_(-7777)
+    poison(out)
     compat.top_k_per_row_prefill(logits, starts, ends, out, 2, n, 1, k)
-    assert (out[2:] == -7777).all() and (out[:2] != -7777).all()
+    assert (out[2:] == POISON).all() and (out[:2] != POISON).all()
 
 
 def test_prepare_decode_tensors_paths():

@@ -26,9 +26,9 @@ from sparse_mla.ops.decode_metadata.naive import (
     expand_decode_tokens_torch_ops,
     native_decode_seq_lens_reference,
 )
+from sparse_mla.testing import POISON
 
 DEV = default_device()
-POISON = -7777
 
 
 def i32(values, *shape: int) -> torch.Tensor:

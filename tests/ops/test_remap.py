@@ -13,9 +13,9 @@ from sparse_mla.ops.remap import remap as remap_mod
 from sparse_mla.ops.remap.naive import (
     convert_req_index_to_global_index_reference as reference,
 )
+from sparse_mla.testing import POISON
 
 DEV = sparse_mla._runtime.default_device()
-POISON = -7777
 
 
 def tiled_atomic(k: int, count: bool = True) -> RemapLayout:

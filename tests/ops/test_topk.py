@@ -30,9 +30,9 @@ from sparse_mla.ops.topk import (
 from sparse_mla.ops.topk import api as topk_api
 from sparse_mla.ops.topk import workspace as wsl
 from sparse_mla.ops.topk.config import prefilter_marks, prefilter_tile
+from sparse_mla.testing import POISON
 
 DEV = sparse_mla._runtime.default_device()
-POISON = -7777
 PATHS = (
     "row_registers",
     "row_registers_8bit",
