@@ -22,7 +22,7 @@ PyTorch reference. Kinds:
 
 The full sweep (2352 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 72 logits)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
-contexts up to 16K); ``--quick`` (513) runs a subset at interpreter sizes (k 128/256, rows up to
+contexts up to 16K); ``--quick`` (453) runs a subset at interpreter sizes (k 128/256, rows up to
 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
 A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
 it (with ``--quick`` when it came from the quick sweep).
@@ -216,8 +216,8 @@ def build_cases(quick: bool, base_seed: int = 0) -> list[Case]:
     ):
         cases.append(Case("expand", 0, dict(n=n, ragged=ragged, padded=padded, dcp=dcp)))
     # The quick subset: DCP layouts outnumber plain remaps 5:1 in the grid, so plain remaps
-    # and the cheap expansion cases are kept more densely.
-    stride = {"remap": 3, "dcp": 9, "expand": 2}
+    # are kept more densely; one of the four repetitions of each expansion case.
+    stride = {"remap": 3, "dcp": 9, "expand": 4}
     keep = [i % stride[c.kind] == 0 for i, c in enumerate(cases)]
     cases = [Case(c.kind, c.seed, dict(c.params, max_tokens=max_tokens)) for c in cases]
     for c, q in _new_kind_cases(QUICK_SIZES if quick else FULL_SIZES):

@@ -232,7 +232,7 @@ def test_layout_auto_only_by_name():
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("k", [128, 384, 2048])
 def test_random_remap_all_layouts(seed, k):
-    tokens = [1, 3, 17, 40, 7, 64][seed]
+    tokens = [1, 3, 17, 8, 7, 16][seed]
     req, bt, idx = rand_case(1000 * k + seed, tokens, k, invalid=[0, 0.3, 1.0, 0.5, 0.9, 0.1][seed])
     want, want_cnt = reference(
         req.cpu(), bt.cpu(), idx.cpu(), block_size=16, return_valid_counts=True
@@ -324,7 +324,7 @@ def test_explicit_row_packed_chunked_layouts(layout):
 def test_flat_layouts(k, layout):
     # Row counts that leave the last program part-empty, DCP without compaction, a
     # column-major view (no vectorising), an output view inside a wider buffer.
-    for tokens, seed in ((1, 0), (37, 1), (64, 2)):
+    for tokens, seed in ((1, 0), (21, 1), (16, 2)):
         req, bt, idx = rand_case(k * 7 + seed, tokens, k, invalid=0.3, dcp=2)
         for dcp, view in ((1, idx), (2, idx), (2, idx.t().contiguous().t())):
             want, want_cnt = reference(

@@ -416,8 +416,7 @@ def test_workspace_reused_and_left_zeroed(rng: random.Random):
     "bits, marked, splits, fb_slice",
     [
         (5, False, 7, 4096),
-        (8, False, 7, 4096),
-        (5, False, 2, 256),
+        (8, False, 2, 256),
         (5, True, 7, 4096),
         (8, True, 2, 256),
     ],
