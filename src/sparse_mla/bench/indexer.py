@@ -159,7 +159,7 @@ class CachePool:
 POOL = CachePool()
 
 
-def _expand_kw(ops: SimpleNamespace, n: int) -> dict[str, Any]:
+def _expand_kw(n: int) -> dict[str, Any]:
     return dict(max_decode_len=n, uniform=True)
 
 
@@ -200,7 +200,7 @@ def make_logits_set(
         "out": torch.empty(requests * n, width * page, dtype=torch.float32, device=device),
     }
     if n > 1:
-        kw = _expand_kw(ops, n)
+        kw = _expand_kw(n)
         s["flat"] = ops.expand(seq_lens, bt, n, **kw)  # flattened metadata (set-up)
     return s
 
@@ -398,7 +398,7 @@ def make_layer_set(
         s[f"{name}_out"] = torch.empty(rows, k, dtype=torch.int32, device=device)
         s[f"{name}_counts"] = torch.empty(rows, dtype=torch.int32, device=device)
     if n > 1:
-        exp = ops.expand(seq_lens, bt, n, **_expand_kw(ops, n))
+        exp = ops.expand(seq_lens, bt, n, **_expand_kw(n))
         s["exp"] = exp
         s["row_lens"], s["req_id"] = exp.seq_lens, exp.req_id
     else:
@@ -413,7 +413,7 @@ def _layer_calls(ops: SimpleNamespace, s: InputSet, k: int, page: int) -> dict[s
     """Zero-argument launches of every stage over set ``s`` (and the chain of them)."""
     n = s["n"]
     ex_args = (s["seq_lens"], s["block_table"], n)
-    ex_kw = dict(_expand_kw(ops, n), out=s["exp"])
+    ex_kw = dict(_expand_kw(n), out=s["exp"])
     lg_args = (s["q"], s["weights"], s["cache"], s["seq_lens"], s["block_table"])
     lg_kw = dict(next_n=n, out=s["logits"])
     tk_args = (s["logits"], s["row_lens"])
