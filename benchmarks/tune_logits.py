@@ -37,9 +37,8 @@ Bytes per call: ``sparse_mla.bench.floor.indexer_bytes`` (keys read once per req
 logits written + q + weights + block table + lengths). TFLOPS count the q.k dot only
 (``2 * B * n * H * D * ctx``).
 
-A head-sum on tensor cores (split-bf16 P @ group matrix) and a per-token masked-sum loop were
-tried on the H200 (2026-11-29): the dot form spilled registers and was 1.2-1.8x slower, the
-loop equal to the reshape (the log is in git history under docs/results/).
+The head sum stays a reshape: a tensor-core form spilled registers (1.2-1.8x slower) and a
+per-token masked-sum loop was no faster.
 """
 
 from __future__ import annotations

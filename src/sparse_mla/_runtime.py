@@ -21,8 +21,6 @@ import triton  # noqa: E402  (must follow the interpreter decision)
 import triton.language as tl  # noqa: E402
 
 INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
-# On-chip gathers (``tl.gather``) exist from Triton 3.2 on.
-HAS_GATHER: bool = hasattr(tl, "gather")
 
 try:  # grid dependency control (programmatic dependent launch), Triton 3.3 on
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

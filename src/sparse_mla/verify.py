@@ -24,7 +24,7 @@ The full sweep (2420 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache
 56 attention, 12 decode_step: the whole step of ``sparse_mla.decode`` against its PyTorch
 reference)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
-contexts up to 16K); ``--quick`` (523) runs a subset at interpreter sizes (k 128/256, rows up to
+contexts up to 16K); ``--quick`` (463) runs a subset at interpreter sizes (k 128/256, rows up to
 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
 A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
 it (with ``--quick`` when it came from the quick sweep).
@@ -220,8 +220,8 @@ def build_cases(quick: bool, base_seed: int = 0) -> list[Case]:
     ):
         cases.append(Case("expand", 0, dict(n=n, ragged=ragged, padded=padded, dcp=dcp)))
     # The quick subset: DCP layouts outnumber plain remaps 5:1 in the grid, so plain remaps
-    # and the cheap expansion cases are kept more densely.
-    stride = {"remap": 3, "dcp": 9, "expand": 2}
+    # are kept more densely; one of the four repetitions of each expansion case.
+    stride = {"remap": 3, "dcp": 9, "expand": 4}
     keep = [i % stride[c.kind] == 0 for i, c in enumerate(cases)]
     cases = [Case(c.kind, c.seed, dict(c.params, max_tokens=max_tokens)) for c in cases]
     for c, q in _new_kind_cases(QUICK_SIZES if quick else FULL_SIZES):
@@ -277,6 +277,12 @@ def _to(dev, *ts):
     return [t.to(dev) if isinstance(t, torch.Tensor) else t for t in ts]
 
 
+def _tiled_atomic_layout(k: int) -> RemapLayout:
+    """Upstream's tiling (``benchmarks/baselines``; K a multiple of 128): 128-wide column
+    tiles of 4 warps that count and compact through atomics."""
+    return RemapLayout(1, 128, 1, k // 128, True, False, 4)
+
+
 def _flat_layout(k: int) -> RemapLayout:
     """Four rows a program as one flat run in 512-wide steps: the layout ``auto`` picks for
     large calls of odd widths, here at every size and width (it takes no compaction)."""
@@ -290,7 +296,7 @@ def _run_remap(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     )
     kwargs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     req_id, bt, idx = _to(dev, req_id, bt, idx)
-    for layout in ("auto", "tiled_atomic", _flat_layout(idx.shape[1])):
+    for layout in ("auto", _tiled_atomic_layout(idx.shape[1]), _flat_layout(idx.shape[1])):
         out = torch.full_like(idx, POISON)
         got, counts = convert_req_index_to_global_index(
             req_id, bt, idx, return_valid_counts=True, out=out, layout=layout, **kwargs
@@ -311,7 +317,8 @@ def _run_dcp(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
         req_id, bt, idx, compact=p["compact"], return_valid_counts=True, **dcp, **kwargs
     )
     req_id, bt, idx = _to(dev, req_id, bt, idx)
-    layouts = ["auto", "tiled_atomic"] + ([] if p["compact"] else [_flat_layout(idx.shape[1])])
+    layouts = ["auto", _tiled_atomic_layout(idx.shape[1])]
+    layouts += [] if p["compact"] else [_flat_layout(idx.shape[1])]
     for layout in layouts:
         out = torch.full_like(idx, POISON)
         got, counts = filter_and_convert_dcp_index(
@@ -326,7 +333,7 @@ def _run_dcp(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
             **kwargs,
         )
         got = got.cpu()
-        if layout == "tiled_atomic" and p["compact"]:
+        if layout != "auto" and layout.atomic and p["compact"]:
             # Atomic compaction fills the prefix in arbitrary order: compare as sets.
             got, want = got.sort(dim=1).values, ref.sort(dim=1).values
         else:

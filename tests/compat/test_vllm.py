@@ -17,7 +17,7 @@ from sparse_mla.ops.remap.naive import (
     convert_req_index_to_global_index_reference as remap_reference,
 )
 from sparse_mla.ops.topk.naive import select_topk_reference
-from sparse_mla.testing import POISON
+from sparse_mla.testing import POISON, poison
 
 DEV = sparse_mla._runtime.default_device()
 
@@ -176,7 +176,7 @@ def test_top_k_per_row_prefill_offsets_from_row_starts():
         want = _topk_reference(window, torch.tensor([max(e - s, 0)], dtype=torch.int32), k)
         assert torch.equal(out[r].cpu(), want[0]), r
     # Fewer rows than the tensors hold: the rest stays untouched.
-    out.fill_(POISON)
+    poison(out)
     compat.top_k_per_row_prefill(logits, starts, ends, out, 2, n, 1, k)
     assert (out[2:] == POISON).all() and (out[:2] != POISON).all()
 

@@ -19,6 +19,7 @@ from sparse_mla.ops._common.dcp import (
     dcp_owner_reference,
 )
 from sparse_mla.ops._common.paging import page_slot, page_slot_reference
+from sparse_mla.testing import POISON
 
 DEV = sparse_mla._runtime.default_device()
 
@@ -42,7 +43,7 @@ def test_dcp_and_paging_match_references(dcp_size: int, interleave: int) -> None
     pages = torch.randint(-3, 2**26, (100,), dtype=torch.int32)
     pages[:4] = torch.tensor([-1, 2**25 - 1, 2**25, 0])  # padding, last fitting, first wrapping
     for rank in range(dcp_size):
-        out = torch.full((640,), -7777, dtype=torch.int32, device=DEV)
+        out = torch.full((640,), POISON, dtype=torch.int32, device=DEV)
         _probe[(1,)](pos.to(DEV), pages.to(DEV), out, 100, rank, dcp_size, interleave)
         out = out.cpu()
         local = dcp_local_reference(pos, dcp_size, interleave)

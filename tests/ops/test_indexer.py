@@ -92,7 +92,7 @@ def rand_lens(g: torch.Generator, num_req: int, capacity: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("lookup", LOOKUPS)
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 8])
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_random_vs_reference(seed, fp8, n, lookup):
     g = torch.Generator().manual_seed(seed)
     page, cfg = LOOKUPS[lookup]

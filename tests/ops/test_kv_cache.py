@@ -29,10 +29,11 @@ from sparse_mla.ops.kv_cache.naive import (
     write_indexer_k_reference,
     write_mla_latent_reference,
 )
+from sparse_mla.testing import POISON
 
 DEV = default_device()
 POISON_BYTE = 0xA7  # e4m3 -0.0859375 / a plausible-looking scale byte: must survive untouched
-POISON_BF16 = -7776.0  # the bf16-exact neighbour of the usual -7777 sentinel
+POISON_BF16 = float(torch.tensor(POISON, dtype=torch.bfloat16))  # POISON rounded to bf16
 
 
 def rand_keys(g: torch.Generator, t: int, d: int) -> torch.Tensor:

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import sparse_mla
-from sparse_mla._runtime import HAS_GATHER
 from sparse_mla.ops.topk import (
     MAX_K,
     TopKConfig,
@@ -31,9 +30,9 @@ from sparse_mla.ops.topk import (
 from sparse_mla.ops.topk import api as topk_api
 from sparse_mla.ops.topk import workspace as wsl
 from sparse_mla.ops.topk.config import prefilter_marks, prefilter_tile
+from sparse_mla.testing import POISON
 
 DEV = sparse_mla._runtime.default_device()
-POISON = -7777
 PATHS = (
     "row_registers",
     "row_registers_8bit",
@@ -63,8 +62,6 @@ def path(request: pytest.FixtureRequest) -> dict:
     if request.param.startswith("split_prefilter"):
         # Candidates copied out to a buffer, or marked in a bitmap.
         marked = request.param.endswith("marked")
-        if marked and not HAS_GATHER:
-            pytest.skip("the marking prefilter needs tl.gather")
         cfg = TopKConfig(prefilter_mark_min_scores=0 if marked else NEVER, **PF_SMALL)
         return {"num_splits": 5, "prefilter": True, "config": cfg}
     # fused: block-table reads one by one
@@ -416,19 +413,17 @@ def test_workspace_reused_and_left_zeroed(rng: random.Random):
 
 
 @pytest.mark.parametrize(
-    "bits, gather, marked, splits, fb_slice",
+    "bits, marked, splits, fb_slice",
     [
-        (5, True, False, 7, 4096),
-        (8, False, False, 7, 4096),
-        (5, True, False, 2, 256),
-        (5, True, True, 7, 4096),
-        (8, True, True, 2, 256),
+        (5, False, 7, 4096),
+        (8, False, 2, 256),
+        (5, True, 7, 4096),
+        (8, True, 2, 256),
     ],
 )
 def test_prefilter_finished_and_fallback_rows(
     seed: int,
     bits: int,
-    gather: bool,
     marked: bool,
     splits: int,
     fb_slice: int,
@@ -436,12 +431,10 @@ def test_prefilter_finished_and_fallback_rows(
     """The prefilter finishes the rows whose candidates fit its tile and its pass over the
     rows lists the others for the radix launches (decided per row on the device, by the
     row's last program), with a reused workspace. Candidates copied to the buffer: the
-    finish's column ranks come from on-chip gathers or (Triton without ``tl.gather``)
-    global reads. Candidates marked: the bitmap holds exactly the keys at or above the
-    threshold. The radix launches spread each listed row over ``n / fb_slice`` programs;
-    with 2 splits and 7 slices one program row works through the whole list."""
-    if (gather or marked) and not HAS_GATHER:
-        pytest.skip("needs tl.gather")
+    finish's column ranks come from on-chip gathers. Candidates marked: the bitmap holds
+    exactly the keys at or above the threshold. The radix launches spread each listed row
+    over ``n / fb_slice`` programs; with 2 splits and 7 slices one program row works through
+    the whole list."""
     # 512 sampled scores: row 0 (random) finishes unless its count strays 4.5 sd (~1e-5).
     # In trial 1 it is on a grid of 0.25: the threshold (1.5, sometimes 1.25) ties with
     # about 20 keys that are not taken; the sampled threshold is 1.0, 1.25 or 1.5 (all fit)
@@ -450,7 +443,6 @@ def test_prefilter_finished_and_fallback_rows(
         split_block=256,
         fallback_slice=fb_slice,
         tile_radix_bits=bits,
-        use_gather=gather,
         prefilter_mark_min_scores=0 if marked else NEVER,
         prefilter_sample=512,
     )
@@ -510,8 +502,6 @@ def test_prefilter_exactly_k_candidates_falls_back(marked: bool):
     """Exactly k candidates, the lowest in digit 0 (-inf; NaNs elsewhere): the radix select
     of the buffer would take every candidate and leave no threshold below them, so such a
     row must fall back (it once came back empty)."""
-    if marked and not HAS_GATHER:
-        pytest.skip("the marking prefilter needs tl.gather")
     cfg = TopKConfig(
         split_block=256, prefilter_mark_min_scores=0 if marked else NEVER, prefilter_sample=256
     )
@@ -569,8 +559,6 @@ def test_prefilter_marks_by_size():
     """The prefilter marks its candidates from prefilter_mark_min_scores scores per call
     (shapes only); below, it copies them to the buffer. The copying call reuses the
     workspace, so its bitmap starts with the marking call's bits."""
-    if not HAS_GATHER:
-        pytest.skip("the marking prefilter needs tl.gather")
     x = torch.randn(2, 1500, device=DEV)
     lengths = i32([1500, 1400])
     ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
@@ -614,7 +602,7 @@ def test_bad_inputs():
         (
             dict(out=torch.empty(1, 128, dtype=torch.int32).expand(2, 128)),
             ValueError,
-            "elements overlap",
+            "out must not be a broadcast view or a view whose elements overlap",
         ),
         (
             dict(valid_counts_out=torch.empty(1, dtype=torch.int32).expand(2)),
@@ -675,7 +663,7 @@ def test_bad_inputs():
         (
             dict(out=torch.zeros(131, dtype=torch.int32).as_strided((2, 128), (1, 1))),
             ValueError,
-            "elements overlap",
+            "out must not be a broadcast view or a view whose elements overlap",
         ),
         # F02: outputs that alias an input or each other.
         (dict(valid_counts_out=L), ValueError, "valid_counts_out overlaps seq_lens"),
@@ -786,7 +774,7 @@ def test_plan_follows_the_config():
     assert plan_topk(64, 65536, 2048, config=cfg, **base).path == "split"
     cfg = TopKConfig(prefilter_mark_min_scores=1 << 30)
     assert not plan_topk(64, 65536, 2048, config=cfg, **base).marked
-    cfg = TopKConfig(use_gather=False)
+    cfg = TopKConfig(row_stage_max=0)
     p = plan_topk(1, 4096, 2048, fused=True, block_size=64, config=cfg, **base)
     assert p.row_stage == 0
     assert plan_topk(1, 1000, 128, config=TopKConfig(row_block=256), **base).one_chunk is False

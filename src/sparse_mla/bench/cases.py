@@ -8,7 +8,6 @@ files, plots).
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -113,19 +112,6 @@ OPS: dict[str, OpSpec] = {}
 def register_op(spec: OpSpec) -> OpSpec:
     OPS[spec.name] = spec
     return spec
-
-
-def kwargs_filter(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """Returns a function keeping only the keyword arguments ``fn`` accepts (all of them when
-    it takes ``**kwargs``), so a harness survives small signature differences."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return lambda kw: kw
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return lambda kw: kw
-    names = set(params)
-    return lambda kw: {k: v for k, v in kw.items() if k in names}
 
 
 def tensor_fields(obj: Any) -> list[tuple[str, torch.Tensor]]:

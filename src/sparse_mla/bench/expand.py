@@ -35,7 +35,6 @@ from .cases import (
     Variant,
     clone_fields,
     compare_fields,
-    kwargs_filter,
     register_op,
     tensor_fields,
 )
@@ -81,39 +80,30 @@ def _poison(s: InputSet) -> None:
         t.fill_(POISON)
 
 
-def _triton_variant(fn: Any, name: str, form: str, n: int, pdl: bool = True) -> Variant:
+def _triton_variant(fn: Any, name: str, form: str, n: int) -> Variant:
     """``form``: how the decode lengths are given: ``uniform`` (host-known n, an int),
     ``ragged`` (device decode lengths) or ``qsl`` (device row offsets); the ragged forms
-    allocate nothing and do not synchronise, also on uniform data. ``pdl=False`` launches
-    with ``enable_pdl=False``."""
-    keep = kwargs_filter(fn)
-    has_out = "out" in keep({"out": None})
+    allocate nothing and do not synchronise, also on uniform data."""
 
     def bind(s: InputSet):
         kw = dict(max_decode_len=n, num_tokens=s["total"], uniform=form == "uniform")
         if form == "qsl":
             kw = dict(kw, uniform=None, query_start_loc=s["query_start_loc"])
-        kw = keep(kw if pdl else dict(kw, enable_pdl=False))
         args = (s["seq_lens"], s["block_table"])
         if form != "qsl":
             args += (n if form == "uniform" else s["decode_lens"],)
         if s["out"] is None:
             s["out"] = fn(*args, **kw)
-        kw_call = dict(kw, out=s["out"]) if has_out else kw
+        kw_call = dict(kw, out=s["out"])
         return lambda: fn(*args, **kw_call)
 
-    return Variant(name, bind, "ours" if pdl else "extra")
+    return Variant(name, bind, "ours")
 
 
 def _torch_variant(fn: Any, n: int) -> Variant:
-    keep = kwargs_filter(fn)
-
     def bind(s: InputSet):
-        kw = keep(dict(max_decode_len=n, num_tokens=s["total"], total_tokens=s["total"]))
-        if "total_tokens" in kw:
-            args = (s["seq_lens"], s["block_table"], s["decode_lens"])
-        else:
-            args = (s["seq_lens"], s["block_table"], torch.tensor(s["lens_host"]))
+        kw = dict(num_tokens=s["total"], total_tokens=s["total"])
+        args = (s["seq_lens"], s["block_table"], s["decode_lens"])
         return lambda: fn(*args, **kw)
 
     return Variant("torch-ops", bind, "baseline", graph_safe=False)
@@ -145,11 +135,6 @@ def build(grid: str, device: torch.device) -> list[Case]:
             kernels.insert(0, _triton_variant(ops.expand, "triton-uniform", "uniform", n))
         if getattr(ops, "real", False):  # not with the tests' stand-ins
             kernels.append(_triton_variant(ops.expand, "triton-qsl", "qsl", n))
-            kernels.append(
-                _triton_variant(ops.expand, "ragged-nopdl", "ragged", n, pdl=False)
-                if ragged
-                else _triton_variant(ops.expand, "uniform-nopdl", "uniform", n, pdl=False)
-            )
         return Case(
             op="expand",
             group=f"expand n={n}",
@@ -253,8 +238,7 @@ register_op(
             "variants: triton-uniform (uniform=True, host-known n), triton-ragged "
             "(uniform=False, device decode lengths; also on uniform data), triton-qsl (the "
             "ragged kernel given device row offsets, query_start_loc), torch-ops "
-            "(upstream's ragged fallback: repeat_interleave with the host-known total); "
-            "uniform-nopdl / ragged-nopdl: ours with programmatic dependent launch off. "
+            "(upstream's ragged fallback: repeat_interleave with the host-known total). "
             "Ragged data has the same token count as the uniform case, n_b in [1, n].",
         ],
         summaries=summaries,

@@ -5,8 +5,7 @@
 
    * ``native``: ``index_logits(..., next_n=n)``, each request's keys read once for its n rows;
    * ``flattened`` (n > 1): the rows expanded beforehand with ``sparse_mla.expand_decode_tokens``
-     (outside the timed call), then ``next_n=1``: every row reads its keys itself (n times);
-   * ``expand+flattened`` (n > 1): the expansion inside the timed call, then the same.
+     (outside the timed call), then ``next_n=1``: every row reads its keys itself (n times).
 
    Checks before timing: the rows of the first and last request against the fp64 reference
    (``index_logits_reference`` on those requests' pages, error <= tol x magnitude, exact -inf
@@ -48,7 +47,6 @@ from .cases import (
     OpSpec,
     SetRef,
     Variant,
-    kwargs_filter,
     register_op,
     tensor_fields,
 )
@@ -161,8 +159,8 @@ class CachePool:
 POOL = CachePool()
 
 
-def _expand_kw(ops: SimpleNamespace, n: int) -> dict[str, Any]:
-    return kwargs_filter(ops.expand)(dict(max_decode_len=n, uniform=True))
+def _expand_kw(n: int) -> dict[str, Any]:
+    return dict(max_decode_len=n, uniform=True)
 
 
 def _per_token_outputs(exp: Any, rows: int) -> int:
@@ -202,9 +200,8 @@ def make_logits_set(
         "out": torch.empty(requests * n, width * page, dtype=torch.float32, device=device),
     }
     if n > 1:
-        kw = _expand_kw(ops, n)
+        kw = _expand_kw(n)
         s["flat"] = ops.expand(seq_lens, bt, n, **kw)  # flattened metadata (set-up)
-        s["flat2"] = ops.expand(seq_lens, bt, n, **kw)  # written by expand+flattened
     return s
 
 
@@ -271,39 +268,21 @@ class _LogitsChecker(SetRef):
 
 def _logits_variants(ops: SimpleNamespace, n: int) -> list[Variant]:
     fn = ops.logits
-    keep = kwargs_filter(fn)
-    exp_kw = _expand_kw(ops, n)
 
     def native(s: InputSet):
         args = (s["q"], s["weights"], s["cache"], s["seq_lens"], s["block_table"])
-        kw = keep(dict(next_n=n, out=s["out"]))
+        kw = dict(next_n=n, out=s["out"])
         return lambda: fn(*args, **kw)
 
     def flattened(s: InputSet):
         f = s["flat"]
         args = (s["q"], s["weights"], s["cache"], f.seq_lens, f.block_table)
-        kw = keep(dict(next_n=1, out=s["out"]))
+        kw = dict(next_n=1, out=s["out"])
         return lambda: fn(*args, **kw)
-
-    def expand_flattened(s: InputSet):
-        f = s["flat2"]
-        ex_args = (s["seq_lens"], s["block_table"], n)
-        ex_kw = kwargs_filter(ops.expand)(dict(exp_kw, out=f))
-        args = (s["q"], s["weights"], s["cache"], f.seq_lens, f.block_table)
-        kw = keep(dict(next_n=1, out=s["out"]))
-
-        def call() -> Any:
-            ops.expand(*ex_args, **ex_kw)
-            return fn(*args, **kw)
-
-        return call
 
     variants = [Variant("native", native, "ours")]
     if n > 1:
-        variants += [
-            Variant("flattened", flattened, "baseline"),
-            Variant("expand+flattened", expand_flattened, "extra"),
-        ]
+        variants.append(Variant("flattened", flattened, "baseline"))
     return variants
 
 
@@ -341,11 +320,8 @@ def _logits_cases(
                 )
                 return chk.keep(i, s)
 
-            def bytes_moved(sets: Sequence[InputSet], v: Variant, nbytes=nbytes, rows=rows):
-                if v.name != "expand+flattened":
-                    return nbytes
-                per_tok = _per_token_outputs(sets[0]["flat2"], rows)
-                return nbytes + expand_bytes(b, width, rows, per_token_outputs=per_tok)
+            def bytes_moved(sets: Sequence[InputSet], v: Variant, nbytes=nbytes):
+                return nbytes
 
             set_bytes = b * ctx * indexer_key_bytes(dim, fp8=fp8) + rows * width * page * 4
             set_bytes += rows * heads * (dim + 4) + (rows + b) * width * 4 * (2 if n > 1 else 0)
@@ -422,7 +398,7 @@ def make_layer_set(
         s[f"{name}_out"] = torch.empty(rows, k, dtype=torch.int32, device=device)
         s[f"{name}_counts"] = torch.empty(rows, dtype=torch.int32, device=device)
     if n > 1:
-        exp = ops.expand(seq_lens, bt, n, **_expand_kw(ops, n))
+        exp = ops.expand(seq_lens, bt, n, **_expand_kw(n))
         s["exp"] = exp
         s["row_lens"], s["req_id"] = exp.seq_lens, exp.req_id
     else:
@@ -436,39 +412,30 @@ def make_layer_set(
 def _layer_calls(ops: SimpleNamespace, s: InputSet, k: int, page: int) -> dict[str, Any]:
     """Zero-argument launches of every stage over set ``s`` (and the chain of them)."""
     n = s["n"]
-    lkeep, skeep, rkeep = (
-        kwargs_filter(ops.logits),
-        kwargs_filter(ops.select),
-        kwargs_filter(ops.remap),
-    )
     ex_args = (s["seq_lens"], s["block_table"], n)
-    ex_kw = kwargs_filter(ops.expand)(dict(_expand_kw(ops, n), out=s["exp"]))
+    ex_kw = dict(_expand_kw(n), out=s["exp"])
     lg_args = (s["q"], s["weights"], s["cache"], s["seq_lens"], s["block_table"])
-    lg_kw = lkeep(dict(next_n=n, out=s["logits"]))
+    lg_kw = dict(next_n=n, out=s["logits"])
     tk_args = (s["logits"], s["row_lens"])
-    tk_kw = skeep(dict(k=k, out=s["pos"], workspace=s["ws"]))
-    fu_kw = skeep(
-        dict(
-            k=k,
-            out=s["fused_out"],
-            workspace=s["ws"],
-            block_table=s["block_table"],
-            req_id=s["req_id"],
-            block_size=page,
-            return_valid_counts=True,
-            valid_counts_out=s["fused_counts"],
-        )
+    tk_kw = dict(k=k, out=s["pos"], workspace=s["ws"])
+    fu_kw = dict(
+        k=k,
+        out=s["fused_out"],
+        workspace=s["ws"],
+        block_table=s["block_table"],
+        req_id=s["req_id"],
+        block_size=page,
+        return_valid_counts=True,
+        valid_counts_out=s["fused_counts"],
     )
     rm_args = (s["req_id"], s["block_table"], s["pos"])
 
     def rm_kw(name: str) -> dict[str, Any]:
-        return rkeep(
-            dict(
-                block_size=page,
-                out=s[f"{name}_out"],
-                return_valid_counts=True,
-                valid_counts_out=s[f"{name}_counts"],
-            )
+        return dict(
+            block_size=page,
+            out=s[f"{name}_out"],
+            return_valid_counts=True,
+            valid_counts_out=s[f"{name}_counts"],
         )
 
     rm_own, rm_chain = rm_kw("remap"), rm_kw("chain")
@@ -776,9 +743,9 @@ register_op(
             INDEXER_BYTES_RULE,
             LAYER_BYTES_RULE,
             "logits variants: native (next_n = n, keys read once per request), flattened "
-            "(rows pre-expanded with expand_decode_tokens, next_n = 1), expand+flattened "
-            "(the expansion inside the timed call). V3.2 shapes: q [rows, 64, 128] (bf16 / "
-            "e4m3), fp32 weights [rows, 64], page 64; every request at full context.",
+            "(rows pre-expanded with expand_decode_tokens, next_n = 1). V3.2 shapes: q "
+            "[rows, 64, 128] (bf16 / e4m3), fp32 weights [rows, 64], page 64; every request "
+            "at full context.",
             "layer variants: chain (expand + logits + top-k + remap in one graph), each stage "
             "alone, top-k+slots (the fused epilogue). fp8 cache, k = 2048 (GPU grids).",
             "K caches: filled once per run with random keys (write_indexer_k) and shared; each "

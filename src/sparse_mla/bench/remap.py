@@ -1,11 +1,9 @@
 """Benchmark cases for the index remap (section 2 of the spec) and its DCP form (section 3).
 
-Variants, all counting valid entries (where the layouts differ) unless named otherwise:
-``ours`` (layout="auto"), ``ours-nocount`` (auto, no counts), ``ours-nopdl`` (auto without
-programmatic dependent launch: the baselines, like upstream, launch without it),
-``tiled_atomic`` (the pre-seed
-upstream design, including its counter zero-fill), ``seed`` (single tile only for
-power-of-two K, atomics otherwise) and ``torch`` (the vectorized PyTorch-ops reference).
+Variants, all counting valid entries: ``ours`` (layout="auto"), the upstream tilings from
+``benchmarks/baselines`` when that directory is present (``tiled_atomic``, the pre-seed design
+including its counter zero-fill, and ``seed``, one tile only for power-of-two K) and ``torch``
+(the vectorized PyTorch-ops reference).
 
 Inputs, fresh random per set: R = min(T, 1024) requests (token t belongs to request
 t * R // T), each with a context length uniform in [1, 131072]; a block table [R, 2048] of
@@ -25,7 +23,7 @@ from typing import Any
 import torch
 
 from ..testing import POISON
-from .cases import Case, InputSet, OpSpec, Variant, kwargs_filter, register_op
+from .cases import Case, InputSet, OpSpec, Variant, register_op
 from .floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
 from .report import Result, Table, per_step_table
 
@@ -163,15 +161,6 @@ def _compare(sorted_rows: bool):
     return compare
 
 
-def _without_pdl(ops: SimpleNamespace, s: InputSet, compact: bool) -> Any:
-    """The auto layout for this set's shape with programmatic dependent launch off."""
-    t, k = s["token_indices"].shape
-    lay = ops.choose_layout(
-        k, count_valid=True, compact=compact, num_rows=t, num_blocks=s["block_table"].shape[1]
-    )
-    return dataclasses.replace(lay, pdl=0)
-
-
 def baseline_layouts() -> dict[str, Callable[..., Any]]:
     """The upstream remap layouts (name -> ``f(K, count_valid=, compact=)``) from
     ``benchmarks/baselines`` of a source checkout; empty when that file is absent."""
@@ -187,46 +176,35 @@ def baseline_layouts() -> dict[str, Callable[..., Any]]:
 def _kernel_variants(ops: SimpleNamespace, fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
     compact = base_kw.get("compact", False)
 
-    def bind_for(layout: str | Callable[..., Any], counts: bool):
+    def bind_for(layout: str | Callable[..., Any]):
         def bind(s: InputSet):
             args = (s["req_id"], s["block_table"], s["token_indices"])
-            if layout == "":
-                lay = _without_pdl(ops, s, compact)
-            elif callable(layout):
+            lay = layout
+            if callable(layout):
                 lay = layout(s["token_indices"].shape[1], count_valid=True, compact=compact)
-            else:
-                lay = layout
-            kw = dict(base_kw, out=s["out"], return_valid_counts=counts, layout=lay)
-            if counts:
-                kw["valid_counts_out"] = s["counts"]
+            kw = dict(
+                base_kw,
+                out=s["out"],
+                return_valid_counts=True,
+                valid_counts_out=s["counts"],
+                layout=lay,
+            )
             return lambda: fn(*args, **kw)
 
         return bind
 
     return [
-        Variant("ours", bind_for("auto", True), "ours"),
-        Variant("ours-nocount", bind_for("auto", False), "extra", counts=False),
-        # "" = the auto layout with programmatic dependent launch off
-        Variant("ours-nopdl", bind_for("", True), "extra"),
-        *(Variant(name, bind_for(f, True), "baseline") for name, f in ops.baselines.items()),
+        Variant("ours", bind_for("auto"), "ours"),
+        *(Variant(name, bind_for(f), "baseline") for name, f in ops.baselines.items()),
     ]
 
 
 def _torch_variant(ref: Any, base_kw: dict[str, Any]) -> Variant:
-    keep = kwargs_filter(ref)
-    kw = keep(dict(base_kw, return_valid_counts=True))
-    counts_inside = "return_valid_counts" in kw
+    kw = dict(base_kw, return_valid_counts=True)
 
     def bind(s: InputSet):
         args = (s["req_id"], s["block_table"], s["token_indices"])
-        if counts_inside:
-            return lambda: ref(*args, **kw)
-
-        def call() -> Any:
-            out = ref(*args, **kw)
-            return out, _counts_of(out)
-
-        return call
+        return lambda: ref(*args, **kw)
 
     return Variant("torch", bind, "baseline", graph_safe=False)
 
@@ -306,9 +284,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
         dcp = dict(dcp_size=d, dcp_rank=0, interleave=1)
         dcp_kw = dict(base_kw, compact=True, **dcp)
         for t in g["dcp_tokens"]:
-            variants = [
-                v for v in _kernel_variants(ops, ops.dcp, dcp_kw) if v.name != "ours-nocount"
-            ]
+            variants = _kernel_variants(ops, ops.dcp, dcp_kw)
             variants.append(_torch_variant(ops.dcp_reference, dcp_kw))
             cases.append(
                 Case(
@@ -378,9 +354,8 @@ register_op(
             "variants: ours = layout 'auto'; tiled_atomic = 128-column tiles each atomically "
             "adding into a zero-filled per-row counter (the zero-fill is inside the timed "
             "call); seed = single tile only for power-of-two K; torch = vectorized PyTorch "
-            "reference; ours-nopdl = 'auto' with programmatic dependent launch off (ours "
-            "overlaps its launch with the previous kernel's tail; the baselines, like upstream, "
-            "do not). All return valid counts except ours-nocount.",
+            "reference. All return valid counts; ours overlaps its launch with the previous "
+            "kernel's tail (programmatic dependent launch), the baselines, like upstream, do not.",
             "inputs: R = min(T, 1024) requests with context lengths uniform in [1, 131072], "
             "random page ids; the first min(K, L) entries of a row are random positions < L, "
             "the rest -1. DCP: rank 0 of W, interleave 1, compacted; the block table pages "

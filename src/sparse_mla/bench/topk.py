@@ -8,8 +8,7 @@ For each row length N and batch B (rows), k = 2048:
   block_size=64, return_valid_counts=True)`` (global KV slots and valid counts);
 * ``torch.topk``: ``torch.topk(logits_masked, k, dim=1)`` into pre-sized ``out=`` buffers,
   the scores at invisible positions set to -inf beforehand, outside the timed region (a no-op
-  copy is avoided when every row is full length);
-* ``torch.topk unsorted``: the same with ``sorted=False``.
+  copy is avoided when every row is full length).
 
 Inputs, fresh per set: standard-normal fp32 logits, every row's length = N (full); for the
 fused variant each row is its own request, with a block table of ``ceil(N / 64)`` distinct
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 
 from ..testing import POISON
-from .cases import Case, InputSet, OpSpec, SetRef, Variant, kwargs_filter, register_op
+from .cases import Case, InputSet, OpSpec, SetRef, Variant, register_op
 from .floor import TOPK_BYTES_RULE, copy_fraction, count_touched_pages, kfmt, topk_bytes
 from .report import Result, Table, fmt_ratio, fmt_us, paired_us
 
@@ -200,8 +199,6 @@ class _Checker(SetRef):
 
 
 def _ours_variant(fn: Any, k: int, num_splits: int | None, fused: bool) -> Variant:
-    keep = kwargs_filter(fn)
-
     def bind(s: InputSet):
         kw: dict[str, Any] = dict(k=k, workspace=s["ws"])
         if num_splits is not None:
@@ -217,22 +214,18 @@ def _ours_variant(fn: Any, k: int, num_splits: int | None, fused: bool) -> Varia
             )
         else:
             kw["out"] = s["out"]
-        kw = keep(kw)
         args = (s["logits"], s["lengths"])
         return lambda: fn(*args, **kw)
 
     return Variant(FUSED if fused else "ours", bind, "extra" if fused else "ours", counts=fused)
 
 
-def _torch_variant(k: int, sorted_: bool) -> Variant:
+def _torch_variant(k: int) -> Variant:
     def bind(s: InputSet):
         x, out = s["masked"], (s["values"], s["indices"])
-        if sorted_:
-            return lambda: torch.topk(x, k, dim=1, out=out)
-        return lambda: torch.topk(x, k, dim=1, sorted=False, out=out)
+        return lambda: torch.topk(x, k, dim=1, out=out)
 
-    name = "torch.topk" if sorted_ else "torch.topk unsorted"
-    return Variant(name, bind, "baseline", graph_safe=False)
+    return Variant("torch.topk", bind, "baseline", graph_safe=False)
 
 
 def _bytes_fn(rows: int, n: int, k: int):
@@ -280,8 +273,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
                     variants=[
                         _ours_variant(ops.select, k, g["num_splits"], fused=False),
                         _ours_variant(ops.select, k, g["num_splits"], fused=True),
-                        _torch_variant(k, sorted_=True),
-                        _torch_variant(k, sorted_=False),
+                        _torch_variant(k),
                     ],
                     bytes_moved=_bytes_fn(b, n, k),
                     poison=_poison,
@@ -301,7 +293,7 @@ def summaries(results: list[Result]) -> list[Table]:
     rows = []
     for n, b in keys:
         ours, fused = rs.get((n, b, "ours")), rs.get((n, b, FUSED))
-        srt, uns = rs.get((n, b, "torch.topk")), rs.get((n, b, "torch.topk unsorted"))
+        srt = rs.get((n, b, "torch.topk"))
 
         def us(r: Result | None) -> float | None:
             return r.best_us if r is not None else None
@@ -321,9 +313,7 @@ def summaries(results: list[Result]) -> list[Table]:
                 fmt_us(us(fused)),
                 ratio(fused, ours),
                 fmt_us(us(srt)),
-                fmt_us(us(uns)),
                 ratio(srt, ours),
-                ratio(uns, ours),
                 fmt_ratio(ours.over_floor) if ours is not None else "n/a",
                 pct,
             ]
@@ -337,9 +327,7 @@ def summaries(results: list[Result]) -> list[Table]:
         f"{FUSED} us",
         "slots/ours",
         "torch.topk us",
-        "unsorted us",
         "vs torch.topk",
-        "vs unsorted",
         "ours/floor",
         "ours % copy",
     ]
@@ -362,7 +350,7 @@ register_op(
             TOPK_BYTES_RULE,
             "variants: ours = select_topk (positions; auto row/split path, pre-allocated "
             "workspace); ours+slots = the fused slot epilogue (block_table, req_id, page 64, "
-            "valid counts); torch.topk (sorted, and sorted=False) on the scores pre-masked to "
+            "valid counts); torch.topk (sorted) on the scores pre-masked to "
             "-inf past each row's length, into pre-sized out= buffers.",
             "inputs: standard-normal fp32 scores, every row full length (lengths = N), k = "
             "2048 (GPU grids); each row its own request with distinct random pages.",

@@ -12,8 +12,8 @@ into ``next_n`` single-token rows reads them ``next_n`` times.
 
 When a tile lies inside one page (V3.2: 64-position tiles, page 64) a program loads its
 chunk's page ids once, so no key load waits on a block-table load inside the loop and Triton's
-pipeliner keeps ``num_stages - 1`` key tiles in flight; a lookup in the loop left each tile's
-load exposed (docs/results, Session 12, has the measurements).
+pipeliner keeps ``num_stages - 1`` key tiles in flight (a lookup in the loop left each tile's
+load exposed; this package's README has the measurements).
 
 Precision: products of bf16 (or e4m3) values are exact in fp32 and the key scale is a power of
 two, so the result differs from exact arithmetic only by fp32 accumulation (D-term dots, the
@@ -79,12 +79,8 @@ def choose_index_logits_config(
     """Heuristic launch shape: 64-position tiles (one wgmma M block), 4 warps (one warpgroup
     for a token group's whole query block), three pipeline stages (two key tiles in flight),
     about 16 programs per SM at n = 1 and 8 at n >= 2 (short chunks balance ragged lengths;
-    longer ones amortise the per-program query load).
-    Measured on an H200 (benchmarks/tune_logits.py, 64 requests x 32K, docs/results): at n = 4,
-    8 warps were 1.4-1.5x slower than 4; a fourth stage was slower for bf16 at n >= 3 (one
-    program per SM: 348 against 275 us at n = 4) and for fp8 at n = 1 (8%), and 1-5% either
-    way elsewhere; 32-tile chunks (8 programs per SM) were 1-6% faster than 15-tile ones at
-    n = 2 and 4."""
+    longer ones amortise the per-program query load); the measurements are in this
+    package's README."""
     del head_dim  # the tile does not depend on it at the supported sizes
     group = token_group(next_n, num_heads)
     programs = max(num_requests, 1) * cdiv(next_n, group)

@@ -1,34 +1,14 @@
 """How the remap kernel tiles a ``[T, K]`` index matrix: a small pure function, tested alone.
 
-Three policies share one kernel (and ``auto`` a second one, for flat runs):
+``choose_remap_layout`` (the ``auto`` layout) gives each program whole rows, so counts and
+compaction need no atomics and compaction keeps column order, for every K (masked lanes for
+widths that are not a power of two, column chunks for very wide rows). It picks between two
+kernels (rows in a 2-D tile, or a few rows read as one flat run), the warps, block-table
+staging, an evict-first hint and the PDL mode from the shapes; the measurements behind each
+rule are in this package's README.
 
-``auto`` (ours)
-    One program owns a whole row, so the valid count is a register reduction and a plain
-    store (no atomics, no zero-filled counter) and compaction is deterministic in column
-    order, for *every* K: widths that are not a power of two use masked lanes (384 -> 512)
-    and very wide rows loop over column chunks with a running count. Measured on an H200
-    (benchmarks/tune_remap.py, benchmarks/exp_remap.py, docs/results/): packing several rows
-    into one 2-D tile never won for K in {384, 512, 2048}; many warps win while the grid is
-    small (latency), 4 warps once there are enough rows to fill the chip. Large plain calls
-    of narrow rows whose width is not a power of two use a second kernel that reads a few
-    rows as one flat run (no idle lanes: K=384 11-31% faster from 4096 rows). Rows of 1024+
-    positions stage the block-table prefix they use on chip and gather from there (random
-    global gathers cost one L1 wavefront per distinct line: 17% slower at K=2048); in small
-    grids, rows of more than 1024 positions stage the whole block-table row instead (in the
-    second kernel); narrow rows in large batches, and plain calls of 1024+ rows that stream
-    more than half of L2, read indices and write slots with an evict-first hint (10-15%
-    faster at K=384/512 from 1024 rows; 4-10% at K=2048 from 2048 rows when tokens share
-    requests). On Hopper the launch uses programmatic dependent launch, so it overlaps the
-    tail of the kernel before it (benchmarks/exp_pdl.py).
-``seed``
-    The upstream fix as published: a single 8-warp tile per row only when counting and K is
-    a power of two; otherwise the tiled layout below (atomics when counting).
-``tiled_atomic``
-    The pre-seed upstream design: ``K / 128`` column tiles per row, 4 warps each; counting
-    and compaction go through ``atomic_add`` on a zero-filled per-row counter, and
-    compaction needs the output pre-filled with -1. Kept as the A/B baseline.
-
-The two upstream policies launch without programmatic dependent launch, as upstream does.
+Other tilings (the upstream ones in ``benchmarks/baselines``) are passed as a
+:class:`RemapLayout`.
 """
 
 from __future__ import annotations
@@ -37,13 +17,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..._runtime import HAS_GATHER, next_pow2
+from ..._runtime import next_pow2
 
-POLICIES = ("auto", "seed", "tiled_atomic")
 # The thresholds below are constants of choose_remap_layout (a pure function), not knobs:
 # to run a call with other launch parameters, pass it a RemapLayout.
-# Upstream's column tile for the tiled layout.
-LEGACY_TILE = 128
 # Widest column chunk one program loads at once; wider rows loop over chunks.
 MAX_CHUNK = 4096
 # From this many rows on the grid fills the chip and 4 warps per program are best.
@@ -54,19 +31,12 @@ MAX_STAGED_PAGES = 4096
 # Narrowest rows that stage their block-table prefix (narrower rows touch too few entries).
 STAGE_MIN_COLS = 1024
 # Plain (non-compacting) calls of MANY_ROWS+ rows that stream at least this many index
-# elements (32 MB of indices and slots, half of the H200's 60 MB L2) evict them first,
-# whatever K: the block-table rows stay cached for the other tokens of their request.
-# Measured at K = 2048 (benchmarks/exp_remap.py --data bench: up to 1024 requests, so rows
-# share them): 4-10% faster from 2048 rows; below, between 6% faster and 8% slower, so off.
-# When every row has its own request there is nothing to keep: 0-4% slower at 16384 rows.
-# DCP compaction was not measured with it, so it keeps the narrow-row rule only.
+# elements (half of the L2) evict them first, so the block-table rows stay cached.
 EVICT_MIN_ELEMENTS = 1 << 22
-# Plain (non-compacting) calls of wide rows in grids below this many rows use PDL mode 3
-# (see choose_remap_layout); DCP compaction was not measured with it.
+# Plain (non-compacting) calls of wide rows in grids below this many rows use PDL mode 3.
 PDL_AFTER_WAIT_MAX_ROWS = 512
-# Plain calls of rows of more than 1024 positions (K=2048 measured) in grids of up to this
-# many rows stage the whole block-table row (RemapLayout.stage_row), with 16 warps and PDL
-# mode 3.
+# Plain calls of rows of more than 1024 positions in grids of up to this many rows stage
+# the whole block-table row (RemapLayout.stage_row), with 16 warps and PDL mode 3.
 STAGE_ROW_MAX_ROWS = 1024
 # Plain calls of narrow rows whose width is not a power of two, from this many rows on,
 # use the flat layout: FLAT_CHUNK entries a step, rows_per_program rows a program, at most
@@ -135,7 +105,6 @@ def choose_remap_layout(
     *,
     count_valid: bool,
     compact: bool = False,
-    policy: str = "auto",
     num_rows: int | None = None,
     num_blocks: int | None = None,
 ) -> RemapLayout:
@@ -145,39 +114,17 @@ def choose_remap_layout(
         num_cols: K, the width of ``token_indices``.
         count_valid: valid counts are requested (or needed by compaction).
         compact: valid entries are compacted to a prefix.
-        policy: ``"auto"``, ``"seed"`` or ``"tiled_atomic"`` (see the module docstring).
-        num_rows: T; ``auto`` picks from it the warps, the evict-first hint, the PDL mode,
+        num_rows: T; it picks from it the warps, the evict-first hint, the PDL mode,
             the flat layout (large calls) and whole-row staging (small ones).
-        num_blocks: W, the block table's width; ``auto`` stages block-table rows only when
+        num_blocks: W, the block table's width; it stages block-table rows only when
             it is known and at most ``MAX_STAGED_PAGES``.
 
     Raises:
-        ValueError: unknown policy, or K that the tiled layouts cannot cover
-            (not a multiple of 128).
+        ValueError: K < 1.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"layout must be one of {POLICIES}, got {policy!r}")
     if num_cols < 1:
         raise ValueError(f"token_indices must have at least one column, got K={num_cols}")
     count_valid = count_valid or compact
-
-    if policy == "seed" and count_valid and next_pow2(num_cols) == num_cols:
-        return RemapLayout(1, num_cols, 1, 1, atomic=False, tail_in_kernel=False, num_warps=8)
-    if policy in ("seed", "tiled_atomic"):
-        if num_cols % LEGACY_TILE != 0:
-            raise ValueError(
-                f"the {policy!r} layout tiles rows into {LEGACY_TILE}-wide column tiles, so K "
-                f"must be a multiple of {LEGACY_TILE}; got K={num_cols} (use layout='auto')"
-            )
-        return RemapLayout(
-            1,
-            LEGACY_TILE,
-            1,
-            num_cols // LEGACY_TILE,
-            atomic=count_valid,
-            tail_in_kernel=False,
-            num_warps=4,
-        )
 
     flat_rows = FLAT_CHUNK // math.gcd(num_cols, FLAT_CHUNK)
     flat_chunks = flat_rows * num_cols // FLAT_CHUNK
@@ -190,9 +137,7 @@ def choose_remap_layout(
         and flat_rows <= MAX_FLAT_ROWS
         and flat_chunks <= MAX_FLAT_CHUNKS
     ):
-        # K = 384 (benchmarks/exp_remap.py --data bench): 11% faster at 4096 rows, 31% at
-        # 16384 than one 512-lane row a program (a quarter of the lanes idle); slower at
-        # 256-1024 rows, where the steps' round trips add up in a small grid.
+        # No idle lanes (K = 384 in 512-lane rows idles a quarter); pays only in big grids.
         return RemapLayout(
             flat_rows,
             FLAT_CHUNK,
@@ -214,22 +159,15 @@ def choose_remap_layout(
         num_warps = 16 if block_cols <= 1024 else 8
     # Never more warps than one element per thread.
     num_warps = max(1, min(num_warps, block_cols // 32))
-    # Waiting for the previous launch was faster than without PDL at every measured shape.
-    # Letting the next launch start early as well (1) was faster still for narrow rows:
-    # in small grids, and on the bench's data also from 1024 rows (K = 384/512: 7-11%
-    # faster at 1024 rows, 1-3% at 4096-16384; two runs); but up to 19% slower for K=2048
-    # at 256 rows. Letting it start right after the wait (3) was 9-12% faster for K=2048
-    # at 32-256 rows, 6-7% slower at 512, within 2% elsewhere (three runs of the plain
-    # remap; benchmarks/exp_remap.py --data bench). DCP compaction keeps the rules it
-    # was measured with.
+    # Always wait for the previous launch; narrow rows also let the next start early (1),
+    # wide rows in small plain grids right after the wait (3) (README: PDL).
     if block_cols <= 512:
         pdl = 2 if many and compact else 1
     else:
         small = num_rows is not None and num_rows < PDL_AFTER_WAIT_MAX_ROWS
         pdl = 3 if small and not compact else 2
     stage = (
-        HAS_GATHER
-        and num_cols >= STAGE_MIN_COLS
+        num_cols >= STAGE_MIN_COLS
         and num_chunks == 1
         and num_blocks is not None
         and 1 <= num_blocks <= MAX_STAGED_PAGES
@@ -241,8 +179,7 @@ def choose_remap_layout(
         and num_rows is not None
         and num_rows <= STAGE_ROW_MAX_ROWS
     ):
-        # The whole block-table row needs no wait for the positions: K=2048 4-18% faster at
-        # 1-1024 rows, with 16 warps and PDL mode 3 (benchmarks/exp_remap.py --data bench).
+        # The whole block-table row needs no wait for the positions (README: staging).
         return RemapLayout(
             1,
             block_cols,
@@ -304,8 +241,6 @@ def validate_layout(
             f"layout {layout}: stage_pages needs a block table of 1..{MAX_STAGED_PAGES} "
             f"columns, got {num_blocks}"
         )
-    if layout.stage_pages and not HAS_GATHER:
-        raise ValueError(f"layout {layout}: stage_pages needs tl.gather (Triton >= 3.2)")
     if layout.stage_pages and layout.rows_per_program != 1:
         raise ValueError(f"layout {layout}: stage_pages needs rows_per_program == 1")
     if layout.flat:
@@ -322,8 +257,8 @@ def validate_layout(
     if layout.stage_row:
         if not layout.flat or layout.rows_per_program != 1 or layout.num_chunks != 1:
             raise ValueError(f"layout {layout}: stage_row needs flat, one row and one step")
-        if not 1 <= num_blocks <= MAX_STAGED_PAGES or not HAS_GATHER:
+        if not 1 <= num_blocks <= MAX_STAGED_PAGES:
             raise ValueError(
-                f"layout {layout}: stage_row needs tl.gather and a block table of "
+                f"layout {layout}: stage_row needs a block table of "
                 f"1..{MAX_STAGED_PAGES} columns, got {num_blocks}"
             )

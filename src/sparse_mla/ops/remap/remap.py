@@ -366,16 +366,17 @@ def _launch(
     compact = compact and dcp_size > 1
     count = return_valid_counts or compact
     if isinstance(layout, str):
+        if layout != "auto":
+            raise ValueError(f"layout must be 'auto' or a RemapLayout, got {layout!r}")
         layout = choose_remap_layout(
             num_cols,
             count_valid=count,
             compact=compact,
-            policy=layout,
             num_rows=num_tokens,
             num_blocks=block_table.shape[1],
         )
     elif not isinstance(layout, RemapLayout):
-        raise TypeError(f"layout must be a policy name or a RemapLayout, got {type(layout)}")
+        raise TypeError(f"layout must be 'auto' or a RemapLayout, got {type(layout)}")
     validate_layout(layout, num_cols, count=count, compact=compact, num_blocks=block_table.shape[1])
 
     device = check_same_device(
@@ -511,7 +512,8 @@ def convert_req_index_to_global_index(
             no two elements sharing memory); sharing memory with an input or with
             ``valid_counts_out`` raises ``ValueError``.
         valid_counts_out: optional int32 ``[T]`` for the counts (same rules).
-        layout: ``"auto"`` (ours), ``"seed"``, ``"tiled_atomic"`` or a :class:`RemapLayout`.
+        layout: ``"auto"`` (:func:`choose_remap_layout` picks from the shapes) or a
+            :class:`RemapLayout`.
         enable_pdl: programmatic dependent launch in the layout's mode (``RemapLayout.pdl``).
             None or True: on where the device supports it (Hopper on); False: off.
 
@@ -576,8 +578,8 @@ def filter_and_convert_dcp_index(
         dcp_rank: this rank, in ``[0, dcp_size)``.
         interleave: tokens per interleave group; must divide ``block_size``.
         compact: write this rank's slots as a prefix ``[0, valid_count)`` of each row, in
-            column order, then -1 (deterministic with the ``auto`` layout; the
-            ``tiled_atomic`` layout leaves the prefix order arbitrary). Without it, entries
+            column order, then -1 (deterministic with the ``auto`` layout; an ``atomic``
+            layout leaves the prefix order arbitrary). Without it, entries
             keep their columns and positions of other ranks become -1.
         layout, enable_pdl: as in :func:`convert_req_index_to_global_index`.
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..._runtime import HAS_GATHER, cdiv, next_pow2
+from ..._runtime import cdiv, next_pow2
 from .workspace import MAX_SPLITS, PF_CAP, PF_MAX_N
 
 # Largest k: the short-row epilogue unrolls k / 1024 column blocks at compile time.
@@ -36,7 +36,7 @@ class TopKConfig:
         prefilter_mark_min_scores: from this many scores per call the prefilter marks its
             candidates in a bitmap (no atomic round trip per chunk) instead of copying them
             to a buffer (listing them from the bitmap costs the finish 3-4 us, which pays
-            from about 2M scores). Needs ``use_gather``.
+            from about 2M scores).
         prefilter_sample: most scores the prefilter samples per row (groups of 8 adjacent
             positions; power of two).
         prefilter_min_sample: fewest scores it samples per row (power of two).
@@ -59,8 +59,6 @@ class TopKConfig:
             launch next with the PDL attribute must wait before it reads the output.
         pdl_early_prefilter: calls that run the prefilter use mode 1 (let the next launch
             start its programs before waiting), measured faster at every prefilter shape.
-        use_gather: use ``tl.gather`` (staged block-table pages, the marking prefilter, the
-            finish's column ranks on chip); False takes the paths for Triton without it.
     """
 
     row_block: int = 4096
@@ -82,7 +80,6 @@ class TopKConfig:
     split_stage_max: int = 2048
     pdl: int = 3
     pdl_early_prefilter: bool = True
-    use_gather: bool = HAS_GATHER
 
 
 DEFAULT_CONFIG = TopKConfig()
@@ -125,8 +122,6 @@ def _validate(config: TopKConfig) -> None:
         raise ValueError(f"config.tile_radix_bits must be 5, 6 or 8, got {config.tile_radix_bits}")
     if isinstance(config.pdl, bool) or config.pdl not in (0, 1, 2, 3):
         raise ValueError(f"config.pdl must be 0, 1, 2 or 3, got {config.pdl!r}")
-    if config.use_gather and not HAS_GATHER:
-        raise ValueError("config.use_gather needs tl.gather (Triton >= 3.2)")
 
 
 @dataclass(frozen=True)
@@ -190,7 +185,7 @@ def prefilter_applies(n: int, k: int) -> bool:
 def prefilter_marks(rows: int, n: int, config: TopKConfig) -> bool:
     """Whether the prefilter of a ``[rows, n]`` call marks its candidates in a bitmap (else
     it copies them out to a buffer)."""
-    return rows * n >= config.prefilter_mark_min_scores and config.use_gather
+    return rows * n >= config.prefilter_mark_min_scores
 
 
 def prefilter_sample(n: int, config: TopKConfig) -> int:
@@ -214,9 +209,9 @@ def tile_passes_for(bits: int, radix_bits: int) -> int:
 
 def stage_size(fused: bool, span: int, block_size: int, most: int, config: TopKConfig) -> int:
     """Block-table entries to stage for outputs among ``span`` consecutive positions (0: read
-    them one by one; also without ``tl.gather``)."""
+    them one by one)."""
     pages = next_pow2(cdiv(span, block_size))
-    return pages if fused and config.use_gather and pages <= most else 0
+    return pages if fused and pages <= most else 0
 
 
 # Pure and called on every launch: cached to keep host overhead down.

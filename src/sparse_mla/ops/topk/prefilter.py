@@ -210,9 +210,7 @@ def _list_marked(x_row, s_xn, ws_row, length, total, TILE: tl.constexpr, LOG_WOR
 
 
 @triton.jit
-def _columns_from_bitmap(
-    ws_row, length, pos, take, TILE: tl.constexpr, LOG_WORDS: tl.constexpr, GATHER: tl.constexpr
-):
+def _columns_from_bitmap(ws_row, length, pos, take, TILE: tl.constexpr, LOG_WORDS: tl.constexpr):
     """Output column of each taken position of an unordered buffer: the taken positions
     before it, from a bitmap of them (popcounts and one scan over its words)."""
     WORDS: tl.constexpr = 1 << LOG_WORDS  # WORDS * 32 >= N
@@ -225,16 +223,8 @@ def _columns_from_bitmap(
     words = words.to(tl.uint32, bitcast=True)
     n_set = popcount(words)
     word = pos >> 5
-    if GATHER:  # on chip
-        col = tl.gather(tl.cumsum(n_set, 0) - n_set, word, 0)
-        mine = tl.gather(words, word, 0)
-    else:
-        mine = tl.load(bmp + word, mask=take, other=0, cache_modifier=".cg")
-        mine = mine.to(tl.uint32, bitcast=True)
-        tl.debug_barrier()  # every read of the bitmap is done: it takes the running counts
-        tl.store(bmp + w, tl.cumsum(n_set, 0) - n_set, mask=w * 32 < length)
-        tl.debug_barrier()
-        col = tl.load(bmp + word, mask=take, other=0, cache_modifier=".cg")
+    col = tl.gather(tl.cumsum(n_set, 0) - n_set, word, 0)
+    mine = tl.gather(words, word, 0)
     return col + popcount(mine & (bit - 1))
 
 
@@ -257,7 +247,6 @@ def _prefilter_select(
     LOG_WORDS: tl.constexpr,
     FUSED: tl.constexpr,
     RB: tl.constexpr,
-    GATHER: tl.constexpr,
     MARKED: tl.constexpr,
 ):
     """Top K of a row with more than K (so at least one key is not selected, which
@@ -290,7 +279,7 @@ def _prefilter_select(
     if MARKED:
         col = tl.cumsum(take.to(tl.int32), 0) - 1
     else:
-        col = _columns_from_bitmap(ws_row, length, pos, take, TILE, LOG_WORDS, GATHER)
+        col = _columns_from_bitmap(ws_row, length, pos, take, TILE, LOG_WORDS)
     ok = emit(
         o_row,
         s_oc,
@@ -341,7 +330,6 @@ def _prefilter_finish_kernel(
     FUSED: tl.constexpr,
     COUNTS: tl.constexpr,
     RB: tl.constexpr,
-    GATHER: tl.constexpr,
     MARKED: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -392,7 +380,6 @@ def _prefilter_finish_kernel(
                 LOG_WORDS,
                 FUSED,
                 RB,
-                GATHER,
                 MARKED,
             )
         if COUNTS:
@@ -455,7 +442,6 @@ def launch_finish(
         FUSED=fused,
         COUNTS=counts,
         RB=config.tile_radix_bits,
-        GATHER=config.use_gather,
         MARKED=plan.marked,
         num_warps=config.prefilter_warps,
         **pdl,

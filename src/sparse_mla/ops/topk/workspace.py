@@ -11,7 +11,7 @@ Per row, ``WS_ROW_STRIDE`` int32:
   word), a "row done" flag (a diagnostic: no kernel reads it), the threshold key and the
   next free buffer slot.
 * ``PF_BMP``: a bitmap of the row's positions: the candidates (marking pass) or the selected
-  (copying pass; without ``tl.gather`` then the running count before each word).
+  (copying pass).
 * ``PF_BUF``: the candidate buffer (``PF_CAP`` keys, then their positions; copying pass).
 
 After every row's part, at the very end of the tensor given: the list of rows the
