@@ -49,7 +49,7 @@ from .. import _runtime
 from .._checks import check_int, check_output, check_same_device, check_shape, check_tensor
 from .._runtime import cdiv, next_pow2
 from ..ops._common.dcp import dcp_global
-from ..ops.topk import select_topk, supported_k, topk_workspace
+from ..ops.topk import MAX_K, select_topk, supported_k, topk_workspace
 from ._dist import all_gather_into, check_group
 
 __all__ = [
@@ -249,7 +249,7 @@ def _check_dcp_layout(dcp_size: int, dcp_rank: int, interleave: int) -> None:
 
 def _check_k(k: object) -> None:
     if not supported_k(k):
-        raise ValueError(f"k must be a positive multiple of 128 and at most 4096, got {k!r}")
+        raise ValueError(f"k must be an int in [1, {MAX_K}], got {k!r}")
 
 
 def local_topk_candidates(
@@ -418,7 +418,7 @@ def global_topk(
         local_seq_lens: int32 ``[T]``, this rank's visible positions of each row
             (``dcp_local_count`` of the row's length; ``sparse_mla.dcp_local_seq_lens``);
             device data, clamped to ``[0, N_local]``. 0 for CUDA-graph padding rows.
-        k: positions per row, a positive multiple of 128 up to 4096; the same on every rank.
+        k: positions per row, 1 to ``MAX_K``; the same on every rank.
         dcp_size: ranks the cache is sharded over; must equal ``group``'s size.
         dcp_rank: this rank in ``[0, dcp_size)``; must equal its rank in ``group``.
         interleave: positions per interleave group (>= 1).
