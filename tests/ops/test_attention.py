@@ -210,6 +210,30 @@ def test_fused_remap_equals_remap_then_attend(seed, fp8):
         assert torch.equal(two_step[0], fused[0]) and torch.equal(two_step[1], fused[1])
 
 
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+@pytest.mark.parametrize("rows_major", [False, True], ids=["heads", "rows"])
+def test_prefetch_equals_plain_loop(seed, fp8, rows_major):
+    """The hand-pipelined loop computes the same blocks in the same order: bit-equal to the
+    plain loop, through hostile ids, valid counts that end mid-block, splits and the fused
+    remap (its slots two blocks ahead must stop at each split's end)."""
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=4, h=16, topk=96, fp8=fp8)
+    idx[0] = -1
+    idx[1, 5::3] = ROWS + 7
+    lens = torch.tensor([96, 50, 17, 0], dtype=torch.int32)
+    bt = torch.randperm(PAGES, generator=g).int().view(1, PAGES).repeat(4, 1)
+    req = torch.arange(4, dtype=torch.int32)
+    pos = torch.randint(-1, ROWS, (4, 96), generator=g, dtype=torch.int32)
+    for splits in (1, 3):
+        plain = AttentionConfig(block_n=16, num_splits=splits, rows_major=rows_major)
+        fetch = AttentionConfig(block_n=16, num_splits=splits, rows_major=rows_major, prefetch=True)
+        for kw in (dict(topk_length=lens), dict(block_table=bt, req_id=req, block_size=PAGE)):
+            ix = pos if "block_table" in kw else idx
+            a = _check(q, cache, ix, config=plain, **kw)
+            b = _check(q, cache, ix, config=fetch, **kw)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
 def test_attention_sink(seed):
     g = _gen(seed)
     q, cache, idx = _case(g, T=3, h=16)

@@ -35,6 +35,8 @@ class AttentionConfig:
     combine_dims: output dims per combine program (power of two dividing 512).
     rows_major: the cache rows, not the heads, as the MMA's M dimension (for few heads; see
         ``ops/attention/decode.py``).
+    prefetch: gather each block's rows while the previous block computes, and its slots
+        two blocks ahead, by hand in registers (``num_stages`` is then not used).
     pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
@@ -49,6 +51,7 @@ class AttentionConfig:
     combine_heads: int = 8
     combine_dims: int = 128
     rows_major: bool = False
+    prefetch: bool = False
     pdl: bool = True
 
     def head_blocks(self, h_q: int) -> int:

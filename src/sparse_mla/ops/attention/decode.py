@@ -95,20 +95,60 @@ def _block_slots(
 
 
 @triton.jit
-def _load_nope(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
-    """Nope values ``[g*128, g*128 + 128)`` of the block's rows: fp16 (fp8 cache, exact) or
-    bf16, zeros where not valid."""
+def _load_raw(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
+    """Raw nope values ``[g*128, g*128 + 128)`` of the block's rows as stored (e4m3 bytes or
+    bf16), zeros where not valid; :func:`_to_operand` makes them a dot operand."""
     d = g * 128 + tl.arange(0, 128)
     if FP8:
         raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None], other=0)
+    else:
+        raw = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
+    return raw
+
+
+@triton.jit
+def _to_operand(raw, ok, FP8: tl.constexpr):
+    """fp16 (fp8 cache, exact) or bf16 dot operand of :func:`_load_raw`'s values."""
+    if FP8:
         vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         # A no-op for the values, but it keeps the conversion in the load's layout: without
         # it Triton converts in each dot's operand layout (twice per value, both copies in
         # registers) and does not pipeline the byte gathers (benchmarks/inspect_attention_sm90.py).
         vals = tl.where(ok[:, None], vals, 0.0)
     else:
-        vals = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
+        vals = raw
     return vals
+
+
+@triton.jit
+def _load_block(kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2,
+                PAGE: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """Gather one block's rows by slot: raw nope groups r0..r3, rope ``kr`` (bf16) and the
+    fp8 scales s0..s3 (1.0 for the bf16 cache)."""
+    row = (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1
+    r0 = _load_raw(kv_u8, kv_bf16, row, ok, 0, kv_s2, FP8)
+    r1 = _load_raw(kv_u8, kv_bf16, row, ok, 1, kv_s2, FP8)
+    r2 = _load_raw(kv_u8, kv_bf16, row, ok, 2, kv_s2, FP8)
+    r3 = _load_raw(kv_u8, kv_bf16, row, ok, 3, kv_s2, FP8)
+    r = tl.arange(0, 64)
+    if FP8:
+        words = row // 4 + K_SCALE_WORD
+        s0 = tl.load(kv_f32 + words, mask=ok, other=0.0)
+        s1 = tl.load(kv_f32 + words + 1, mask=ok, other=0.0)
+        s2 = tl.load(kv_f32 + words + 2, mask=ok, other=0.0)
+        s3 = tl.load(kv_f32 + words + 3, mask=ok, other=0.0)
+        kr = tl.load(
+            kv_bf16 + (row // 2 + K_ROPE_HALF)[:, None] + r[None, :], mask=ok[:, None], other=0.0
+        )
+    else:  # (scalar tensors: they are loop-carried with the prefetch)
+        s0 = tl.full([], 1.0, tl.float32)
+        s1 = s0
+        s2 = s0
+        s3 = s0
+        kr = tl.load(
+            kv_bf16 + row[:, None] + (512 + r)[None, :] * kv_s2, mask=ok[:, None], other=0.0
+        )
+    return r0, r1, r2, r3, kr, s0, s1, s2, s3
 
 
 @triton.jit
@@ -235,6 +275,31 @@ def _step_rows_major(
 
 
 @triton.jit
+def _step(
+    q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
+    m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, ROWS_MAJOR: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """One block of gathered rows (raw, from :func:`_load_block`) into the running state."""
+    k0 = _to_operand(r0, ok, FP8)
+    k1 = _to_operand(r1, ok, FP8)
+    k2 = _to_operand(r2, ok, FP8)
+    k3 = _to_operand(r3, ok, FP8)
+    if ROWS_MAJOR:
+        m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step_rows_major(
+            q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
+            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, BLOCK_H, BLOCK_N, FP8, INTERPRET,
+        )  # fmt: skip
+    else:
+        m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step_heads_major(
+            q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
+            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, BLOCK_H, BLOCK_N, FP8, INTERPRET,
+        )  # fmt: skip
+    return m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3
+
+
+@triton.jit
 def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
     """The program's queries, loaded once: four 128-wide nope groups (fp8 cache: in fp16,
     scaled per head by a power of two into fp16's top binade) and the bf16 rope part, with
@@ -308,7 +373,7 @@ def _sparse_mla_decode_kernel(
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr, ROWS_MAJOR: tl.constexpr, NUM_STAGES: tl.constexpr,
-    INTERPRET: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
     pid = tl.program_id(0)
@@ -335,7 +400,6 @@ def _sparse_mla_decode_kernel(
     q0, q1, q2, q3, qr, q_inv = _load_queries(
         q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1, hmask, q_s2, BLOCK_H, FP8
     )
-    r = tl.arange(0, 64)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     if ROWS_MAJOR:  # rows x heads: the queries are the B operand, the accumulators [128, H]
@@ -357,46 +421,48 @@ def _sparse_mla_decode_kernel(
     c1 = tl.full([], 1.0, tl.float32)
     c2 = tl.full([], 1.0, tl.float32)
     c3 = tl.full([], 1.0, tl.float32)
-    for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=NUM_STAGES):
-        cols = start + tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        # By hand, two deep: block i's rows were gathered during block i - 1, block i + 1's
+        # slots read during block i - 1, so no load waits on the one before it.
         slot, ok = _block_slots(
-            idx_row, idx_s1, cols, col_hi, num_rows, bt_row, bt_s1, bt_width, req_ok,
-            block_size, FUSED,
+            idx_row, idx_s1, col_lo + tl.arange(0, BLOCK_N), col_hi, num_rows, bt_row, bt_s1,
+            bt_width, req_ok, block_size, FUSED,
         )  # fmt: skip
-        row = (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1
-        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, FP8)
-        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, FP8)
-        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, FP8)
-        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, FP8)
-        if FP8:
-            words = row // 4 + K_SCALE_WORD
-            s0 = tl.load(kv_f32 + words, mask=ok, other=0.0)
-            s1 = tl.load(kv_f32 + words + 1, mask=ok, other=0.0)
-            s2 = tl.load(kv_f32 + words + 2, mask=ok, other=0.0)
-            s3 = tl.load(kv_f32 + words + 3, mask=ok, other=0.0)
-            kr = tl.load(
-                kv_bf16 + (row // 2 + K_ROPE_HALF)[:, None] + r[None, :],
-                mask=ok[:, None], other=0.0,
-            )  # fmt: skip
-        else:
-            s0 = 1.0
-            s1 = 1.0
-            s2 = 1.0
-            s3 = 1.0
-            kr = tl.load(
-                kv_bf16 + row[:, None] + (512 + r)[None, :] * kv_s2, mask=ok[:, None], other=0.0
+        r0, r1, r2, r3, kr, s0, s1, s2, s3 = _load_block(
+            kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2, PAGE, FP8
+        )
+        slot_n, ok_n = _block_slots(
+            idx_row, idx_s1, col_lo + BLOCK_N + tl.arange(0, BLOCK_N), col_hi, num_rows,
+            bt_row, bt_s1, bt_width, req_ok, block_size, FUSED,
+        )  # fmt: skip
+        for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=1):
+            n0, n1, n2, n3, nr, t0, t1, t2, t3 = _load_block(
+                kv_u8, kv_f32, kv_bf16, slot_n, ok_n, kv_s0, kv_s1, kv_s2, PAGE, FP8
             )
-        if ROWS_MAJOR:
-            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step_rows_major(
-                q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
-                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-                BLOCK_H, BLOCK_N, FP8, INTERPRET,
+            slot_nn, ok_nn = _block_slots(
+                idx_row, idx_s1, start + 2 * BLOCK_N + tl.arange(0, BLOCK_N), col_hi, num_rows,
+                bt_row, bt_s1, bt_width, req_ok, block_size, FUSED,
             )  # fmt: skip
-        else:
-            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step_heads_major(
-                q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
+            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
+                q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
                 m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-                BLOCK_H, BLOCK_N, FP8, INTERPRET,
+                BLOCK_H, BLOCK_N, FP8, ROWS_MAJOR, INTERPRET,
+            )  # fmt: skip
+            r0, r1, r2, r3, kr, s0, s1, s2, s3 = n0, n1, n2, n3, nr, t0, t1, t2, t3
+            ok, slot_n, ok_n = ok_n, slot_nn, ok_nn
+    else:
+        for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=NUM_STAGES):
+            slot, ok = _block_slots(
+                idx_row, idx_s1, start + tl.arange(0, BLOCK_N), col_hi, num_rows, bt_row,
+                bt_s1, bt_width, req_ok, block_size, FUSED,
+            )  # fmt: skip
+            r0, r1, r2, r3, kr, s0, s1, s2, s3 = _load_block(
+                kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2, PAGE, FP8
+            )
+            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
+                q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
+                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
+                BLOCK_H, BLOCK_N, FP8, ROWS_MAJOR, INTERPRET,
             )  # fmt: skip
     if ROWS_MAJOR:
         acc0 = tl.trans(acc0)
