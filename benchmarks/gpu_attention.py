@@ -366,7 +366,7 @@ def _sweep_configs(h: int, t: int, fmt: str):
         shapes += [(bh, True, 64, 4), (bh, True, 64, 8)]
     for block_h, rows_major, bn, warps in shapes:
         for mode in modes:
-            if rows_major and fmt == "bf16" and mode.get("num_stages") == 1:
+            if rows_major and fmt == "bf16" and mode.get("num_stages", 1) == 1:
                 continue  # rejected: miscompiles on sm_90
             for sp in splits:
                 yield AttentionConfig(block_h, bn, sp, warps, rows_major=rows_major, **mode)
@@ -376,27 +376,26 @@ def _parse_shapes(text: str):
     return [(int(h), int(t), fmt) for h, t, fmt in (x.split(":") for x in text.split(",") if x)]
 
 
-def _precompile(job) -> int:
+def _precompile(job) -> list[str]:
     """One worker of the sweep's parallel compile: run each config once on a small cache with
-    the same specialisation (page 64, topk 2048), which fills Triton's on-disk cache."""
+    the same specialisation (page 64, topk 2048), which fills Triton's on-disk cache. Returns
+    the configs that failed (after an illegal access, the rest of this worker's list too)."""
     h, t, fmt, cfgs = job
     dev = torch.device("cuda")
     cache = new_mla_cache(64, PAGE, fp8=fmt == "fp8", device=dev)
     q = torch.randn(t, h, 576, device=dev).bfloat16()
     ix = torch.randint(0, 64 * PAGE, (t, TOPK), device=dev, dtype=torch.int32)
-    done = 0
-    for cfg in cfgs:
+    for i, cfg in enumerate(cfgs):
         try:
             ws = attention_workspace(t, h, TOPK, config=cfg, device=dev)
             sparse_mla_decode(q, cache, ix, sm_scale=SCALE, config=cfg, workspace=ws)
-            done += 1
-        except Exception:  # noqa: BLE001  (the timing pass records the error)
-            pass
-    torch.cuda.synchronize()
-    return done
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001
+            return [str(c) for c in cfgs[i:]]
+    return []
 
 
-def precompile(shapes, workers: int) -> None:
+def precompile(shapes, workers: int) -> set[str]:
     import multiprocessing as mp
 
     jobs = []
@@ -405,16 +404,21 @@ def precompile(shapes, workers: int) -> None:
         jobs += [(h, t, fmt, cfgs[i::workers]) for i in range(workers)]
     t0 = time.time()
     with mp.get_context("spawn").Pool(workers) as pool:
-        n = sum(pool.map(_precompile, jobs))
-    _log(f"sweep: precompiled {n} launches in {time.time() - t0:.0f} s with {workers} workers")
+        bad = {c for failed in pool.map(_precompile, jobs) for c in failed}
+    _log(f"sweep: precompiled in {time.time() - t0:.0f} s with {workers} workers; "
+         f"{len(bad)} configs failed or untried there (skipped)")  # fmt: skip
+    return bad
 
 
-def sweep(caches, dev, results: list, t_start: float, shapes) -> None:
+def sweep(caches, dev, results: list, t_start: float, shapes, skip=frozenset()) -> None:
     for h, t, fmt in shapes:
         q = torch.randn(t, h, 576, device=dev).bfloat16()
         idxs = rand_indices(t, dev)
         best = None
         for cfg in _sweep_configs(h, t, fmt):
+            if str(cfg) in skip:
+                results.append(dict(h_q=h, T=t, cache=fmt, config=str(cfg), error="precompile"))
+                continue
             if time.time() - t_start > BUDGET_S:
                 _log("sweep: time budget spent, stopping")
                 return
@@ -473,9 +477,8 @@ def main() -> int:
     )  # fmt: skip
     shapes = _parse_shapes(args.sweep_shapes)
     if args.sweep_only:
-        if args.precompile:
-            precompile(shapes, args.precompile)
-        sweep(caches, dev, res["sweep"], time.time(), shapes)
+        skip = precompile(shapes, args.precompile) if args.precompile else frozenset()
+        sweep(caches, dev, res["sweep"], time.time(), shapes, skip)
         return _finish(res, True, t_start, args.out)
     ok = correctness(caches, dev, res["correctness"])
 

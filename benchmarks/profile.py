@@ -41,6 +41,8 @@ NCU_ARGS = {
     "logits": "--section SpeedOfLight --section WarpStateStats --section Occupancy "
     "--section LaunchStats --section ComputeWorkloadAnalysis -k regex:_index_logits_kernel "
     "--launch-skip 1 --launch-count 3",
+    "attention": "--section SpeedOfLight --section WarpStateStats --section Occupancy "
+    "--section LaunchStats --section MemoryWorkloadAnalysis -k regex:_sparse_mla_decode_kernel",
 }
 
 

@@ -17,6 +17,8 @@ HEAD_DIM = NOPE + ROPE
 INT32_MAX = 2**31 - 1
 # "SMs" the launch-shape choice assumes under the interpreter: small calls still split.
 INTERPRETER_SMS = 4
+# Partial-output values one combine program loads at once (32 registers a thread at 4 warps).
+COMBINE_TILE = 4096
 
 
 @dataclass(frozen=True)
@@ -191,12 +193,12 @@ def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
     check_int("config.num_stages", cfg.num_stages, lo=1)
     if cfg.num_warps not in (4, 8):
         raise ValueError(f"config.num_warps must be 4 or 8, got {cfg.num_warps}")
-    if cfg.rows_major and cfg.num_stages == 1 and cache_format == "bf16":
+    if cfg.rows_major and (cfg.num_stages == 1 or cfg.prefetch) and cache_format == "bf16":
         # Measured on the H200 (Triton 3.6): wrong outputs at 4 warps, illegal memory
-        # accesses at 8; docs/PERF.md, attention launch-shape sweep.
+        # accesses at 8 (the prefetch loop runs one stage too); docs/PERF.md.
         raise ValueError(
-            "config: rows_major with num_stages=1 on a bf16 cache miscompiles on sm_90 "
-            "(Triton 3.6); use num_stages >= 2"
+            "config: rows_major with num_stages=1 or prefetch on a bf16 cache miscompiles on "
+            "sm_90 (Triton 3.6); use num_stages >= 2 without prefetch"
         )
     if cfg.block_h not in (16, 32, 64):
         raise ValueError(f"config.block_h must be 16, 32 or 64, got {cfg.block_h}")
@@ -273,6 +275,7 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         attn_sink if attn_sink is not None else lse, out, lse,
         h_q, splits, head_blocks, dim_blocks, *out.stride(), *lse.stride(),
         BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
+        CHUNK=min(next_pow2(splits), max(1, COMBINE_TILE // (block_h * cfg.combine_dims))),
         HAS_SINK=attn_sink is not None, INTERPRET=INTERPRETER, num_warps=4,
         **pdl_launch(q.device, 2 if cfg.pdl else 0),
     )  # fmt: skip

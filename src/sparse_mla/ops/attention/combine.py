@@ -1,8 +1,9 @@
 """Merge the splits' partial (out, lse) of the sparse MLA decode, in a fixed order.
 
 Each split wrote its normalised partial output ``o_s`` (fp32) and base-2 log-sum-exp ``l_s``;
-the row's ``lse = log2 sum_s 2^l_s`` and ``out = sum_s 2^(l_s - lse) o_s``, summed in split
-order (no atomics: the result is bitwise identical run to run). Splits without a valid entry
+the row's ``lse = log2 sum_s 2^l_s`` and ``out = sum_s 2^(l_s - lse) o_s``, summed in a
+fixed order (chunks of splits in order, a fixed reduction tree inside a chunk; no atomics:
+the result is bitwise identical run to run). Splits without a valid entry
 have ``l_s = -inf`` and weigh 0; a row where every split is empty gives out 0, lse -inf.
 The attention sink, when given, is applied here (the splits cannot know the full lse).
 """
@@ -21,7 +22,7 @@ def _combine_kernel(
     part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr,
     h_q, num_splits, head_blocks, dim_blocks,
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P: tl.constexpr, CHUNK: tl.constexpr,
     HAS_SINK: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
@@ -47,15 +48,25 @@ def _combine_kernel(
         sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
         scale = tl.where(has, scale / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
 
+    # CHUNK splits' partial outputs per load, all in flight at once (one memory latency for
+    # a small T's many splits, where one split at a time waited for each).
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     base = (t64 * num_splits * h_q + heads.to(tl.int64))[:, None] * K_NOPE + d[None, :]
-    for s in range(0, num_splits):
-        l_one = tl.load(part_lse_ptr + (t64 * num_splits + s) * h_q + heads, mask=hmask,
-                        other=float("-inf"))  # fmt: skip
-        w = tl.exp2(l_one - m_use) * scale
-        o = tl.load(part_out_ptr + base + s * h_q * K_NOPE, mask=hmask[:, None], other=0.0)
-        acc += tl.where(w[:, None] > 0, o * w[:, None], 0.0)
+    ch = tl.arange(0, CHUNK)
+    for s0 in range(0, num_splits, CHUNK):
+        s_ok = (s0 + ch) < num_splits
+        l_c = tl.load(
+            part_lse_ptr + (t64 * num_splits + s0 + ch[:, None]) * h_q + heads[None, :],
+            mask=s_ok[:, None] & hmask[None, :], other=float("-inf"),
+        )  # fmt: skip
+        w = tl.exp2(l_c - m_use[None, :]) * scale[None, :]  # [CHUNK, BLOCK_H]
+        m3 = s_ok[:, None, None] & hmask[None, :, None]
+        o = tl.load(
+            part_out_ptr + base[None, :, :] + (s0 + ch)[:, None, None].to(tl.int64) * h_q * K_NOPE,
+            mask=m3, other=0.0,
+        )  # fmt: skip
+        acc += tl.sum(tl.where(w[:, :, None] > 0, o * w[:, :, None], 0.0), 0)
 
     o_ptr = out_ptr + t64 * out_s0 + heads[:, None].to(tl.int64) * out_s1 + d[None, :] * out_s2
     tl.store(o_ptr, to_bf16(acc, INTERPRET), mask=hmask[:, None])
