@@ -39,6 +39,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -345,31 +346,35 @@ def fused_ratio(caches, dev, results: dict, tokens) -> None:
 
 
 SWEEP_SHAPES = (
-    "16:1:fp8,16:8:fp8,16:32:fp8,16:128:fp8,16:512:fp8,128:8:fp8,128:128:fp8,"
-    "16:8:bf16,16:128:bf16,128:128:bf16"
+    "16:1:fp8,16:8:fp8,16:32:fp8,16:128:fp8,16:512:fp8,128:1:fp8,128:8:fp8,128:128:fp8,"
+    "16:1:bf16,16:8:bf16,16:128:bf16,128:128:bf16"
 )
 
 
 def _sweep_configs(h: int, t: int, fmt: str):
-    """Launch shapes to try at one shape: orientation x rows per step x pipelining (Triton's
-    stages 1 or 2, or the hand prefetch) x warps x splits (the heuristic's neighbours)."""
+    """Launch shapes to try at one shape: heads-major head blocks x rows per step x warps x
+    pipelining (Triton's stages, the hand prefetch, queries reread per block) x splits (the
+    heuristic's neighbours), one rows-major shape; the combine as the heuristic sets it."""
+    base = choose_attention_config(t, h, TOPK, fmt, 132)
     bh = min(64, max(16, 1 << (h - 1).bit_length()))
-    splits = {1: (8, 16, 32), 8: (4, 8, 16), 32: (2, 4, 8)}.get(
+    splits = {1: (16, 32, 64), 8: (4, 8, 16), 32: (2, 4, 8)}.get(
         t, (1, 2, 4) if t <= 128 else (1, 2)
     )
     modes = [dict(num_stages=1), dict(num_stages=2), dict(prefetch=True)]
-    shapes = []  # (block_h, rows_major, block_n, warps)
+    modes += [dict(num_stages=1, reload_q=True), dict(num_stages=2, reload_q=True)]
     if bh == 64:
-        shapes += [(64, False, 32, 8), (64, False, 64, 8), (32, True, 64, 8)]
+        shapes = [(64, False, 32, 8), (64, False, 64, 8), (32, False, 32, 4), (32, True, 64, 8)]
     else:
-        shapes += [(bh, False, bn, 4) for bn in (16, 32, 64)] + [(bh, False, 64, 8)]
-        shapes += [(bh, True, 64, 4), (bh, True, 64, 8)]
+        shapes = [(bh, False, 32, 4), (bh, False, 64, 4), (bh, False, 64, 8), (bh, True, 64, 8)]
     for block_h, rows_major, bn, warps in shapes:
         for mode in modes:
             if rows_major and fmt == "bf16" and mode.get("num_stages", 1) == 1:
                 continue  # rejected: miscompiles on sm_90
             for sp in splits:
-                yield AttentionConfig(block_h, bn, sp, warps, rows_major=rows_major, **mode)
+                yield replace(
+                    base, block_h=block_h, block_n=bn, num_splits=sp, num_warps=warps,
+                    rows_major=rows_major, **mode,
+                )  # fmt: skip
 
 
 def _parse_shapes(text: str):

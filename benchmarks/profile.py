@@ -11,7 +11,7 @@ right launches (the lease step ``ncu_<OP>`` runs it).
     logits          native indexer logits at n=4 (64 requests x 32K, V3.2 heads), bf16 then
                     fp8; two calls each, read the second
     attention       the sparse MLA decode at h_q 16, T 128, fp8 (topk 2048 over 2^20 rows):
-                    the default launch shape, heads-major 32-row steps, the same prefetched;
+                    the default launch shape, heads-major 32-row steps, the same rereading q;
                     two calls each, read the second
 """
 
@@ -105,7 +105,7 @@ def profile_attention(dev: str, tokens: int = 128, heads: int = 16, rows: int = 
     q = torch.randn(tokens, heads, 576, device=dev).bfloat16()
     idx = torch.randint(0, rows, (tokens, 2048), dtype=torch.int32, device=dev)
     heads_major = sparse_mla.AttentionConfig(block_n=32, num_splits=2, num_stages=1)
-    for cfg in (None, heads_major, replace(heads_major, prefetch=True)):
+    for cfg in (None, heads_major, replace(heads_major, reload_q=True)):
         for _ in range(2):
             sparse_mla.sparse_mla_decode(q, cache, idx, sm_scale=0.1352, config=cfg)
 

@@ -5,6 +5,8 @@ FlashMLA-shaped entry."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -214,7 +216,7 @@ def test_fused_remap_equals_remap_then_attend(seed, fp8):
 @pytest.mark.parametrize(
     "fp8,rows_major", [(True, False), (False, False), (True, True)], ids=["fp8", "bf16", "fp8-rows"]
 )  # (rows-major prefetch on a bf16 cache is rejected: test_bad_arguments)
-def test_prefetch_equals_plain_loop(seed, fp8, rows_major):
+def test_loop_variants_equal_plain_loop(seed, fp8, rows_major):
     """The hand-pipelined loop computes the same blocks in the same order: within tolerance of
     the reference and (interpreted) bit-equal to the plain loop, through hostile ids, valid
     counts that end mid-block, splits and the fused remap (its slots two blocks ahead must stop
@@ -229,13 +231,15 @@ def test_prefetch_equals_plain_loop(seed, fp8, rows_major):
     pos = torch.randint(-1, ROWS, (4, 96), generator=g, dtype=torch.int32)
     for splits in (1, 3):
         plain = AttentionConfig(block_n=16, num_splits=splits, rows_major=rows_major)
-        fetch = AttentionConfig(block_n=16, num_splits=splits, rows_major=rows_major, prefetch=True)
+        # The queries read again each block: the same values, the same results.
+        variants = [replace(plain, prefetch=True), replace(plain, reload_q=True)]
         for kw in (dict(topk_length=lens), dict(block_table=bt, req_id=req, block_size=PAGE)):
             ix = pos if "block_table" in kw else idx
             a = _check(q, cache, ix, config=plain, **kw)
-            b = _check(q, cache, ix, config=fetch, **kw)
-            if INTERPRETER:  # compiled, the two loops may contract multiply-adds differently
-                assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+            for cfg in variants:
+                b = _check(q, cache, ix, config=cfg, **kw)
+                if INTERPRETER:  # compiled, the loops may contract multiply-adds differently
+                    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_attention_sink(seed):

@@ -260,7 +260,7 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         PAGE=lay.page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=lay.fp8,
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, ROWS_MAJOR=cfg.rows_major, NUM_STAGES=cfg.num_stages,
-        PREFETCH=cfg.prefetch, INTERPRET=INTERPRETER,
+        PREFETCH=cfg.prefetch, RELOAD_Q=cfg.reload_q, INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,
         # With splits the combine may start launching early (it waits for this kernel).
         **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),

@@ -37,6 +37,8 @@ class AttentionConfig:
         ``ops/attention/decode.py``).
     prefetch: gather each block's rows while the previous block computes, and its slots
         two blocks ahead, by hand in registers (``num_stages`` is then not used).
+    reload_q: read the queries again for each block (they stay in L1) instead of holding
+        them in registers across the loop: fewer registers, more programs per SM.
     pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
@@ -52,6 +54,7 @@ class AttentionConfig:
     combine_dims: int = 128
     rows_major: bool = False
     prefetch: bool = False
+    reload_q: bool = False
     pdl: bool = True
 
     def head_blocks(self, h_q: int) -> int:

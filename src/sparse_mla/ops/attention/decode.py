@@ -277,11 +277,13 @@ def _step_rows_major(
 @triton.jit
 def _step(
     q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
-    m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
+    m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, q_row, hmask, q_s2, q_f,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, ROWS_MAJOR: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    RELOAD_Q: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """One block of gathered rows (raw, from :func:`_load_block`) into the running state."""
+    if RELOAD_Q:
+        q0, q1, q2, q3, qr = _load_queries(q_row, hmask, q_s2, q_f, FP8, ROWS_MAJOR)
     k0 = _to_operand(r0, ok, FP8)
     k1 = _to_operand(r1, ok, FP8)
     k2 = _to_operand(r2, ok, FP8)
@@ -300,10 +302,25 @@ def _step(
 
 
 @triton.jit
-def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
-    """The program's queries, loaded once: four 128-wide nope groups (fp8 cache: in fp16,
-    scaled per head by a power of two into fp16's top binade) and the bf16 rope part, with
-    ``q_inv`` [H], the factor that undoes the scaling (1 for the bf16 cache)."""
+def _query_scale(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """(q_f, q_inv) [H]: for the fp8 cache, powers of two that bring each head's nope query
+    into fp16's top binade and undo it; ones for the bf16 cache."""
+    q_f = tl.full([BLOCK_H], 1.0, tl.float32)
+    q_inv = q_f
+    if FP8:
+        d = tl.arange(0, 128)
+        amax = tl.zeros([BLOCK_H], tl.float32)
+        for g in tl.static_range(4):
+            qg = tl.load(q_row + (g * 128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(qg.to(tl.float32)), 1))
+        q_f, q_inv = _pow2_normaliser(amax)
+    return q_f, q_inv
+
+
+@triton.jit
+def _load_queries(q_row, hmask, q_s2, q_f, FP8: tl.constexpr, ROWS_MAJOR: tl.constexpr):
+    """The program's queries: four 128-wide nope groups (fp8 cache: in fp16, times ``q_f``)
+    and the bf16 rope part; transposed for ``ROWS_MAJOR`` (the MMA's B operand)."""
     d = tl.arange(0, 128)
     q0 = tl.load(q_row + d[None, :] * q_s2, mask=hmask[:, None], other=0.0)
     q1 = tl.load(q_row + (128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
@@ -311,18 +328,18 @@ def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
     q3 = tl.load(q_row + (384 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
     r = tl.arange(0, 64)
     qr = tl.load(q_row + (512 + r)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
-    q_inv = tl.full([BLOCK_H], 1.0, tl.float32)
     if FP8:
-        amax = tl.maximum(
-            tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), 1), tl.max(tl.abs(q1.to(tl.float32)), 1)),
-            tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), 1), tl.max(tl.abs(q3.to(tl.float32)), 1)),
-        )
-        q_f, q_inv = _pow2_normaliser(amax)
         q0 = (q0.to(tl.float32) * q_f[:, None]).to(tl.float16)
         q1 = (q1.to(tl.float32) * q_f[:, None]).to(tl.float16)
         q2 = (q2.to(tl.float32) * q_f[:, None]).to(tl.float16)
         q3 = (q3.to(tl.float32) * q_f[:, None]).to(tl.float16)
-    return q0, q1, q2, q3, qr, q_inv
+    if ROWS_MAJOR:
+        q0 = tl.trans(q0)
+        q1 = tl.trans(q1)
+        q2 = tl.trans(q2)
+        q3 = tl.trans(q3)
+        qr = tl.trans(qr)
+    return q0, q1, q2, q3, qr
 
 
 @triton.jit
@@ -373,7 +390,8 @@ def _sparse_mla_decode_kernel(
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr, ROWS_MAJOR: tl.constexpr, NUM_STAGES: tl.constexpr,
-    PREFETCH: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, RELOAD_Q: tl.constexpr, INTERPRET: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
     pid = tl.program_id(0)
@@ -397,17 +415,19 @@ def _sparse_mla_decode_kernel(
         bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * bt_s0
     idx_row = idx_ptr + t64 * idx_s0
 
-    q0, q1, q2, q3, qr, q_inv = _load_queries(
-        q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1, hmask, q_s2, BLOCK_H, FP8
-    )
+    q_row = q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1
+    q_f, q_inv = _query_scale(q_row, hmask, q_s2, BLOCK_H, FP8)
+    if RELOAD_Q:  # read again each block (from L1): no registers held across the loop
+        q0 = q_f
+        q1 = q_f
+        q2 = q_f
+        q3 = q_f
+        qr = q_f
+    else:
+        q0, q1, q2, q3, qr = _load_queries(q_row, hmask, q_s2, q_f, FP8, ROWS_MAJOR)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     if ROWS_MAJOR:  # rows x heads: the queries are the B operand, the accumulators [128, H]
-        q0 = tl.trans(q0)
-        q1 = tl.trans(q1)
-        q2 = tl.trans(q2)
-        q3 = tl.trans(q3)
-        qr = tl.trans(qr)
         acc0 = tl.zeros([128, BLOCK_H], tl.float32)
         acc1 = tl.zeros([128, BLOCK_H], tl.float32)
         acc2 = tl.zeros([128, BLOCK_H], tl.float32)
@@ -445,8 +465,8 @@ def _sparse_mla_decode_kernel(
             )  # fmt: skip
             m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
                 q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
-                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-                BLOCK_H, BLOCK_N, FP8, ROWS_MAJOR, INTERPRET,
+                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, q_row, hmask, q_s2, q_f,
+                BLOCK_H, BLOCK_N, FP8, ROWS_MAJOR, RELOAD_Q, INTERPRET,
             )  # fmt: skip
             r0, r1, r2, r3, kr, s0, s1, s2, s3 = n0, n1, n2, n3, nr, t0, t1, t2, t3
             ok, slot_n, ok_n = ok_n, slot_nn, ok_nn
@@ -461,8 +481,8 @@ def _sparse_mla_decode_kernel(
             )
             m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
                 q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
-                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-                BLOCK_H, BLOCK_N, FP8, ROWS_MAJOR, INTERPRET,
+                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, q_row, hmask, q_s2, q_f,
+                BLOCK_H, BLOCK_N, FP8, ROWS_MAJOR, RELOAD_Q, INTERPRET,
             )  # fmt: skip
     if ROWS_MAJOR:
         acc0 = tl.trans(acc0)
