@@ -2,7 +2,8 @@
 
 Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
 
-    PYTHONPATH=src python benchmarks/gpu_attention.py --out DIR [--quick] [--no-sweep]
+    PYTHONPATH=src python benchmarks/gpu_attention.py --out DIR [--quick] [--no-sweep] \\
+        [--precompile 12]
     PYTHONPATH=src python benchmarks/gpu_attention.py --out DIR --sweep-only [--precompile 12]
 
 1. Correctness (PASS/FAIL, max errors): every timed shape's first rows against the fp32
@@ -21,8 +22,8 @@ Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
    64), random slots with the last 100 of each row -1 (shared/anchors/README.md). Beside each
    figure its floor ``max(gathered bytes / 4.3 TB/s, FLOPs / 790 TFLOPS)`` with FLOPs
    ``2 h_q T topk (576 + 512)``, and TFLOPS. Fused remap vs global slots at T = 1, 128, 1024.
-4. A launch-config sweep (``AttentionConfig``: orientation, rows per step, stages or the hand
-   prefetch, warps, splits) at ``--sweep-shapes`` (h_q:T:format,...), each config checked
+4. A launch-config sweep (``AttentionConfig``: head block, rows per step, stages, warps,
+   splits) at ``--sweep-shapes`` (h_q:T:format,...), each config checked
    against the reference; after the rest only while the time budget lasts (``--no-sweep``
    skips it, ``--sweep-only`` runs just it).
 
@@ -352,28 +353,23 @@ SWEEP_SHAPES = (
 
 
 def _sweep_configs(h: int, t: int, fmt: str):
-    """Launch shapes to try at one shape: heads-major head blocks x rows per step x warps x
-    pipelining (Triton's stages, the hand prefetch, queries reread per block) x splits (the
-    heuristic's neighbours), one rows-major shape; the combine as the heuristic sets it."""
+    """Launch shapes to try at one shape: head blocks x rows per step x warps x stages x
+    splits (the heuristic's neighbours); the combine as the heuristic sets it."""
     base = choose_attention_config(t, h, TOPK, fmt, 132)
     bh = min(64, max(16, 1 << (h - 1).bit_length()))
-    splits = {1: (16, 32, 64), 8: (4, 8, 16), 32: (2, 4, 8)}.get(
+    splits = {1: (16, 32, 64), 8: (8, 16, 32), 32: (4, 8, 16)}.get(
         t, (1, 2, 4) if t <= 128 else (1, 2)
     )
-    modes = [dict(num_stages=1), dict(num_stages=2), dict(prefetch=True)]
-    modes += [dict(num_stages=1, reload_q=True), dict(num_stages=2, reload_q=True)]
     if bh == 64:
-        shapes = [(64, False, 32, 8), (64, False, 64, 8), (32, False, 32, 4), (32, True, 64, 8)]
+        shapes = [(64, 32, 8), (64, 64, 8), (32, 32, 4)]
     else:
-        shapes = [(bh, False, 32, 4), (bh, False, 64, 4), (bh, False, 64, 8), (bh, True, 64, 8)]
-    for block_h, rows_major, bn, warps in shapes:
-        for mode in modes:
-            if rows_major and fmt == "bf16" and mode.get("num_stages", 1) == 1:
-                continue  # rejected: miscompiles on sm_90
+        shapes = [(bh, 32, 4), (bh, 64, 4), (bh, 64, 8)]
+    for block_h, bn, warps in shapes:
+        for stages in (1, 2):
             for sp in splits:
                 yield replace(
                     base, block_h=block_h, block_n=bn, num_splits=sp, num_warps=warps,
-                    rows_major=rows_major, **mode,
+                    num_stages=stages,
                 )  # fmt: skip
 
 
@@ -400,17 +396,16 @@ def _precompile(job) -> list[str]:
     return []
 
 
-def precompile(shapes, workers: int) -> set[str]:
+def precompile(jobs, workers: int) -> set[str]:
+    """Compile ``(h_q, T, format, configs)`` jobs in ``workers`` processes; returns the
+    configs that failed there."""
     import multiprocessing as mp
 
-    jobs = []
-    for h, t, fmt in shapes:
-        cfgs = list(_sweep_configs(h, t, fmt))
-        jobs += [(h, t, fmt, cfgs[i::workers]) for i in range(workers)]
+    split = [(h, t, fmt, cfgs[i::workers]) for h, t, fmt, cfgs in jobs for i in range(workers)]
     t0 = time.time()
     with mp.get_context("spawn").Pool(workers) as pool:
-        bad = {c for failed in pool.map(_precompile, jobs) for c in failed}
-    _log(f"sweep: precompiled in {time.time() - t0:.0f} s with {workers} workers; "
+        bad = {c for failed in pool.map(_precompile, [j for j in split if j[3]]) for c in failed}
+    _log(f"precompiled in {time.time() - t0:.0f} s with {workers} workers; "
          f"{len(bad)} configs failed or untried there (skipped)")  # fmt: skip
     return bad
 
@@ -458,7 +453,7 @@ def main() -> int:
     )
     ap.add_argument("--sweep-shapes", default=SWEEP_SHAPES, help="h_q:T:format,...")
     ap.add_argument(
-        "--precompile", type=int, default=0, help="compile the sweep's configs in N processes first"
+        "--precompile", type=int, default=0, help="compile the launch shapes in N processes first"
     )
     args = ap.parse_args()
     t_start = time.time()
@@ -482,13 +477,18 @@ def main() -> int:
     )  # fmt: skip
     shapes = _parse_shapes(args.sweep_shapes)
     if args.sweep_only:
-        skip = precompile(shapes, args.precompile) if args.precompile else frozenset()
+        jobs = [(h, t, fmt, list(_sweep_configs(h, t, fmt))) for h, t, fmt in shapes]
+        skip = precompile(jobs, args.precompile) if args.precompile else frozenset()
         sweep(caches, dev, res["sweep"], time.time(), shapes, skip)
         return _finish(res, True, t_start, args.out)
-    ok = correctness(caches, dev, res["correctness"])
-
     heads = (16, 128) if args.quick else (8, 16, 32, 64, 128)
     tokens = (1, 8, 128) if args.quick else (1, 8, 32, 128, 512)
+    if args.precompile:  # the timed shapes' default launch shapes
+        timed = [(h, t, f) for f in ("fp8", "bf16") for h in heads for t in tokens]
+        precompile([(h, t, f, [choose_attention_config(t, h, TOPK, f, 132)]) for h, t, f in timed],
+                   args.precompile)  # fmt: skip
+    ok = correctness(caches, dev, res["correctness"])
+
     for fmt in ("fp8", "bf16"):
         for h in heads:
             for t in tokens + ((256,) if h == 128 and not args.quick else ()):

@@ -2,7 +2,7 @@
 
     TRITON_INTERPRET=0 PYTHONPATH=src python benchmarks/inspect_attention_sm90.py \\
         [--cache fp8|bf16] [--block-h 16] [--block-n 64] [--warps 4] [--stages 2] \\
-        [--rows-major] [--split] [--fused]
+        [--split] [--fused]
 
 No GPU needed. Integer arguments and pointers are marked divisible by 16 as a GPU launch on
 V3.2 shapes marks them (without that the row gathers are not vectorised and nothing is
@@ -49,7 +49,6 @@ def main() -> int:
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--rows-major", action="store_true")
     ap.add_argument("--split", action="store_true")
     ap.add_argument("--fused", action="store_true")
     args = ap.parse_args()
@@ -57,7 +56,7 @@ def main() -> int:
     consts = dict(
         PAGE=64, BLOCK_H=args.block_h, BLOCK_N=args.block_n, FP8=args.cache == "fp8",
         FUSED=args.fused, HAS_LEN=False, HAS_SINK=False, SPLIT=args.split,
-        ROWS_MAJOR=args.rows_major, NUM_STAGES=args.stages, INTERPRET=False, PDL=1,
+        NUM_STAGES=args.stages, INTERPRET=False, PDL=1,
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
     for i, p in enumerate(fn.params):

@@ -10,16 +10,14 @@ right launches (the lease step ``ncu_<OP>`` runs it).
                     scores (k=2048); three calls, read the last
     logits          native indexer logits at n=4 (64 requests x 32K, V3.2 heads), bf16 then
                     fp8; two calls each, read the second
-    attention       the sparse MLA decode at h_q 16, T 128, fp8 (topk 2048 over 2^20 rows):
-                    the default launch shape, heads-major 32-row steps, the same rereading q;
-                    two calls each, read the second
+    attention       the sparse MLA decode at T 128, fp8 (topk 2048 over 2^20 rows), default
+                    launch shape, h_q 16 then 128; two calls each, read the second
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -42,7 +40,8 @@ NCU_ARGS = {
     "--section LaunchStats --section ComputeWorkloadAnalysis -k regex:_index_logits_kernel "
     "--launch-skip 1 --launch-count 3",
     "attention": "--section SpeedOfLight --section WarpStateStats --section Occupancy "
-    "--section LaunchStats --section MemoryWorkloadAnalysis -k regex:_sparse_mla_decode_kernel",
+    "--section LaunchStats --section MemoryWorkloadAnalysis -k regex:_sparse_mla_decode_kernel "
+    "--launch-skip 1 --launch-count 3",
 }
 
 
@@ -97,17 +96,16 @@ def profile_logits(dev: str) -> None:
             sparse_mla.index_logits(q, w, cache, lens, bt, next_n=n)
 
 
-def profile_attention(dev: str, tokens: int = 128, heads: int = 16, rows: int = 1 << 20) -> None:
+def profile_attention(dev: str, rows: int = 1 << 20) -> None:
     cache = sparse_mla.new_mla_cache(rows // 64, 64, fp8=True, device=dev)
     kv = (torch.randn(rows, 576, device=dev) * 0.5).bfloat16()
     sparse_mla.write_mla_latent(kv[:, :512], kv[:, 512:], cache, torch.arange(rows, device=dev))
     del kv
-    q = torch.randn(tokens, heads, 576, device=dev).bfloat16()
-    idx = torch.randint(0, rows, (tokens, 2048), dtype=torch.int32, device=dev)
-    heads_major = sparse_mla.AttentionConfig(block_n=32, num_splits=2, num_stages=1)
-    for cfg in (None, heads_major, replace(heads_major, reload_q=True)):
+    for heads in (16, 128):
+        q = torch.randn(128, heads, 576, device=dev).bfloat16()
+        idx = torch.randint(0, rows, (128, 2048), dtype=torch.int32, device=dev)
         for _ in range(2):
-            sparse_mla.sparse_mla_decode(q, cache, idx, sm_scale=0.1352, config=cfg)
+            sparse_mla.sparse_mla_decode(q, cache, idx, sm_scale=0.1352)
 
 
 PROFILES = {

@@ -155,35 +155,6 @@ def _launch_the_rest() -> None:
             builder = DecodeMetadataBuilder(8, 4, 4, 2, native_decode_lens=(2,), dcp_size=dcp)
             builder.build(lens, torch.zeros(reqs, 4, dtype=torch.int32), [2] * reqs)
 
-    _launch_attention_variants()
-
-
-def _launch_attention_variants() -> None:
-    """The attention's loop variants (hand prefetch, queries reread) in both orientations,
-    formats and index forms (the sweep picks random configs)."""
-    import torch
-
-    from sparse_mla import AttentionConfig, sparse_mla_decode
-    from sparse_mla.testing import random_mla_cache
-
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 16, 576, generator=g).bfloat16()
-    idx = torch.randint(-1, 64, (2, 64), generator=g, dtype=torch.int32)
-    fused = dict(
-        block_table=torch.zeros(2, 4, dtype=torch.int32), req_id=torch.zeros(2, dtype=torch.int32)
-    )
-    for fp8, rows_major, kw, prefetch, reload_q in (
-        (True, False, fused, True, False),
-        (False, False, {}, True, True),
-        (True, True, {}, True, True),
-        (False, False, fused, False, True),
-    ):
-        cfg = AttentionConfig(
-            block_n=16, num_splits=2, rows_major=rows_major, prefetch=prefetch, reload_q=reload_q
-        )
-        cache = random_mla_cache(4, 16, fp8=fp8, g=g)
-        sparse_mla_decode(q, cache, idx, sm_scale=0.1, config=cfg, **kw)
-
 
 _POINTER = {
     "int32": "*i32",

@@ -736,10 +736,7 @@ def _run_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | N
             num_splits=_rand_int(g, 1, 8),
             num_warps=_rand_choice(g, (4, 8)),
             combine_heads=_rand_choice(g, (1, 4, 8)),
-            rows_major=(rows_major := _rand_int(g, 0, 1) == 1),
-            # (rows-major prefetch is rejected on a bf16 cache)
-            prefetch=_rand_int(g, 0, 1) == 1 and (p["fp8"] or not rows_major),
-            reload_q=_rand_int(g, 0, 1) == 1,
+            num_stages=_rand_int(g, 1, 2),
         )
     ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=0.1352, magnitude=True, **kw)
     dkw = {k: v.to(dev) for k, v in kw.items()}

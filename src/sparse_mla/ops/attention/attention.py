@@ -193,13 +193,6 @@ def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
     check_int("config.num_stages", cfg.num_stages, lo=1)
     if cfg.num_warps not in (4, 8):
         raise ValueError(f"config.num_warps must be 4 or 8, got {cfg.num_warps}")
-    if cfg.rows_major and (cfg.num_stages == 1 or cfg.prefetch) and cache_format == "bf16":
-        # Measured on the H200 (Triton 3.6): wrong outputs at 4 warps, illegal memory
-        # accesses at 8 (the prefetch loop runs one stage too); docs/PERF.md.
-        raise ValueError(
-            "config: rows_major with num_stages=1 or prefetch on a bf16 cache miscompiles on "
-            "sm_90 (Triton 3.6); use num_stages >= 2 without prefetch"
-        )
     if cfg.block_h not in (16, 32, 64):
         raise ValueError(f"config.block_h must be 16, 32 or 64, got {cfg.block_h}")
     if cfg.block_n < 16 or cfg.block_n != next_pow2(cfg.block_n):
@@ -259,8 +252,7 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         sm_scale * LOG2E,
         PAGE=lay.page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=lay.fp8,
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
-        SPLIT=split, ROWS_MAJOR=cfg.rows_major, NUM_STAGES=cfg.num_stages,
-        PREFETCH=cfg.prefetch, RELOAD_Q=cfg.reload_q, INTERPRET=INTERPRETER,
+        SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,
         # With splits the combine may start launching early (it waits for this kernel).
         **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),

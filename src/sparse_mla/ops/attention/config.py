@@ -17,8 +17,10 @@ MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
 # warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
 MIN_BLOCK_H, MAX_BLOCK_H = 16, 64
-# Split the top-k axis until about this many programs per SM are in flight.
+# Split the top-k axis until about this many programs per SM are in flight (up to 32 heads;
+# one above, where the larger partial outputs make the combine costlier).
 TARGET_PROGRAMS_PER_SM = 2
+MAX_SPLITS_MULTI_ROW = 16
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,6 @@ class AttentionConfig:
         pipelines the row gathers).
     combine_heads: heads per combine program (power of two, 1..16).
     combine_dims: output dims per combine program (power of two dividing 512).
-    rows_major: the cache rows, not the heads, as the MMA's M dimension (for few heads; see
-        ``ops/attention/decode.py``).
-    prefetch: gather each block's rows while the previous block computes, and its slots
-        two blocks ahead, by hand in registers (``num_stages`` is then not used).
-    reload_q: read the queries again for each block (they stay in L1) instead of holding
-        them in registers across the loop: fewer registers, more programs per SM.
     pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
@@ -52,9 +48,6 @@ class AttentionConfig:
     num_stages: int = 2
     combine_heads: int = 8
     combine_dims: int = 128
-    rows_major: bool = False
-    prefetch: bool = False
-    reload_q: bool = False
     pdl: bool = True
 
     def head_blocks(self, h_q: int) -> int:
@@ -76,36 +69,37 @@ def choose_attention_config(
     """Heuristic launch shape for ``num_tokens`` query rows of ``h_q`` heads over ``topk``
     columns of a ``cache_format`` ("bf16" or "fp8") cache on ``num_sms`` multiprocessors.
 
-    Heads: the next power of two of ``h_q`` (at least 16, the smallest MMA block), at most 64
-    per program (one warpgroup MMA block; 128 heads run as two programs, which read the same
-    rows at about the same time, so the second read mostly hits L2). Up to 32 heads: the cache
-    rows as the MMA's M (64 a step; 16 or 32 heads as M would replicate the queries in every
-    warp), 8 warps for fp8 and for 32 heads, else 4. 64 heads: heads as M, 32 rows a step, 8
-    warps. These are the variants with the fewest register spills in Triton's sm_90 build
-    (``benchmarks/inspect_attention_sm90.py``; timings: ``benchmarks/gpu_attention.py``'s
-    sweep). Splits: none once the row x head-block programs fill the SMs; below that enough
-    splits for about ``TARGET_PROGRAMS_PER_SM`` programs per SM, each at least one block.
+    Fitted to the H200 launch-shape sweep (``benchmarks/gpu_attention.py --sweep-only``,
+    docs/PERF.md). Heads: the next power of two of ``h_q`` (at least 16, the smallest MMA
+    block), at most 64 per program (one warpgroup MMA block; 128 heads run as two programs,
+    which read the same rows at about the same time, so the second read mostly hits L2), and
+    32 when there are fewer than four 64-head programs (one query row). fp8
+    cache: 32 rows a step and one pipeline stage (shared-memory stages do not pay for byte
+    gathers); bf16 cache: 64 rows a step, two stages; 4 warps, 8 for 64-head blocks. Splits:
+    a power of two giving about ``TARGET_PROGRAMS_PER_SM`` programs per SM, each split at
+    least one block, at most ``MAX_SPLITS_MULTI_ROW`` for more than one row; none once the
+    rows fill the chip.
     """
     if cache_format not in CACHE_FORMATS:
         raise ValueError(f"cache_format must be one of {CACHE_FORMATS}, got {cache_format!r}")
     if not 1 <= h_q <= MAX_HEADS:
         raise ValueError(f"h_q must be in [1, {MAX_HEADS}], got {h_q}")
+    tokens = max(num_tokens, 1)
     block_h = min(MAX_BLOCK_H, max(MIN_BLOCK_H, next_pow2(h_q)))
-    if block_h == MAX_BLOCK_H:
-        block_n, num_warps, rows_major = 32, 8, False
-    else:
-        block_n, rows_major = 64, True
-        num_warps = 8 if cache_format == "fp8" or block_h == 32 else 4
-    programs = max(num_tokens, 1) * cdiv(h_q, block_h)
-    blocks = max(cdiv(topk, block_n), 1)
-    splits = 1
-    if programs < num_sms:
-        splits = max(1, min(blocks, cdiv(TARGET_PROGRAMS_PER_SM * num_sms, programs)))
+    if block_h == MAX_BLOCK_H and tokens * cdiv(h_q, MAX_BLOCK_H) < 4:
+        block_h = 32
+    block_n, num_stages = (32, 1) if cache_format == "fp8" else (64, 2)
+    num_warps = 8 if block_h == MAX_BLOCK_H else 4
+    per_sm = TARGET_PROGRAMS_PER_SM if h_q <= 32 else 1
+    splits = max(1, per_sm * num_sms // (tokens * cdiv(h_q, block_h)))
+    if tokens > 1:  # several rows: the combine's partial traffic grows with T * splits
+        splits = min(splits, MAX_SPLITS_MULTI_ROW)
+    splits = min(1 << (splits.bit_length() - 1), max(cdiv(topk, block_n), 1))
     # Combine: 8 heads x 128 dims a program, fewer heads while that leaves SMs idle (T = 1).
     combine_heads = min(8, next_pow2(h_q))
-    while combine_heads > 1 and num_tokens * cdiv(h_q, combine_heads) * 4 < num_sms:
+    while combine_heads > 1 and tokens * cdiv(h_q, combine_heads) * 4 < num_sms:
         combine_heads //= 2
-    return AttentionConfig(block_h, block_n, splits, num_warps, 2, combine_heads, 128, rows_major)
+    return AttentionConfig(block_h, block_n, splits, num_warps, num_stages, combine_heads, 128)
 
 
 def workspace_rows(num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int) -> int:

@@ -7,12 +7,9 @@ cache rows by slot, scores ``S = sm_scale * Q . K`` as four 128-wide nope dots p
 accumulators (no dot wider than 128 in N: Triton 3.6 miscompiled a 512-wide bf16 dot split
 over two warpgroups on the H200, docs/DEVELOPING.md).
 
-Two orientations (``ROWS_MAJOR``): heads as the MMA's M (``S [H, N]``, ``O [H, 512]``: 64
-heads fill a Hopper warpgroup MMA block), or, for few heads, the block's cache rows as M
-(``S^T [N, H] = K Q^T``, ``O^T [512, H] += V^T P^T``): then 64 rows fill the M block, the
-queries are the B operand, which the warpgroup MMA reads from shared memory, and no operand is
-replicated in every warp's registers (with 16 heads as M, each warp of an Ampere-style MMA
-holds all 16 x 576 queries).
+Heads are the MMA's M (``S [H, N]``, ``O [H, 512]``; 64 heads fill a Hopper warpgroup MMA
+block, fewer run Ampere-style MMAs). The cache rows as M instead (``S^T = K Q^T``) was
+measured slower at every shape on the H200 and removed (docs/PERF.md).
 
 fp8 cache (FlashMLA's 656-byte rows: 512 e4m3 | 4 fp32 scales | 64 bf16 rope): the e4m3
 values convert exactly to fp16 (one hardware instruction per pair, where bf16 takes three)
@@ -95,60 +92,20 @@ def _block_slots(
 
 
 @triton.jit
-def _load_raw(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
-    """Raw nope values ``[g*128, g*128 + 128)`` of the block's rows as stored (e4m3 bytes or
-    bf16), zeros where not valid; :func:`_to_operand` makes them a dot operand."""
+def _load_nope(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
+    """Nope values ``[g*128, g*128 + 128)`` of the block's rows: fp16 (fp8 cache, exact) or
+    bf16, zeros where not valid."""
     d = g * 128 + tl.arange(0, 128)
     if FP8:
         raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None], other=0)
-    else:
-        raw = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
-    return raw
-
-
-@triton.jit
-def _to_operand(raw, ok, FP8: tl.constexpr):
-    """fp16 (fp8 cache, exact) or bf16 dot operand of :func:`_load_raw`'s values."""
-    if FP8:
         vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         # A no-op for the values, but it keeps the conversion in the load's layout: without
         # it Triton converts in each dot's operand layout (twice per value, both copies in
         # registers) and does not pipeline the byte gathers (benchmarks/inspect_attention_sm90.py).
         vals = tl.where(ok[:, None], vals, 0.0)
     else:
-        vals = raw
+        vals = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
     return vals
-
-
-@triton.jit
-def _load_block(kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2,
-                PAGE: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
-    """Gather one block's rows by slot: raw nope groups r0..r3, rope ``kr`` (bf16) and the
-    fp8 scales s0..s3 (1.0 for the bf16 cache)."""
-    row = (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1
-    r0 = _load_raw(kv_u8, kv_bf16, row, ok, 0, kv_s2, FP8)
-    r1 = _load_raw(kv_u8, kv_bf16, row, ok, 1, kv_s2, FP8)
-    r2 = _load_raw(kv_u8, kv_bf16, row, ok, 2, kv_s2, FP8)
-    r3 = _load_raw(kv_u8, kv_bf16, row, ok, 3, kv_s2, FP8)
-    r = tl.arange(0, 64)
-    if FP8:
-        words = row // 4 + K_SCALE_WORD
-        s0 = tl.load(kv_f32 + words, mask=ok, other=0.0)
-        s1 = tl.load(kv_f32 + words + 1, mask=ok, other=0.0)
-        s2 = tl.load(kv_f32 + words + 2, mask=ok, other=0.0)
-        s3 = tl.load(kv_f32 + words + 3, mask=ok, other=0.0)
-        kr = tl.load(
-            kv_bf16 + (row // 2 + K_ROPE_HALF)[:, None] + r[None, :], mask=ok[:, None], other=0.0
-        )
-    else:  # (scalar tensors: they are loop-carried with the prefetch)
-        s0 = tl.full([], 1.0, tl.float32)
-        s1 = s0
-        s2 = s0
-        s3 = s0
-        kr = tl.load(
-            kv_bf16 + row[:, None] + (512 + r)[None, :] * kv_s2, mask=ok[:, None], other=0.0
-        )
-    return r0, r1, r2, r3, kr, s0, s1, s2, s3
 
 
 @triton.jit
@@ -163,40 +120,35 @@ def _pow2_normaliser(amax):
 
 
 @triton.jit
-def _softmax_update(s, m_i, l_i, AXIS: tl.constexpr):
-    """Online softmax (base 2) over ``AXIS`` of the scores ``s`` (the block's columns):
+def _softmax_update(s, m_i, l_i):
+    """Online softmax (base 2) over the block's columns of the scores ``s [H, N]``:
     (p, alpha, m_new, l_new); a block with nothing valid leaves the state as it is."""
-    m_new = tl.maximum(m_i, tl.max(s, AXIS))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_use)
-    if AXIS == 1:
-        p = tl.exp2(s - m_use[:, None])
-    else:
-        p = tl.exp2(s - m_use[None, :])
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, AXIS)
+    p = tl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit
-def _group_probs(p, scale, ok, c_run, AXIS: tl.constexpr):
+def _group_probs(p, scale, ok, c_run):
     """One fp8 group's ``P * scale / cmax`` in fp16 (values in [0, 1]) and ``cmax``, the
     block's largest scale of the group (``c_run`` kept when the block has none): the
     accumulator holds ``O_g / cmax``, so the change of ``cmax`` folds into the rescale."""
     cmax = tl.max(tl.where(ok, scale, 0.0), axis=0)
     cmax = tl.where(cmax > 0, cmax, c_run)
-    if AXIS == 1:
-        pg = (p * (scale / cmax)[None, :]).to(tl.float16)
-    else:
-        pg = (p * (scale / cmax)[:, None]).to(tl.float16)
+    pg = (p * (scale / cmax)[None, :]).to(tl.float16)
     return pg, cmax
 
 
 @triton.jit
-def _step_heads_major(
+def _step(
     q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
     m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    """One block with heads as the MMA's M: ``S [H, N] = Q K^T``, ``O [H, 128] += P V``."""
+    """One block: ``S [H, N] = Q K^T`` (four nope groups, the rope part), the online softmax,
+    ``O_g [H, 128] += P V_g``."""
     zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
     if FP8:
         s = _mma(q0, tl.trans(k0), zero, INTERPRET) * s0[None, :]
@@ -211,15 +163,15 @@ def _step_heads_major(
         s = _mma(q3, tl.trans(k3), s, INTERPRET)
     s = _mma(qr, tl.trans(kr), s, INTERPRET)
     s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, 1)
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i)
     if FP8:
-        pg, m0 = _group_probs(p, s0, ok, c0, 1)
+        pg, m0 = _group_probs(p, s0, ok, c0)
         acc0 = _mma(pg, k0, acc0 * (alpha * (c0 / m0))[:, None], INTERPRET)
-        pg, m1 = _group_probs(p, s1, ok, c1, 1)
+        pg, m1 = _group_probs(p, s1, ok, c1)
         acc1 = _mma(pg, k1, acc1 * (alpha * (c1 / m1))[:, None], INTERPRET)
-        pg, m2 = _group_probs(p, s2, ok, c2, 1)
+        pg, m2 = _group_probs(p, s2, ok, c2)
         acc2 = _mma(pg, k2, acc2 * (alpha * (c2 / m2))[:, None], INTERPRET)
-        pg, m3 = _group_probs(p, s3, ok, c3, 1)
+        pg, m3 = _group_probs(p, s3, ok, c3)
         acc3 = _mma(pg, k3, acc3 * (alpha * (c3 / m3))[:, None], INTERPRET)
         c0, c1, c2, c3 = m0, m1, m2, m3
     else:
@@ -232,95 +184,10 @@ def _step_heads_major(
 
 
 @triton.jit
-def _step_rows_major(
-    q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
-    m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
-):  # fmt: skip
-    """One block with the cache rows as the MMA's M (few heads: a 64-row M block for the
-    Hopper warpgroup MMA, the queries in shared memory as its B operand, nothing replicated
-    per warp): ``S^T [N, H] = K Q^T`` (q0..qr given transposed), ``O^T [128, H] += V^T P^T``."""
-    zero = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
-    if FP8:
-        s = _mma(k0, q0, zero, INTERPRET) * s0[:, None]
-        s += _mma(k1, q1, zero, INTERPRET) * s1[:, None]
-        s += _mma(k2, q2, zero, INTERPRET) * s2[:, None]
-        s += _mma(k3, q3, zero, INTERPRET) * s3[:, None]
-        s = s * q_inv[None, :]
-    else:
-        s = _mma(k0, q0, zero, INTERPRET)
-        s = _mma(k1, q1, s, INTERPRET)
-        s = _mma(k2, q2, s, INTERPRET)
-        s = _mma(k3, q3, s, INTERPRET)
-    s = _mma(kr, qr, s, INTERPRET)
-    s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
-    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, 0)
-    if FP8:
-        pg, m0 = _group_probs(p, s0, ok, c0, 0)
-        acc0 = _mma(tl.trans(k0), pg, acc0 * (alpha * (c0 / m0))[None, :], INTERPRET)
-        pg, m1 = _group_probs(p, s1, ok, c1, 0)
-        acc1 = _mma(tl.trans(k1), pg, acc1 * (alpha * (c1 / m1))[None, :], INTERPRET)
-        pg, m2 = _group_probs(p, s2, ok, c2, 0)
-        acc2 = _mma(tl.trans(k2), pg, acc2 * (alpha * (c2 / m2))[None, :], INTERPRET)
-        pg, m3 = _group_probs(p, s3, ok, c3, 0)
-        acc3 = _mma(tl.trans(k3), pg, acc3 * (alpha * (c3 / m3))[None, :], INTERPRET)
-        c0, c1, c2, c3 = m0, m1, m2, m3
-    else:
-        pb = to_bf16(p, INTERPRET)
-        acc0 = _mma(tl.trans(k0), pb, acc0 * alpha[None, :], INTERPRET)
-        acc1 = _mma(tl.trans(k1), pb, acc1 * alpha[None, :], INTERPRET)
-        acc2 = _mma(tl.trans(k2), pb, acc2 * alpha[None, :], INTERPRET)
-        acc3 = _mma(tl.trans(k3), pb, acc3 * alpha[None, :], INTERPRET)
-    return m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3
-
-
-@triton.jit
-def _step(
-    q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
-    m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, q_row, hmask, q_s2, q_f,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, ROWS_MAJOR: tl.constexpr,
-    RELOAD_Q: tl.constexpr, INTERPRET: tl.constexpr,
-):  # fmt: skip
-    """One block of gathered rows (raw, from :func:`_load_block`) into the running state."""
-    if RELOAD_Q:
-        q0, q1, q2, q3, qr = _load_queries(q_row, hmask, q_s2, q_f, FP8, ROWS_MAJOR)
-    k0 = _to_operand(r0, ok, FP8)
-    k1 = _to_operand(r1, ok, FP8)
-    k2 = _to_operand(r2, ok, FP8)
-    k3 = _to_operand(r3, ok, FP8)
-    if ROWS_MAJOR:
-        m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step_rows_major(
-            q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
-            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, BLOCK_H, BLOCK_N, FP8, INTERPRET,
-        )  # fmt: skip
-    else:
-        m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step_heads_major(
-            q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
-            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, BLOCK_H, BLOCK_N, FP8, INTERPRET,
-        )  # fmt: skip
-    return m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3
-
-
-@triton.jit
-def _query_scale(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
-    """(q_f, q_inv) [H]: for the fp8 cache, powers of two that bring each head's nope query
-    into fp16's top binade and undo it; ones for the bf16 cache."""
-    q_f = tl.full([BLOCK_H], 1.0, tl.float32)
-    q_inv = q_f
-    if FP8:
-        d = tl.arange(0, 128)
-        amax = tl.zeros([BLOCK_H], tl.float32)
-        for g in tl.static_range(4):
-            qg = tl.load(q_row + (g * 128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(qg.to(tl.float32)), 1))
-        q_f, q_inv = _pow2_normaliser(amax)
-    return q_f, q_inv
-
-
-@triton.jit
-def _load_queries(q_row, hmask, q_s2, q_f, FP8: tl.constexpr, ROWS_MAJOR: tl.constexpr):
-    """The program's queries: four 128-wide nope groups (fp8 cache: in fp16, times ``q_f``)
-    and the bf16 rope part; transposed for ``ROWS_MAJOR`` (the MMA's B operand)."""
+def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """The program's queries, loaded once: four 128-wide nope groups (fp8 cache: in fp16,
+    scaled per head by a power of two into fp16's top binade) and the bf16 rope part, with
+    ``q_inv`` [H], the factor that undoes the scaling (1 for the bf16 cache)."""
     d = tl.arange(0, 128)
     q0 = tl.load(q_row + d[None, :] * q_s2, mask=hmask[:, None], other=0.0)
     q1 = tl.load(q_row + (128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
@@ -328,18 +195,18 @@ def _load_queries(q_row, hmask, q_s2, q_f, FP8: tl.constexpr, ROWS_MAJOR: tl.con
     q3 = tl.load(q_row + (384 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
     r = tl.arange(0, 64)
     qr = tl.load(q_row + (512 + r)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
+    q_inv = tl.full([BLOCK_H], 1.0, tl.float32)
     if FP8:
+        amax = tl.maximum(
+            tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), 1), tl.max(tl.abs(q1.to(tl.float32)), 1)),
+            tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), 1), tl.max(tl.abs(q3.to(tl.float32)), 1)),
+        )
+        q_f, q_inv = _pow2_normaliser(amax)
         q0 = (q0.to(tl.float32) * q_f[:, None]).to(tl.float16)
         q1 = (q1.to(tl.float32) * q_f[:, None]).to(tl.float16)
         q2 = (q2.to(tl.float32) * q_f[:, None]).to(tl.float16)
         q3 = (q3.to(tl.float32) * q_f[:, None]).to(tl.float16)
-    if ROWS_MAJOR:
-        q0 = tl.trans(q0)
-        q1 = tl.trans(q1)
-        q2 = tl.trans(q2)
-        q3 = tl.trans(q3)
-        qr = tl.trans(qr)
-    return q0, q1, q2, q3, qr
+    return q0, q1, q2, q3, qr, q_inv
 
 
 @triton.jit
@@ -389,9 +256,8 @@ def _sparse_mla_decode_kernel(
     qk_scale,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
-    SPLIT: tl.constexpr, ROWS_MAJOR: tl.constexpr, NUM_STAGES: tl.constexpr,
-    PREFETCH: tl.constexpr, RELOAD_Q: tl.constexpr, INTERPRET: tl.constexpr,
-    PDL: tl.constexpr,
+    SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
     pid = tl.program_id(0)
@@ -415,80 +281,54 @@ def _sparse_mla_decode_kernel(
         bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * bt_s0
     idx_row = idx_ptr + t64 * idx_s0
 
-    q_row = q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1
-    q_f, q_inv = _query_scale(q_row, hmask, q_s2, BLOCK_H, FP8)
-    if RELOAD_Q:  # read again each block (from L1): no registers held across the loop
-        q0 = q_f
-        q1 = q_f
-        q2 = q_f
-        q3 = q_f
-        qr = q_f
-    else:
-        q0, q1, q2, q3, qr = _load_queries(q_row, hmask, q_s2, q_f, FP8, ROWS_MAJOR)
+    q0, q1, q2, q3, qr, q_inv = _load_queries(
+        q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1, hmask, q_s2, BLOCK_H, FP8
+    )
+    r = tl.arange(0, 64)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    if ROWS_MAJOR:  # rows x heads: the queries are the B operand, the accumulators [128, H]
-        acc0 = tl.zeros([128, BLOCK_H], tl.float32)
-        acc1 = tl.zeros([128, BLOCK_H], tl.float32)
-        acc2 = tl.zeros([128, BLOCK_H], tl.float32)
-        acc3 = tl.zeros([128, BLOCK_H], tl.float32)
-    else:
-        acc0 = tl.zeros([BLOCK_H, 128], tl.float32)
-        acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
-        acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
-        acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
     c0 = tl.full([], 1.0, tl.float32)
     c1 = tl.full([], 1.0, tl.float32)
     c2 = tl.full([], 1.0, tl.float32)
     c3 = tl.full([], 1.0, tl.float32)
-    if PREFETCH:
-        # By hand, two deep: block i's rows were gathered during block i - 1, block i + 1's
-        # slots read during block i - 1, so no load waits on the one before it.
+    for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=NUM_STAGES):
+        cols = start + tl.arange(0, BLOCK_N)
         slot, ok = _block_slots(
-            idx_row, idx_s1, col_lo + tl.arange(0, BLOCK_N), col_hi, num_rows, bt_row, bt_s1,
-            bt_width, req_ok, block_size, FUSED,
+            idx_row, idx_s1, cols, col_hi, num_rows, bt_row, bt_s1, bt_width, req_ok,
+            block_size, FUSED,
         )  # fmt: skip
-        r0, r1, r2, r3, kr, s0, s1, s2, s3 = _load_block(
-            kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2, PAGE, FP8
-        )
-        slot_n, ok_n = _block_slots(
-            idx_row, idx_s1, col_lo + BLOCK_N + tl.arange(0, BLOCK_N), col_hi, num_rows,
-            bt_row, bt_s1, bt_width, req_ok, block_size, FUSED,
+        row = (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1
+        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, FP8)
+        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, FP8)
+        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, FP8)
+        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, FP8)
+        if FP8:
+            words = row // 4 + K_SCALE_WORD
+            s0 = tl.load(kv_f32 + words, mask=ok, other=0.0)
+            s1 = tl.load(kv_f32 + words + 1, mask=ok, other=0.0)
+            s2 = tl.load(kv_f32 + words + 2, mask=ok, other=0.0)
+            s3 = tl.load(kv_f32 + words + 3, mask=ok, other=0.0)
+            kr = tl.load(
+                kv_bf16 + (row // 2 + K_ROPE_HALF)[:, None] + r[None, :],
+                mask=ok[:, None], other=0.0,
+            )  # fmt: skip
+        else:
+            s0 = 1.0
+            s1 = 1.0
+            s2 = 1.0
+            s3 = 1.0
+            kr = tl.load(
+                kv_bf16 + row[:, None] + (512 + r)[None, :] * kv_s2, mask=ok[:, None], other=0.0
+            )
+        m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
+            q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
+            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
+            BLOCK_H, BLOCK_N, FP8, INTERPRET,
         )  # fmt: skip
-        for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=1):
-            n0, n1, n2, n3, nr, t0, t1, t2, t3 = _load_block(
-                kv_u8, kv_f32, kv_bf16, slot_n, ok_n, kv_s0, kv_s1, kv_s2, PAGE, FP8
-            )
-            slot_nn, ok_nn = _block_slots(
-                idx_row, idx_s1, start + 2 * BLOCK_N + tl.arange(0, BLOCK_N), col_hi, num_rows,
-                bt_row, bt_s1, bt_width, req_ok, block_size, FUSED,
-            )  # fmt: skip
-            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
-                q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
-                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, q_row, hmask, q_s2, q_f,
-                BLOCK_H, BLOCK_N, FP8, ROWS_MAJOR, RELOAD_Q, INTERPRET,
-            )  # fmt: skip
-            r0, r1, r2, r3, kr, s0, s1, s2, s3 = n0, n1, n2, n3, nr, t0, t1, t2, t3
-            ok, slot_n, ok_n = ok_n, slot_nn, ok_nn
-    else:
-        for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=NUM_STAGES):
-            slot, ok = _block_slots(
-                idx_row, idx_s1, start + tl.arange(0, BLOCK_N), col_hi, num_rows, bt_row,
-                bt_s1, bt_width, req_ok, block_size, FUSED,
-            )  # fmt: skip
-            r0, r1, r2, r3, kr, s0, s1, s2, s3 = _load_block(
-                kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2, PAGE, FP8
-            )
-            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
-                q0, q1, q2, q3, qr, q_inv, r0, r1, r2, r3, kr, s0, s1, s2, s3, ok, qk_scale,
-                m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3, q_row, hmask, q_s2, q_f,
-                BLOCK_H, BLOCK_N, FP8, ROWS_MAJOR, RELOAD_Q, INTERPRET,
-            )  # fmt: skip
-    if ROWS_MAJOR:
-        acc0 = tl.trans(acc0)
-        acc1 = tl.trans(acc1)
-        acc2 = tl.trans(acc2)
-        acc3 = tl.trans(acc3)
 
     _store_result(
         acc0, acc1, acc2, acc3, c0, c1, c2, c3, m_i, l_i, heads, hmask, t64, split, num_splits,
