@@ -9,22 +9,21 @@ import random
 import pytest
 import torch
 
-from sparse_mla import (
-    AttentionConfig,
-    ExpandConfig,
-    TopKConfig,
-    attention_workspace,
-    library,
-    topk_workspace,
-)
-from sparse_mla.dcp import global_topk_workspace, local_topk_candidates
+from sparse_mla import AttentionConfig, TopKConfig, library
 from sparse_mla.decode import DecodePlan, DecodePlanConfig
-from sparse_mla.decode.cases import clone_inputs, random_step
+from sparse_mla.decode.cases import (
+    OP_CASE_K,
+    clone_inputs,
+    custom_op_cases,
+    public_call_cases,
+    public_function,
+    random_step,
+)
 from sparse_mla.ops.decode_metadata import DecodeMetadataBuilder
 from sparse_mla.testing import poison
 
-I32, F32 = torch.int32, torch.float32
-K = 16
+I32 = torch.int32
+K = OP_CASE_K
 HEADS = 4
 
 
@@ -34,119 +33,19 @@ def step():
     return random_step(random.Random(1), seq_lens=[90, 70], decode_lens=[1, 1], num_heads=HEADS)
 
 
-def _i32(*shape, lo=-1, hi=100):
-    return torch.randint(lo, hi, shape, dtype=I32)
-
-
-def _cases(step) -> dict[str, tuple]:
-    """Positional arguments of each op (schema order), tiny shapes."""
-    x = step.inputs
-    b, w = x.block_table.shape
-    bt, lens = x.block_table, x.seq_lens
-    req = torch.arange(b, dtype=I32)
-    idx = torch.stack([torch.randperm(int(n))[:K].sort().values for n in lens]).to(I32)
-    slots = library.convert_req_index_to_global_index(req, bt, idx)
-    logits = torch.randn(b, 128)
-    ws = global_topk_workspace(b, k=K, dcp_size=2)
-    cands = torch.stack(
-        [
-            local_topk_candidates(
-                logits, lens // 2, k=K, dcp_size=2, dcp_rank=r, interleave=1, workspace=ws
-            ).clone()
-            for r in range(2)
-        ]
-    )
-    attn_ws = attention_workspace(
-        b, HEADS, K, cache_format="bf16", config=AttentionConfig(num_splits=2, block_n=16)
-    )
-
-    def out(*shape, dtype=I32):
-        return torch.empty(shape, dtype=dtype)
-
-    gws = library._gtopk_tensors(global_topk_workspace(b, k=K, dcp_size=2))
-    return {
-        "expand_decode_tokens": (
-            lens, bt, out(3), out(3, w), out(3), out(3), [1, 2], None, None, 2, None, 1, 0, 1,
-            None, None,
-        ),
-        "native_decode_seq_lens": (lens, out(b, 2), 2, 2, 1, 1, None, None),
-        "dcp_local_seq_lens": (lens, out(b), 2, 1, 1, library._encode(ExpandConfig(), "expand"), None),  # noqa: E501
-        "write_indexer_k": (x.k_idx, x.index_k_cache.clone(), x.slot_mapping),
-        "write_mla_latent": (x.kv[:, :512], x.kv[:, 512:], x.kv_cache.clone(), x.slot_mapping),
-        "index_logits": (
-            x.q_idx, x.idx_weights, x.index_k_cache, lens, bt, out(b, 128, dtype=F32), None, None,
-        ),
-        "select_topk": (
-            logits, lens, out(b, K), out(b), bt, req, topk_workspace(b), K, 64, None, None,
-            None, library._encode(TopKConfig(), "topk"), None,
-        ),
-        "convert_req_index_to_global_index": (
-            req, bt, idx, out(b, K), out(b), None, None, 64, None, "auto", None,
-        ),
-        "filter_and_convert_dcp_index": (
-            req, bt, idx, out(b, K), out(b), 2, 1, 1, 64, None, True, "auto", None,
-        ),
-        "sparse_mla_decode": (
-            x.q, x.kv_cache, slots, out(b, HEADS, 512, dtype=torch.bfloat16),
-            out(b, HEADS, dtype=torch.float32), None, None, None, None, attn_ws.partial_out,
-            attn_ws.partial_lse, 0.135, None,
-            library._encode(AttentionConfig(num_splits=2, block_n=16), "attention"),
-        ),
-        "local_topk_candidates": (logits, lens // 2, gws, None, b, K, 2, 1, 1),
-        "merge_topk_candidates": (cands, out(b, K), gws, b, K),
-        "rescale_partial": (
-            torch.randn(b, HEADS, 32), torch.randn(2, b, HEADS), out(b, HEADS, 32, dtype=F32),
-            out(b, HEADS, dtype=F32), 1, "all_reduce",
-        ),
-    }  # fmt: skip
-
-
 def test_every_op_has_a_case(step):
-    assert sorted(_cases(step)) == sorted(library.OPS)
+    assert sorted(custom_op_cases(step)) == sorted(library.OPS)
     for name in library.OPS:
         assert hasattr(torch.ops.sparse_mla, name)
 
 
 @pytest.mark.parametrize("name", library.OPS)
 def test_opcheck(step, name):
-    args = _cases(step)[name]
+    args = custom_op_cases(step)[name]
     torch.library.opcheck(getattr(torch.ops.sparse_mla, name), args)
 
 
 # ---- the ops give what the public functions give --------------------------------------------
-
-
-def _public_calls(step) -> list[tuple[str, tuple, dict]]:
-    """(name of the public function and its library adapter, args, kwargs)."""
-    x = step.inputs
-    b = x.block_table.shape[0]
-    req = torch.arange(b, dtype=I32)
-    idx = torch.stack([torch.randperm(int(n))[:K].sort().values for n in x.seq_lens]).to(I32)
-    idx[0, -3:] = -1
-    logits = torch.randn(b, 200)
-    cfg = AttentionConfig(num_splits=2, block_n=16)
-    ws = attention_workspace(b, HEADS, K, cache_format="bf16", config=cfg)
-    remap = {"block_table": x.block_table, "req_id": req}
-    return [
-        ("expand_decode_tokens", (x.seq_lens, x.block_table, [2, 1]), {"max_decode_len": 2}),
-        ("expand_decode_tokens", (x.seq_lens, x.block_table, torch.tensor([2, 1], dtype=I32)),
-         {"max_decode_len": 2, "num_tokens": 5}),
-        ("native_decode_seq_lens", (x.seq_lens,), {"next_n": 3, "dcp_size": 2, "dcp_rank": 1}),
-        ("dcp_local_seq_lens", (x.seq_lens,), {"dcp_size": 2, "dcp_rank": 1, "interleave": 2}),
-        ("index_logits", (x.q_idx, x.idx_weights, x.index_k_cache, x.seq_lens, x.block_table),
-         {"max_len": 100}),
-        ("select_topk", (logits, x.seq_lens), {"k": K, "return_valid_counts": True}),
-        ("select_topk", (logits, x.seq_lens), {"k": K, **remap, "config": TopKConfig(row_warps=4)}),
-        ("convert_req_index_to_global_index", (req, x.block_table, idx),
-         {"return_valid_counts": True}),
-        ("filter_and_convert_dcp_index", (req, x.block_table, idx),
-         {"dcp_size": 2, "dcp_rank": 0, "return_valid_counts": True}),
-        ("sparse_mla_decode", (x.q, x.kv_cache, idx), {"sm_scale": 0.1, **remap}),
-        ("sparse_mla_decode", (x.q, x.kv_cache, idx),
-         {"sm_scale": 0.1, **remap, "workspace": ws, "config": cfg}),
-        ("local_topk_candidates", (logits, x.seq_lens),
-         {"k": K, "dcp_size": 2, "dcp_rank": 1, "interleave": 1}),
-    ]  # fmt: skip
 
 
 def _flat(result) -> list[torch.Tensor]:
@@ -156,14 +55,8 @@ def _flat(result) -> list[torch.Tensor]:
 
 
 def test_ops_equal_the_public_functions(step):
-    import sparse_mla
-    from sparse_mla import dcp
-    from sparse_mla.ops import decode_metadata
-
-    for name, args, kwargs in _public_calls(step):
-        public = getattr(sparse_mla, name, None) or getattr(dcp, name, None)
-        public = public or getattr(decode_metadata, name)
-        want = [t.clone() for t in _flat(public(*args, **kwargs))]
+    for name, args, kwargs in public_call_cases(step):
+        want = [t.clone() for t in _flat(public_function(name)(*args, **kwargs))]
         got = _flat(getattr(library, name)(*args, **kwargs))
         assert len(got) == len(want), name
         for g, w in zip(got, want, strict=True):

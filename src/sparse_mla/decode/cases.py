@@ -213,3 +213,134 @@ def check_random_step(
         return f"seed {seed}: indexer cache writes differ"
     err, _ = step_error(got, ref, case)
     return None if err is None else f"seed {seed} (lens={lens} n={n} fp8={fp8} {remap}): {err}"
+
+
+# ---- cases of the custom ops (tests/test_custom_ops.py, benchmarks/gpu_custom_ops.py) --------
+
+OP_CASE_K = 16  # top-k width of the op cases
+
+
+def _op_case_inputs(case: StepCase) -> tuple:
+    """(request rows, sorted request-local positions [B, K], random scores [B, 128])."""
+    x = case.inputs
+    dev = x.seq_lens.device
+    req = torch.arange(x.block_table.shape[0], dtype=torch.int32, device=dev)
+    idx = torch.stack([torch.randperm(int(n), device=dev)[:OP_CASE_K].sort().values
+                       for n in x.seq_lens])  # fmt: skip
+    return req, idx.to(torch.int32), torch.randn(req.shape[0], 128, device=dev)
+
+
+def custom_op_cases(case: StepCase) -> dict[str, tuple]:
+    """Positional arguments (schema order) of each ``torch.ops.sparse_mla`` op over ``case``
+    (at least 64 positions per request, ``OP_CASE_K`` columns), for ``torch.library.opcheck``."""
+    from .. import library
+    from ..dcp import global_topk_workspace, local_topk_candidates
+    from ..ops.attention import AttentionConfig, attention_workspace
+    from ..ops.decode_metadata import ExpandConfig
+    from ..ops.topk import TopKConfig, topk_workspace
+
+    x, k, i32, f32 = case.inputs, OP_CASE_K, torch.int32, torch.float32
+    dev = x.seq_lens.device
+    (b, w), bt, lens, heads = x.block_table.shape, x.block_table, x.seq_lens, x.q.shape[1]
+    req, idx, logits = _op_case_inputs(case)
+    slots = library.convert_req_index_to_global_index(req, bt, idx)
+    ws = global_topk_workspace(b, k=k, dcp_size=2, device=dev)
+    cands = torch.stack([
+        local_topk_candidates(logits, lens // 2, k=k, dcp_size=2, dcp_rank=r, interleave=1,
+                              workspace=ws).clone()
+        for r in range(2)
+    ])  # fmt: skip
+    split = AttentionConfig(num_splits=2, block_n=16)
+    attn_ws = attention_workspace(b, heads, k, cache_format="bf16", config=split, device=dev)
+    gws = library._gtopk_tensors(global_topk_workspace(b, k=k, dcp_size=2, device=dev))
+
+    def out(*shape, dtype=i32):
+        return torch.empty(shape, dtype=dtype, device=dev)
+
+    return {
+        "expand_decode_tokens": (
+            lens, bt, out(3), out(3, w), out(3), out(3), [1, 2], None, None, 2, None, 1, 0, 1,
+            None, None,
+        ),
+        "native_decode_seq_lens": (lens, out(b, 2), 2, 2, 1, 1, None, None),
+        "dcp_local_seq_lens": (
+            lens, out(b), 2, 1, 1, library._encode(ExpandConfig(), "expand"), None,
+        ),
+        "write_indexer_k": (x.k_idx, x.index_k_cache.clone(), x.slot_mapping),
+        "write_mla_latent": (x.kv[:, :512], x.kv[:, 512:], x.kv_cache.clone(), x.slot_mapping),
+        "index_logits": (
+            x.q_idx, x.idx_weights, x.index_k_cache, lens, bt, out(b, 128, dtype=f32), None, None,
+        ),
+        "select_topk": (
+            logits, lens, out(b, k), out(b), bt, req, topk_workspace(b, device=dev), k, 64, None,
+            None, None, library._encode(TopKConfig(), "topk"), None,
+        ),
+        "convert_req_index_to_global_index": (
+            req, bt, idx, out(b, k), out(b), None, None, 64, None, "auto", None,
+        ),
+        "filter_and_convert_dcp_index": (
+            req, bt, idx, out(b, k), out(b), 2, 1, 1, 64, None, True, "auto", None,
+        ),
+        "sparse_mla_decode": (
+            x.q, x.kv_cache, slots, out(b, heads, 512, dtype=torch.bfloat16),
+            out(b, heads, dtype=f32), None, None, None, None, attn_ws.partial_out,
+            attn_ws.partial_lse, 0.135, None, library._encode(split, "attention"),
+        ),
+        "local_topk_candidates": (logits, lens // 2, gws, None, b, k, 2, 1, 1),
+        "merge_topk_candidates": (cands, out(b, k), gws, b, k),
+        "rescale_partial": (
+            torch.randn(b, heads, 32, device=dev), torch.randn(2, b, heads, device=dev),
+            out(b, heads, 32, dtype=f32), out(b, heads, dtype=f32), 1, "all_reduce",
+        ),
+    }  # fmt: skip
+
+
+def public_call_cases(case: StepCase) -> list[tuple[str, tuple, dict]]:
+    """(public function name, args, kwargs) over ``case``: each public kernel entry called
+    as an engine would (outputs allocated by the call, configs, workspaces, host and device
+    decode lengths), to compare with its ``sparse_mla.library`` twin (the op path)."""
+    from ..ops.attention import AttentionConfig, attention_workspace
+    from ..ops.topk import TopKConfig
+
+    x, k = case.inputs, OP_CASE_K
+    dev = x.seq_lens.device
+    req, idx, logits = _op_case_inputs(case)
+    idx[0, -3:] = -1
+    heads = x.q.shape[1]
+    split = AttentionConfig(num_splits=2, block_n=16)
+    ws = attention_workspace(req.shape[0], heads, k, cache_format="bf16", config=split,
+                             device=dev)  # fmt: skip
+    remap = {"block_table": x.block_table, "req_id": req}
+    dl = torch.tensor([2, 1], dtype=torch.int32, device=dev)
+    return [
+        ("expand_decode_tokens", (x.seq_lens, x.block_table, [2, 1]), {"max_decode_len": 2}),
+        ("expand_decode_tokens", (x.seq_lens, x.block_table, dl),
+         {"max_decode_len": 2, "num_tokens": 5}),
+        ("native_decode_seq_lens", (x.seq_lens,), {"next_n": 3, "dcp_size": 2, "dcp_rank": 1}),
+        ("dcp_local_seq_lens", (x.seq_lens,), {"dcp_size": 2, "dcp_rank": 1, "interleave": 2}),
+        ("index_logits", (x.q_idx, x.idx_weights, x.index_k_cache, x.seq_lens, x.block_table),
+         {"max_len": 100}),
+        ("select_topk", (logits, x.seq_lens), {"k": k, "return_valid_counts": True}),
+        ("select_topk", (logits, x.seq_lens), {"k": k, **remap, "config": TopKConfig(row_warps=4)}),
+        ("convert_req_index_to_global_index", (req, x.block_table, idx),
+         {"return_valid_counts": True}),
+        ("filter_and_convert_dcp_index", (req, x.block_table, idx),
+         {"dcp_size": 2, "dcp_rank": 0, "return_valid_counts": True}),
+        ("sparse_mla_decode", (x.q, x.kv_cache, idx), {"sm_scale": 0.1, **remap}),
+        ("sparse_mla_decode", (x.q, x.kv_cache, idx),
+         {"sm_scale": 0.1, **remap, "workspace": ws, "config": split}),
+        ("local_topk_candidates", (logits, x.seq_lens),
+         {"k": k, "dcp_size": 2, "dcp_rank": 1, "interleave": 1}),
+    ]  # fmt: skip
+
+
+def public_function(name: str):
+    """The public function of that name (sparse_mla, sparse_mla.dcp or the metadata ops)."""
+    import sparse_mla
+    from sparse_mla import dcp
+    from sparse_mla.ops import decode_metadata
+
+    for home in (sparse_mla, dcp, decode_metadata):
+        if hasattr(home, name):
+            return getattr(home, name)
+    raise KeyError(name)
