@@ -8,8 +8,9 @@ Run on the H200 from the repository root (torch 2.11, triton 3.6):
 2. Each op path (``sparse_mla.library.X``: the adapter, then the op) equal to the public
    function, bit for bit (``decode.cases.public_call_cases``).
 3. ``torch.compile(fullgraph=True)`` of a whole decode step (``DecodePlan.run``: metadata,
-   cache writes, logits, top-k, remap, attention) with Inductor, and of the metadata builder
-   (uniform and ragged), against eager: one graph, no raw Triton launch traced, no "assuming
+   cache writes, logits, top-k, remap, attention) with Inductor, of the metadata builder
+   (uniform and ragged) and of the compat entries (``decode.cases.compile_cases``) against
+   eager: one graph, no raw Triton launch traced, no "assuming
    every input is mutated" warning, outputs bit-identical.
 4. Eager host cost per call (small shapes, 2000 calls, no sync inside the timed loop): the
    public function, its op path (adapter + ``torch.ops``), the bare ``torch.ops`` call, beside
@@ -45,12 +46,12 @@ from sparse_mla.decode import DecodePlan, DecodePlanConfig
 from sparse_mla.decode.cases import (
     OP_CASE_K,
     clone_inputs,
+    compile_cases,
     custom_op_cases,
     public_call_cases,
     public_function,
     random_step,
 )
-from sparse_mla.ops.decode_metadata import DecodeMetadataBuilder
 
 RESULTS: dict = {"opcheck": {}, "equal": {}, "compile": {}, "host_us": {}}
 FAILURES: list[str] = []
@@ -170,16 +171,8 @@ def compile_checks(dev: torch.device, backend: str, heads: int) -> None:
             s, (x,), backend, r))  # fmt: skip
 
     case = random_step(rng, seq_lens=[500, 200], decode_lens=[1, 1], num_heads=heads, device=dev)
-    x = case.inputs
-    for lens in ([1, 1], [2, 1]):
-        builder = DecodeMetadataBuilder(4, 2, x.block_table.shape[1], 2, device=dev)
-
-        def build(seq_lens, bt, builder=builder, lens=lens):
-            m = builder.build(seq_lens, bt, lens)
-            return m.seq_lens.clone(), m.block_table.clone(), m.req_id.clone()
-
-        record("compile", f"builder{lens}",
-               lambda: compiled_equal(build, (x.seq_lens, x.block_table), backend))  # fmt: skip
+    for name, (fn, args) in compile_cases(case).items():
+        record("compile", name, lambda fn=fn, args=args: compiled_equal(fn, args, backend))
 
 
 def per_call_us(fn, calls: int, sync) -> float:

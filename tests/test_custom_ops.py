@@ -14,12 +14,12 @@ from sparse_mla.decode import DecodePlan, DecodePlanConfig
 from sparse_mla.decode.cases import (
     OP_CASE_K,
     clone_inputs,
+    compile_cases,
     custom_op_cases,
     public_call_cases,
     public_function,
     random_step,
 )
-from sparse_mla.ops.decode_metadata import DecodeMetadataBuilder
 from sparse_mla.testing import poison
 
 I32 = torch.int32
@@ -158,25 +158,22 @@ def test_decode_step_compiles_to_one_graph_equal_to_eager(rng, decode_lens, pad,
     assert torch.equal(compiled_inputs.index_k_cache, case.inputs.index_k_cache)
 
 
-def test_builder_and_remap_compile_without_a_break(step):
-    """The metadata builder (ragged: staged offsets) and a compat entry, compiled."""
-    from sparse_mla.compat.vllm import triton_convert_req_index_to_global_index
-
-    x = step.inputs
-    builder = DecodeMetadataBuilder(4, 2, x.block_table.shape[1], 2)
-    idx = torch.randint(-1, 60, (3, K), dtype=I32)
-
-    def fn(seq_lens, block_table, idx):
-        meta = builder.build(seq_lens, block_table, [2, 1])
-        slots = triton_convert_req_index_to_global_index(
-            meta.req_id, meta.block_table, idx, NUM_TOPK_TOKENS=K
-        )
-        return meta.seq_lens.clone(), meta.req_id.clone(), slots
-
-    want = fn(x.seq_lens, x.block_table, idx)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "builder_uniform+vllm_remap",
+        "builder_ragged+vllm_remap",
+        "vllm.top_k_per_row_decode",
+        "flashmla.flash_mla_with_kvcache",
+    ],
+)
+def test_builder_and_compat_compile_to_one_graph(step, name):
+    """The metadata builder (ragged: staged offsets) and the compat entries, compiled."""
+    fn, args = compile_cases(step)[name]
+    want = [t.clone() for t in fn(*args)]
     torch._dynamo.reset()
     backend = _Recorder()
-    got = torch.compile(fn, fullgraph=True, backend=backend)(x.seq_lens, x.block_table, idx)
+    got = torch.compile(fn, fullgraph=True, backend=backend)(*args)
     assert len(backend.graphs) == 1
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)

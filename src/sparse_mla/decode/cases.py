@@ -344,3 +344,49 @@ def public_function(name: str):
         if hasattr(home, name):
             return getattr(home, name)
     raise KeyError(name)
+
+
+def compile_cases(case: StepCase) -> dict[str, tuple]:
+    """name -> (fn, args): host-side Python over the ops (the metadata builder, uniform and
+    ragged; vLLM's and FlashMLA's entries) to run eagerly and under ``torch.compile``; each
+    ``fn`` returns a tuple of fresh tensors."""
+    from ..compat import flashmla, vllm
+    from ..ops.decode_metadata import DecodeMetadataBuilder
+
+    x, k = case.inputs, OP_CASE_K
+    dev = x.seq_lens.device
+    b, w = x.block_table.shape
+    req, idx, _ = _op_case_inputs(case)
+    slots = vllm.triton_convert_req_index_to_global_index(req, x.block_table, idx,
+                                                          NUM_TOPK_TOKENS=k)  # fmt: skip
+    cases = {}
+    for kind, lens in (("uniform", [1] * b), ("ragged", [2] + [1] * (b - 1))):
+        builder = DecodeMetadataBuilder(2 * b, b, w, 2, device=dev)
+
+        def build(seq_lens, bt, idx, builder=builder, lens=lens):
+            m = builder.build(seq_lens, bt, lens)
+            rows = idx[m.req_id.long()] if m.flattened else idx
+            s = vllm.triton_convert_req_index_to_global_index(m.req_id, m.block_table, rows,
+                                                              NUM_TOPK_TOKENS=k)  # fmt: skip
+            return m.seq_lens.clone(), m.block_table.clone(), m.req_id.clone(), s
+
+        cases[f"builder_{kind}+vllm_remap"] = (build, (x.seq_lens, x.block_table, idx))
+
+    def vllm_topk(logits, seq_lens, indices):
+        vllm.top_k_per_row_decode(logits, 2, seq_lens, indices, 2 * b, *logits.stride())
+        return (indices.clone(),)
+
+    logits = torch.randn(2 * b, 128, device=dev)
+    lens = x.seq_lens.clamp(max=100)
+    cases["vllm.top_k_per_row_decode"] = (
+        vllm_topk,
+        (logits, lens, torch.empty(2 * b, k, dtype=torch.int32, device=dev)),
+    )
+
+    def flash(q, kv_cache, indices):
+        meta, _ = flashmla.get_mla_metadata()
+        return flashmla.flash_mla_with_kvcache(q, kv_cache, None, None, 512, meta,
+                                               softmax_scale=0.1, indices=indices)  # fmt: skip
+
+    cases["flashmla.flash_mla_with_kvcache"] = (flash, (x.q[:, None], x.kv_cache, slots[:, None]))
+    return cases
