@@ -29,6 +29,12 @@ Not ops: the DCP calls with a collective (``global_topk``, ``combine``) are Pyth
 their local ops (``local_topk_candidates``, ``merge_topk_candidates``, ``rescale_partial``)
 and the collective, which Dynamo traces itself; ``DecodeMetadataBuilder.build`` and the
 compat entries are Python over the ops here.
+
+``torch.library.custom_op``, not ``triton_op`` + ``wrap_triton`` (which would let Inductor
+see the kernels): under the interpreter a wrapped kernel is run on the fake tensors while
+tracing (torch 2.13: "Cannot access data pointer of Tensor"), the wrappers' overlap checks
+read ``data_ptr()`` too, and the user-kernel wrapper knows no ``launch_pdl`` launch option
+(torch 2.13 source: only num_warps, num_stages, num_ctas and the like).
 """
 
 from __future__ import annotations
@@ -57,24 +63,14 @@ _I32 = torch.int32
 # ---- configs as strings ---------------------------------------------------------------------
 
 
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
-_FIELDS = {
-    "topk": _names(TopKConfig),
-    "attention": _names(AttentionConfig),
-    "expand": _names(_expand.ExpandConfig),
-    "logits": _names(_logits.IndexLogitsConfig),
-    "remap": _names(RemapLayout),
-}
-_CLASSES = {
+_CONFIGS = {
     "topk": TopKConfig,
     "attention": AttentionConfig,
     "expand": _expand.ExpandConfig,
     "logits": _logits.IndexLogitsConfig,
     "remap": RemapLayout,
 }
+_FIELDS = {kind: tuple(f.name for f in dataclasses.fields(c)) for kind, c in _CONFIGS.items()}
 
 
 def _encode(config: object, kind: str) -> str | None:
@@ -89,7 +85,7 @@ def _decode(text: str | None, kind: str) -> object:
     """The config an :func:`_encode` string stands for (``"auto"`` and None as they are)."""
     if text is None or text == "auto":
         return text
-    return _CLASSES[kind](*ast.literal_eval(text))
+    return _CONFIGS[kind](*ast.literal_eval(text))
 
 
 def _eager(fn, *args, **kwargs):
