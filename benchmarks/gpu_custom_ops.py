@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import random
 import sys
@@ -52,6 +51,7 @@ from sparse_mla.decode.cases import (
     public_function,
     random_step,
 )
+from sparse_mla.testing import compiled_matches_eager
 
 RESULTS: dict = {"opcheck": {}, "equal": {}, "compile": {}, "host_us": {}}
 FAILURES: list[str] = []
@@ -88,64 +88,6 @@ def check_equal(name: str, args: tuple, kwargs: dict) -> None:
             raise AssertionError(f"output {i} differs")
 
 
-class Recorder:
-    """A backend keeping Dynamo's graphs, then compiling them with ``backend``."""
-
-    def __init__(self, backend: str) -> None:
-        self.backend, self.graphs = backend, []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
-
-
-class Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-def compiled_equal(fn, args: tuple, backend: str, reset_state=None) -> dict:
-    """Eager ``fn(*args)`` against ``torch.compile(fn, fullgraph=True)`` on copies."""
-    want = [None if t is None else t.clone() for t in _flat_all(fn(*args))]
-    if reset_state is not None:
-        reset_state()
-    torch._dynamo.reset()
-    rec, warn = Recorder(backend), Warnings()
-    logger = logging.getLogger("torch._dynamo")
-    logger.addHandler(warn)
-    try:
-        t0 = time.perf_counter()
-        got = _flat_all(torch.compile(fn, fullgraph=True, backend=rec)(*args))
-        compile_s = time.perf_counter() - t0
-    finally:
-        logger.removeHandler(warn)
-    targets = {str(n.target) for g in rec.graphs for n in g.graph.nodes}
-    problems = []
-    if len(rec.graphs) != 1:
-        problems.append(f"{len(rec.graphs)} graphs")
-    if any("triton" in t for t in targets):
-        problems.append("a raw Triton launch was traced")
-    if any("every input is mutated" in m for m in warn.messages):
-        problems.append("'assuming every input is mutated' logged")
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if (g is None) != (w is None) or (g is not None and not torch.equal(g, w)):
-            problems.append(f"output {i} differs from eager")
-    if problems:
-        raise AssertionError("; ".join(problems))
-    ops = sorted({t.split(".")[1] for t in targets if t.startswith("sparse_mla.")})
-    return {"graphs": len(rec.graphs), "first_call_s": round(compile_s, 1), "ops": ops}
-
-
-def _flat_all(result) -> list:
-    if isinstance(result, torch.Tensor):
-        return [result]
-    return list(result)
-
-
 def compile_checks(dev: torch.device, backend: str, heads: int) -> None:
     rng = random.Random(7)
     for dl, pad, remap in [([1, 1], 0, "topk"), ([2, 1], 1, "separate"), ([2, 2], 0, "attention")]:
@@ -157,22 +99,19 @@ def compile_checks(dev: torch.device, backend: str, heads: int) -> None:
             max_decode_len=2, remap=remap, mla_fp8=remap != "separate",
         )  # fmt: skip
         plan = DecodePlan(cfg, sm_scale=0.135, device=dev)
-        originals = clone_inputs(case.inputs)
 
-        def restore(x=case.inputs, o=originals):  # the caches again as before the eager run
-            for t, s in zip(x, o, strict=True):
-                t.copy_(s)
-
-        def step(x, plan=plan, case=case):
-            return plan.run(x, case.decode_lens, num_tokens=case.num_tokens)
+        def step(x, plan=plan, case=case):  # the step's outputs and the caches it wrote
+            out = plan.run(x, case.decode_lens, num_tokens=case.num_tokens)
+            return (*out, x.kv_cache, x.index_k_cache)
 
         name = f"decode_step[{remap},{dl},pad={pad}]"
-        record("compile", name, lambda s=step, x=case.inputs, r=restore: compiled_equal(
-            s, (x,), backend, r))  # fmt: skip
+        record("compile", name, lambda s=step, x=case.inputs: compiled_matches_eager(
+            s, lambda: (clone_inputs(x),), backend=backend))  # fmt: skip
 
     case = random_step(rng, seq_lens=[500, 200], decode_lens=[1, 1], num_heads=heads, device=dev)
     for name, (fn, args) in compile_cases(case).items():
-        record("compile", name, lambda fn=fn, args=args: compiled_equal(fn, args, backend))
+        record("compile", name, lambda fn=fn, args=args: compiled_matches_eager(
+            fn, lambda: args, backend=backend))  # fmt: skip
 
 
 def per_call_us(fn, calls: int, sync) -> float:
