@@ -7,11 +7,12 @@ Run on the H200 from the repository root (torch 2.11, triton 3.6):
 1. ``torch.library.opcheck`` of every op on CUDA tensors (``decode.cases.custom_op_cases``).
 2. Each op path (``sparse_mla.library.X``: the adapter, then the op) equal to the public
    function, bit for bit (``decode.cases.public_call_cases``).
-3. ``torch.compile(fullgraph=True)`` of a whole decode step (``DecodePlan.run``: metadata,
-   cache writes, logits, top-k, remap, attention) with Inductor, of the metadata builder
-   (uniform and ragged) and of the compat entries (``decode.cases.compile_cases``) against
-   eager: one graph, no raw Triton launch traced, no "assuming
-   every input is mutated" warning, outputs bit-identical.
+3. ``torch.compile(fullgraph=True)`` with Inductor (``testing.compiled_matches_eager``) of a
+   whole decode step (``DecodePlan.run``: metadata, cache writes, logits, top-k, remap,
+   attention), of the metadata builder (uniform, ragged), of the compat entries
+   (``decode.cases.compile_cases``) and of the DCP calls with their collectives (one rank,
+   NCCL), against eager: one graph, no raw Triton launch traced, no "assuming every input is
+   mutated" warning, outputs bit-identical.
 4. Eager host cost per call (small shapes, 2000 calls, no sync inside the timed loop): the
    public function, its op path (adapter + ``torch.ops``), the bare ``torch.ops`` call, beside
    ``torch.add_`` and ``torch.compiler.is_compiling()``.
@@ -114,6 +115,35 @@ def compile_checks(dev: torch.device, backend: str, heads: int) -> None:
             fn, lambda: args, backend=backend))  # fmt: skip
 
 
+def dcp_compile_checks(dev: torch.device, backend: str, heads: int) -> None:
+    """global_topk and combine with their collectives, one rank (NCCL on a GPU)."""
+    import torch.distributed as dist
+
+    from sparse_mla import dcp
+
+    backend_name = "nccl" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(backend_name, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        logits = torch.randn(4, 3000, device=dev)
+        lens = torch.tensor([3000, 2500, 100, 0], dtype=torch.int32, device=dev)
+
+        def topk(logits, lens):
+            return dcp.global_topk(logits, lens, k=256, dcp_size=1, dcp_rank=0, interleave=1,
+                                   group=group)  # fmt: skip
+
+        def combine(out, lse):
+            return dcp.combine(out, lse, group=group)
+
+        out, lse = torch.randn(4, heads, 512, device=dev), torch.randn(4, heads, device=dev)
+        record("compile", "dcp.global_topk", lambda: compiled_matches_eager(
+            topk, lambda: (logits, lens), backend=backend))  # fmt: skip
+        record("compile", "dcp.combine", lambda: compiled_matches_eager(
+            combine, lambda: (out, lse), backend=backend))  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
 def per_call_us(fn, calls: int, sync) -> float:
     for _ in range(3):
         fn()
@@ -200,6 +230,7 @@ def main() -> int:
     for i, (name, a, kw) in enumerate(public_call_cases(case)):
         record("equal", f"{i}:{name}", lambda name=name, a=a, kw=kw: check_equal(name, a, kw))
     compile_checks(dev, backend, heads)
+    record("compile", "dcp (process group)", lambda: dcp_compile_checks(dev, backend, heads))
     host_costs(case, calls, sync)
 
     os.makedirs(args.out, exist_ok=True)

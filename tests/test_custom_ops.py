@@ -143,3 +143,33 @@ def test_compile_check_fails_on_a_raw_launch(step):
 
     with pytest.raises((AssertionError, torch._dynamo.exc.TorchDynamoException)):
         compiled_matches_eager(raw, lambda: (step.inputs.seq_lens,))
+
+
+def test_dcp_calls_compile_with_their_collectives(step):
+    """global_topk and combine: their local ops and the collective in one graph (gloo,
+    one rank in this process)."""
+    import torch.distributed as dist
+
+    from sparse_mla import dcp
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        logits, lens = torch.randn(2, 100), step.inputs.seq_lens.clamp(max=100)
+
+        def topk(logits, lens):
+            return dcp.global_topk(
+                logits, lens, k=K, dcp_size=1, dcp_rank=0, interleave=1, group=group
+            )
+
+        info = compiled_matches_eager(topk, lambda: (logits, lens))
+        assert info["ops"] == ["local_topk_candidates", "merge_topk_candidates"]
+        out, lse = torch.randn(2, HEADS, 32), torch.randn(2, HEADS)
+        info = compiled_matches_eager(
+            lambda o, s: dcp.combine(o, s, group=group), lambda: (out, lse)
+        )
+        assert info["ops"] == ["rescale_partial"]
+    finally:
+        dist.destroy_process_group()
