@@ -389,6 +389,7 @@ def _convert_op(
     token_indices: Tensor,
     out: Tensor,
     valid_counts_out: Tensor | None,
+    return_valid_counts: bool,
     prefill_request_ids: Tensor | None,
     prefill_workspace_starts: Tensor | None,
     block_size: int,
@@ -402,7 +403,7 @@ def _convert_op(
         block_size=block_size, block_stride_rows=block_stride_rows,
         prefill_request_ids=prefill_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
-        return_valid_counts=valid_counts_out is not None, out=out,
+        return_valid_counts=return_valid_counts, out=out,
         valid_counts_out=valid_counts_out, layout=_decode(layout, "remap"), enable_pdl=enable_pdl,
     )  # fmt: skip
 
@@ -424,7 +425,7 @@ def convert_req_index_to_global_index(
     """:func:`sparse_mla.convert_req_index_to_global_index` through ``torch.ops.sparse_mla``."""
     out, counts = _remap_outputs(token_indices, out, valid_counts_out, return_valid_counts)
     torch.ops.sparse_mla.convert_req_index_to_global_index(
-        req_id, block_table, token_indices, out, counts if return_valid_counts else None,
+        req_id, block_table, token_indices, out, counts, return_valid_counts,
         prefill_request_ids, prefill_workspace_starts, block_size, block_stride_rows,
         _encode(layout, "remap"), enable_pdl,
     )  # fmt: skip
@@ -438,6 +439,7 @@ def _filter_op(
     token_indices: Tensor,
     out: Tensor,
     valid_counts_out: Tensor | None,
+    return_valid_counts: bool,
     dcp_size: int,
     dcp_rank: int,
     interleave: int,
@@ -452,7 +454,7 @@ def _filter_op(
         _remap.filter_and_convert_dcp_index, req_id, block_table, token_indices,
         dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=interleave, block_size=block_size,
         block_stride_rows=block_stride_rows, compact=compact,
-        return_valid_counts=valid_counts_out is not None, out=out,
+        return_valid_counts=return_valid_counts, out=out,
         valid_counts_out=valid_counts_out, layout=_decode(layout, "remap"), enable_pdl=enable_pdl,
     )  # fmt: skip
 
@@ -465,7 +467,7 @@ def filter_and_convert_dcp_index(
     """:func:`sparse_mla.filter_and_convert_dcp_index` through ``torch.ops.sparse_mla``."""
     out, counts = _remap_outputs(token_indices, out, valid_counts_out, return_valid_counts)
     torch.ops.sparse_mla.filter_and_convert_dcp_index(
-        req_id, block_table, token_indices, out, counts if return_valid_counts else None,
+        req_id, block_table, token_indices, out, counts, return_valid_counts,
         dcp_size, dcp_rank, interleave, block_size, block_stride_rows, compact,
         _encode(layout, "remap"), enable_pdl,
     )  # fmt: skip

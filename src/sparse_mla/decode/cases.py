@@ -276,10 +276,10 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
             None, None, library._encode(TopKConfig(), "topk"), None,
         ),
         "convert_req_index_to_global_index": (
-            req, bt, idx, out(b, k), out(b), None, None, 64, None, "auto", None,
+            req, bt, idx, out(b, k), out(b), True, None, None, 64, None, "auto", None,
         ),
         "filter_and_convert_dcp_index": (
-            req, bt, idx, out(b, k), out(b), 2, 1, 1, 64, None, True, "auto", None,
+            req, bt, idx, out(b, k), out(b), False, 2, 1, 1, 64, None, True, "auto", None,
         ),
         "sparse_mla_decode": (
             x.q, x.kv_cache, slots, out(b, heads, 512, dtype=torch.bfloat16),
@@ -312,6 +312,7 @@ def public_call_cases(case: StepCase) -> list[tuple[str, tuple, dict]]:
                              device=dev)  # fmt: skip
     remap = {"block_table": x.block_table, "req_id": req}
     dl = torch.tensor([2, 1], dtype=torch.int32, device=dev)
+    counts = torch.full((req.shape[0],), -7, dtype=torch.int32, device=dev)
     return [
         ("expand_decode_tokens", (x.seq_lens, x.block_table, [2, 1]), {"max_decode_len": 2}),
         ("expand_decode_tokens", (x.seq_lens, x.block_table, dl),
@@ -326,6 +327,8 @@ def public_call_cases(case: StepCase) -> list[tuple[str, tuple, dict]]:
          {"return_valid_counts": True}),
         ("filter_and_convert_dcp_index", (req, x.block_table, idx),
          {"dcp_size": 2, "dcp_rank": 0, "return_valid_counts": True}),
+        ("filter_and_convert_dcp_index", (req, x.block_table, idx),
+         {"dcp_size": 2, "dcp_rank": 1, "valid_counts_out": counts}),
         ("sparse_mla_decode", (x.q, x.kv_cache, idx), {"sm_scale": 0.1, **remap}),
         ("sparse_mla_decode", (x.q, x.kv_cache, idx),
          {"sm_scale": 0.1, **remap, "workspace": ws, "config": split}),
@@ -390,3 +393,25 @@ def compile_cases(case: StepCase) -> dict[str, tuple]:
 
     cases["flashmla.flash_mla_with_kvcache"] = (flash, (x.q[:, None], x.kv_cache, slots[:, None]))
     return cases
+
+
+def op_path_matches_public(name: str, args: tuple, kwargs: dict) -> None:
+    """``sparse_mla.library.<name>`` (the path ``torch.compile`` takes) gives what the public
+    function gives: the same results and the same contents of the ``*out*`` buffers passed
+    (poisoned before each run). Raises AssertionError naming what differs."""
+    from .. import library
+    from ..testing import poison
+
+    def run(fn) -> list[torch.Tensor]:
+        poison(*buffers.values())
+        result = fn(*args, **kwargs)
+        result = [result] if isinstance(result, torch.Tensor) else list(result)
+        return [t.clone() for t in result + list(buffers.values()) if t is not None]
+
+    buffers = {k: v for k, v in kwargs.items() if "out" in k and isinstance(v, torch.Tensor)}
+    want, got = run(public_function(name)), run(getattr(library, name))
+    if len(got) != len(want):
+        raise AssertionError(f"{name}: {len(got)} results, the public function {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g.dtype != w.dtype or g.shape != w.shape or not torch.equal(g, w):
+            raise AssertionError(f"{name}: result {i} differs from the public function's")
