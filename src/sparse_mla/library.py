@@ -129,6 +129,7 @@ def _expand_op(
     decode_lens: Tensor | None,
     query_start_loc: Tensor | None,
     max_decode_len: int,
+    num_tokens: int,
     uniform: bool | None,
     dcp_size: int,
     dcp_rank: int,
@@ -136,7 +137,7 @@ def _expand_op(
     config: str | None,
     enable_pdl: bool | None,
 ) -> None:
-    """sparse_mla.expand_decode_tokens into ``out_*`` (``num_tokens`` = their length)."""
+    """sparse_mla.expand_decode_tokens into ``out_*`` (``num_tokens`` rows)."""
     out = _expand.ExpandedDecodeTokens(out_seq_lens, out_block_table, out_decode_lens, out_req_id)
     _eager(
         _expand.expand_decode_tokens,
@@ -144,7 +145,7 @@ def _expand_op(
         block_table,
         host_decode_lens if decode_lens is None else decode_lens,
         max_decode_len=max_decode_len,
-        num_tokens=out_seq_lens.shape[0],
+        num_tokens=num_tokens,
         uniform=uniform,
         query_start_loc=query_start_loc,
         dcp_size=dcp_size,
@@ -195,7 +196,8 @@ def expand_decode_tokens(
             torch.empty(num_tokens, dtype=_I32, device=dev),
         )
     torch.ops.sparse_mla.expand_decode_tokens(
-        seq_lens, block_table, *out, host, device_dl, query_start_loc, max_decode_len, uniform,
+        seq_lens, block_table, *out, host, device_dl, query_start_loc, max_decode_len,
+        num_tokens, uniform,
         dcp_size, dcp_rank, interleave, _encode(config, "expand"), enable_pdl,
     )  # fmt: skip
     return out
@@ -306,12 +308,13 @@ def _index_logits_op(
     block_table: Tensor,
     out: Tensor,
     next_n: int | None,
+    max_len: int | None,
     config: str | None,
 ) -> None:
-    """sparse_mla.index_logits into ``out`` (``max_len`` = its width)."""
+    """sparse_mla.index_logits into ``out``."""
     _eager(
         _logits.index_logits, q, weights, k_cache, seq_lens, block_table, next_n=next_n,
-        max_len=out.shape[1], out=out, config=_decode(config, "logits"),
+        max_len=max_len, out=out, config=_decode(config, "logits"),
     )  # fmt: skip
 
 
@@ -325,7 +328,7 @@ def index_logits(
             max_len = block_table.shape[1] * k_cache.shape[1]
         out = torch.empty((q.shape[0], max_len), dtype=torch.float32, device=q.device)
     torch.ops.sparse_mla.index_logits(
-        q, weights, k_cache, seq_lens, block_table, out, next_n, _encode(config, "logits")
+        q, weights, k_cache, seq_lens, block_table, out, next_n, max_len, _encode(config, "logits")
     )
     return out
 

@@ -259,8 +259,8 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
 
     return {
         "expand_decode_tokens": (
-            lens, bt, out(3), out(3, w), out(3), out(3), [1, 2], None, None, 2, None, 1, 0, 1,
-            None, None,
+            lens, bt, out(3), out(3, w), out(3), out(3), [1, 2], None, None, 2, 3, None, 1, 0,
+            1, None, None,
         ),
         "native_decode_seq_lens": (lens, out(b, 2), 2, 2, 1, 1, None, None),
         "dcp_local_seq_lens": (
@@ -269,7 +269,8 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
         "write_indexer_k": (x.k_idx, x.index_k_cache.clone(), x.slot_mapping),
         "write_mla_latent": (x.kv[:, :512], x.kv[:, 512:], x.kv_cache.clone(), x.slot_mapping),
         "index_logits": (
-            x.q_idx, x.idx_weights, x.index_k_cache, lens, bt, out(b, 128, dtype=f32), None, None,
+            x.q_idx, x.idx_weights, x.index_k_cache, lens, bt, out(b, 128, dtype=f32), None, 128,
+            None,
         ),
         "select_topk": (
             logits, lens, out(b, k), out(b), bt, req, topk_workspace(b, device=dev), k, 64, None,
