@@ -197,8 +197,8 @@ def expand_decode_tokens(
         )
     torch.ops.sparse_mla.expand_decode_tokens(
         seq_lens, block_table, *out, host, device_dl, query_start_loc, max_decode_len,
-        num_tokens, uniform,
-        dcp_size, dcp_rank, interleave, _encode(config, "expand"), enable_pdl,
+        num_tokens, uniform, dcp_size, dcp_rank, interleave, _encode(config, "expand"),
+        enable_pdl,
     )  # fmt: skip
     return out
 
