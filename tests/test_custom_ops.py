@@ -67,7 +67,15 @@ def test_cache_writers_equal_the_public_functions(step):
 
 
 def test_configs_round_trip():
-    for kind, cfg in [("topk", TopKConfig(row_warps=4)), ("attention", AttentionConfig())]:
+    from sparse_mla import ExpandConfig, IndexLogitsConfig, choose_remap_layout
+
+    for kind, cfg in [
+        ("topk", TopKConfig(row_warps=4, fallback_side_stream=False)),
+        ("attention", AttentionConfig(rows_major=True)),
+        ("expand", ExpandConfig(store_evict="")),
+        ("logits", IndexLogitsConfig(block_s=32)),
+        ("remap", choose_remap_layout(2048, count_valid=True, compact=True, num_rows=64)),
+    ]:
         assert library._decode(library._encode(cfg, kind), kind) == cfg
     assert library._decode(library._encode(None, "topk"), "topk") is None
     assert library._decode("auto", "remap") == "auto"
