@@ -134,7 +134,7 @@ def test_compile_check_fails_on_a_raw_launch(step):
     from sparse_mla.ops.decode_metadata.expand import _launch_native
 
     def raw(seq_lens):
-        out = torch.empty(seq_lens.shape[0], 2, dtype=I32)
+        out = torch.empty(seq_lens.shape[0], 2, dtype=I32, device=seq_lens.device)
         _launch_native(seq_lens, out, None, next_n=2, dcp_size=1, dcp_rank=0, dcp_interleave=1)
         return out
 
@@ -143,18 +143,20 @@ def test_compile_check_fails_on_a_raw_launch(step):
 
 
 def test_dcp_calls_compile_with_their_collectives(step):
-    """global_topk and combine: their local ops and the collective in one graph (gloo,
-    one rank in this process)."""
+    """global_topk and combine: their local ops and the collective in one graph (one rank
+    in this process: gloo on the CPU, NCCL on a GPU)."""
     import torch.distributed as dist
 
     from sparse_mla import dcp
 
     if dist.is_initialized():
         pytest.skip("a process group is already up")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dev = step.inputs.seq_lens.device
+    kind = "nccl" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(kind, store=dist.HashStore(), rank=0, world_size=1)
     try:
         group = dist.group.WORLD
-        logits, lens = torch.randn(2, 100), step.inputs.seq_lens.clamp(max=100)
+        logits, lens = torch.randn(2, 100, device=dev), step.inputs.seq_lens.clamp(max=100)
 
         def topk(logits, lens):
             return dcp.global_topk(
@@ -163,7 +165,7 @@ def test_dcp_calls_compile_with_their_collectives(step):
 
         info = compiled_matches_eager(topk, lambda: (logits, lens))
         assert info["ops"] == ["local_topk_candidates", "merge_topk_candidates"]
-        out, lse = torch.randn(2, HEADS, 32), torch.randn(2, HEADS)
+        out, lse = torch.randn(2, HEADS, 32, device=dev), torch.randn(2, HEADS, device=dev)
         info = compiled_matches_eager(
             lambda o, s: dcp.combine(o, s, group=group), lambda: (out, lse)
         )
