@@ -62,6 +62,7 @@ __all__ = [
     "filter_and_convert_dcp_index",
     "index_logits",
     "info",
+    "library",
     "mode",
     "new_indexer_k_cache",
     "new_mla_cache",
@@ -74,3 +75,6 @@ __all__ = [
 
 # After the ops, so `import sparse_mla` makes `sparse_mla.compat.vllm` available too.
 from . import compat  # noqa: E402
+
+# isort: split
+from . import library  # noqa: E402  (registers torch.ops.sparse_mla.*, used under torch.compile)

@@ -332,3 +332,63 @@ def filled_indexer_cache(
         keys = torch.randn(t, dim, device=device, dtype=torch.bfloat16)
         write_indexer_k(keys, cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64))
     return cache
+
+
+def compiled_matches_eager(fn, make_args, *, backend: str = "aot_eager") -> dict:
+    """Check ``torch.compile(fn, fullgraph=True)`` against ``fn`` run eagerly.
+
+    ``make_args()`` gives fresh arguments for each run (copies where ``fn`` writes into
+    them); ``fn`` returns a tensor or a sequence of tensors (None allowed). Raises
+    AssertionError unless Dynamo made exactly one graph (``fullgraph`` already raises on a
+    break), traced no raw Triton launch (every kernel came as a ``torch.ops.sparse_mla`` op),
+    logged no "assuming every input is mutated" warning, and every output equals eager's
+    bit for bit. ``backend``: what compiles the graph ("aot_eager": functionalisation and
+    the fakes without Inductor's code generation; "inductor" on a GPU).
+
+    Returns:
+        ``{"graphs", "first_call_s", "ops"}``: graphs made, the compiled first call's wall
+        time, the ``sparse_mla`` ops in the graph.
+    """
+    import logging
+    import time
+
+    def listed(result) -> list:
+        return [result] if isinstance(result, torch.Tensor) else list(result)
+
+    want = [None if t is None else t.clone() for t in listed(fn(*make_args()))]
+    graphs: list = []
+    messages: list[str] = []
+
+    def recorder(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler, logger = Collect(logging.WARNING), logging.getLogger("torch._dynamo")
+    logger.addHandler(handler)  # where triton_kernel_wrap warns about mutations
+    torch._dynamo.reset()
+    try:
+        args = make_args()
+        start = time.perf_counter()
+        got = listed(torch.compile(fn, fullgraph=True, backend=recorder)(*args))
+        first_call_s = time.perf_counter() - start
+    finally:
+        logger.removeHandler(handler)
+    targets = {str(node.target) for g in graphs for node in g.graph.nodes}
+    problems = [f"{len(graphs)} graphs"] if len(graphs) != 1 else []
+    if any("triton" in t for t in targets):
+        problems.append("a raw Triton launch was traced")
+    if any("every input is mutated" in m for m in messages):
+        problems.append("'assuming every input is mutated' was logged")
+    if len(got) != len(want):
+        problems.append(f"{len(got)} outputs, eager gave {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
+        if (g is None) != (w is None) or (g is not None and not torch.equal(g, w)):
+            problems.append(f"output {i} differs from eager")
+    if problems:
+        raise AssertionError("; ".join(problems))
+    ops = sorted({t.split(".")[1] for t in targets if t.startswith("sparse_mla.")})
+    return {"graphs": len(graphs), "first_call_s": round(first_call_s, 2), "ops": ops}

@@ -203,6 +203,12 @@ def rescale_partial(
     Returns:
         ``(dest, lse_out)``; summing ``dest`` over ranks gives the merged out.
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from .. import library
+
+        return library.rescale_partial(
+            out, lse_all, dcp_rank=dcp_rank, reduce=reduce, dest=dest, lse_out=lse_out
+        )  # fmt: skip
     check_tensor("out", out, dtype=_OUT_DTYPES, ndim=3)
     t, h, d = out.shape
     check_tensor("lse_all", lse_all, dtype=torch.float32, ndim=3)

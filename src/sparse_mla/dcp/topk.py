@@ -279,6 +279,13 @@ def local_topk_candidates(
         score of candidate j, ``[t, 1, j]`` its global position, ascending, -1 after the
         ``min(k, local length)`` candidates (score bits 0 there).
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from .. import library
+
+        return library.local_topk_candidates(
+            local_logits, local_seq_lens, k=k, dcp_size=dcp_size, dcp_rank=dcp_rank,
+            interleave=interleave, workspace=workspace, positions_out=positions_out
+        )  # fmt: skip
     _check_dcp_layout(dcp_size, dcp_rank, interleave)
     _check_k(k)
     check_tensor("local_logits", local_logits, dtype=torch.float32, ndim=2)
@@ -346,6 +353,10 @@ def merge_topk_candidates(
     Returns:
         int32 ``[T, k]`` global positions, ascending, then -1.
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from .. import library
+
+        return library.merge_topk_candidates(candidates, k=k, out=out, workspace=workspace)
     _check_k(k)
     check_tensor("candidates", candidates, dtype=torch.int32, ndim=4)
     w, rows = candidates.shape[:2]

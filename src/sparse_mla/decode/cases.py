@@ -213,3 +213,206 @@ def check_random_step(
         return f"seed {seed}: indexer cache writes differ"
     err, _ = step_error(got, ref, case)
     return None if err is None else f"seed {seed} (lens={lens} n={n} fp8={fp8} {remap}): {err}"
+
+
+# ---- cases of the custom ops (tests/test_custom_ops.py, benchmarks/gpu_custom_ops.py) --------
+
+OP_CASE_K = 16  # top-k width of the op cases
+
+
+def _op_case_inputs(case: StepCase) -> tuple:
+    """(request rows, sorted request-local positions [B, K], random scores [B, 128])."""
+    x = case.inputs
+    dev = x.seq_lens.device
+    req = torch.arange(x.block_table.shape[0], dtype=torch.int32, device=dev)
+    idx = torch.stack([torch.randperm(int(n), device=dev)[:OP_CASE_K].sort().values
+                       for n in x.seq_lens])  # fmt: skip
+    return req, idx.to(torch.int32), torch.randn(req.shape[0], 128, device=dev)
+
+
+def custom_op_cases(case: StepCase) -> dict[str, tuple]:
+    """Positional arguments (schema order) of each ``torch.ops.sparse_mla`` op over ``case``
+    (at least 64 positions per request, ``OP_CASE_K`` columns), for ``torch.library.opcheck``."""
+    from .. import library
+    from ..dcp import global_topk_workspace, local_topk_candidates
+    from ..ops.attention import AttentionConfig, attention_workspace
+    from ..ops.decode_metadata import ExpandConfig
+    from ..ops.topk import TopKConfig, topk_workspace
+
+    x, k, i32, f32 = case.inputs, OP_CASE_K, torch.int32, torch.float32
+    dev = x.seq_lens.device
+    (b, w), bt, lens, heads = x.block_table.shape, x.block_table, x.seq_lens, x.q.shape[1]
+    req, idx, logits = _op_case_inputs(case)
+    slots = library.convert_req_index_to_global_index(req, bt, idx)
+    ws = global_topk_workspace(b, k=k, dcp_size=2, device=dev)
+    cands = torch.stack([
+        local_topk_candidates(logits, lens // 2, k=k, dcp_size=2, dcp_rank=r, interleave=1,
+                              workspace=ws).clone()
+        for r in range(2)
+    ])  # fmt: skip
+    split = AttentionConfig(num_splits=2, block_n=16)
+    attn_ws = attention_workspace(b, heads, k, cache_format="bf16", config=split, device=dev)
+    gws = library._gtopk_tensors(global_topk_workspace(b, k=k, dcp_size=2, device=dev))
+
+    def out(*shape, dtype=i32):
+        return torch.empty(shape, dtype=dtype, device=dev)
+
+    return {
+        "expand_decode_tokens": (
+            lens, bt, out(3), out(3, w), out(3), out(3), [1, 2], None, None, 2, 3, None, 1, 0,
+            1, None, None,
+        ),
+        "native_decode_seq_lens": (lens, out(b, 2), 2, 2, 1, 1, None, None),
+        "dcp_local_seq_lens": (
+            lens, out(b), 2, 1, 1, library._encode(ExpandConfig(), "expand"), None,
+        ),
+        "write_indexer_k": (x.k_idx, x.index_k_cache.clone(), x.slot_mapping),
+        "write_mla_latent": (x.kv[:, :512], x.kv[:, 512:], x.kv_cache.clone(), x.slot_mapping),
+        "index_logits": (
+            x.q_idx, x.idx_weights, x.index_k_cache, lens, bt, out(b, 128, dtype=f32), None, 128,
+            None,
+        ),
+        "select_topk": (
+            logits, lens, out(b, k), out(b), bt, req, topk_workspace(b, device=dev), k, 64, None,
+            None, None, library._encode(TopKConfig(), "topk"), None,
+        ),
+        "convert_req_index_to_global_index": (
+            req, bt, idx, out(b, k), out(b), True, None, None, 64, None, "auto", None,
+        ),
+        "filter_and_convert_dcp_index": (
+            req, bt, idx, out(b, k), out(b), False, 2, 1, 1, 64, None, True, "auto", None,
+        ),
+        "sparse_mla_decode": (
+            x.q, x.kv_cache, slots, out(b, heads, 512, dtype=torch.bfloat16),
+            out(b, heads, dtype=f32), None, None, None, None, attn_ws.partial_out,
+            attn_ws.partial_lse, 0.135, None, library._encode(split, "attention"),
+        ),
+        "local_topk_candidates": (logits, lens // 2, gws, None, b, k, 2, 1, 1),
+        "merge_topk_candidates": (cands, out(b, k), gws, b, k),
+        "rescale_partial": (
+            torch.randn(b, heads, 32, device=dev), torch.randn(2, b, heads, device=dev),
+            out(b, heads, 32, dtype=f32), out(b, heads, dtype=f32), 1, "all_reduce",
+        ),
+    }  # fmt: skip
+
+
+def public_call_cases(case: StepCase) -> list[tuple[str, tuple, dict]]:
+    """(public function name, args, kwargs) over ``case``: each public kernel entry called
+    as an engine would (outputs allocated by the call, configs, workspaces, host and device
+    decode lengths), to compare with its ``sparse_mla.library`` twin (the op path)."""
+    from ..ops.attention import AttentionConfig, attention_workspace
+    from ..ops.topk import TopKConfig
+
+    x, k = case.inputs, OP_CASE_K
+    dev = x.seq_lens.device
+    req, idx, logits = _op_case_inputs(case)
+    idx[0, -3:] = -1
+    heads = x.q.shape[1]
+    split = AttentionConfig(num_splits=2, block_n=16)
+    ws = attention_workspace(req.shape[0], heads, k, cache_format="bf16", config=split,
+                             device=dev)  # fmt: skip
+    remap = {"block_table": x.block_table, "req_id": req}
+    dl = torch.tensor([2, 1], dtype=torch.int32, device=dev)
+    counts = torch.full((req.shape[0],), -7, dtype=torch.int32, device=dev)
+    return [
+        ("expand_decode_tokens", (x.seq_lens, x.block_table, [2, 1]), {"max_decode_len": 2}),
+        ("expand_decode_tokens", (x.seq_lens, x.block_table, dl),
+         {"max_decode_len": 2, "num_tokens": 5}),
+        ("native_decode_seq_lens", (x.seq_lens,), {"next_n": 3, "dcp_size": 2, "dcp_rank": 1}),
+        ("dcp_local_seq_lens", (x.seq_lens,), {"dcp_size": 2, "dcp_rank": 1, "interleave": 2}),
+        ("index_logits", (x.q_idx, x.idx_weights, x.index_k_cache, x.seq_lens, x.block_table),
+         {"max_len": 100}),
+        ("select_topk", (logits, x.seq_lens), {"k": k, "return_valid_counts": True}),
+        ("select_topk", (logits, x.seq_lens), {"k": k, **remap, "config": TopKConfig(row_warps=4)}),
+        ("convert_req_index_to_global_index", (req, x.block_table, idx),
+         {"return_valid_counts": True}),
+        ("filter_and_convert_dcp_index", (req, x.block_table, idx),
+         {"dcp_size": 2, "dcp_rank": 0, "return_valid_counts": True}),
+        ("filter_and_convert_dcp_index", (req, x.block_table, idx),
+         {"dcp_size": 2, "dcp_rank": 1, "valid_counts_out": counts}),
+        ("sparse_mla_decode", (x.q, x.kv_cache, idx), {"sm_scale": 0.1, **remap}),
+        ("sparse_mla_decode", (x.q, x.kv_cache, idx),
+         {"sm_scale": 0.1, **remap, "workspace": ws, "config": split}),
+        ("local_topk_candidates", (logits, x.seq_lens),
+         {"k": k, "dcp_size": 2, "dcp_rank": 1, "interleave": 1}),
+    ]  # fmt: skip
+
+
+def public_function(name: str):
+    """The public function of that name (sparse_mla, sparse_mla.dcp or the metadata ops)."""
+    import sparse_mla
+    from sparse_mla import dcp
+    from sparse_mla.ops import decode_metadata
+
+    for home in (sparse_mla, dcp, decode_metadata):
+        if hasattr(home, name):
+            return getattr(home, name)
+    raise KeyError(name)
+
+
+def compile_cases(case: StepCase) -> dict[str, tuple]:
+    """name -> (fn, args): host-side Python over the ops (the metadata builder, uniform and
+    ragged; vLLM's and FlashMLA's entries) to run eagerly and under ``torch.compile``; each
+    ``fn`` returns a tuple of fresh tensors."""
+    from ..compat import flashmla, vllm
+    from ..ops.decode_metadata import DecodeMetadataBuilder
+
+    x, k = case.inputs, OP_CASE_K
+    dev = x.seq_lens.device
+    b, w = x.block_table.shape
+    req, idx, _ = _op_case_inputs(case)
+    slots = vllm.triton_convert_req_index_to_global_index(req, x.block_table, idx,
+                                                          NUM_TOPK_TOKENS=k)  # fmt: skip
+    cases = {}
+    for kind, lens in (("uniform", [1] * b), ("ragged", [2] + [1] * (b - 1))):
+        builder = DecodeMetadataBuilder(2 * b, b, w, 2, device=dev)
+
+        def build(seq_lens, bt, idx, builder=builder, lens=lens):
+            m = builder.build(seq_lens, bt, lens)
+            rows = idx[m.req_id.long()] if m.flattened else idx
+            s = vllm.triton_convert_req_index_to_global_index(m.req_id, m.block_table, rows,
+                                                              NUM_TOPK_TOKENS=k)  # fmt: skip
+            return m.seq_lens.clone(), m.block_table.clone(), m.req_id.clone(), s
+
+        cases[f"builder_{kind}+vllm_remap"] = (build, (x.seq_lens, x.block_table, idx))
+
+    def vllm_topk(logits, seq_lens, indices):
+        vllm.top_k_per_row_decode(logits, 2, seq_lens, indices, 2 * b, *logits.stride())
+        return (indices.clone(),)
+
+    logits = torch.randn(2 * b, 128, device=dev)
+    lens = x.seq_lens.clamp(max=100)
+    cases["vllm.top_k_per_row_decode"] = (
+        vllm_topk,
+        (logits, lens, torch.empty(2 * b, k, dtype=torch.int32, device=dev)),
+    )
+
+    def flash(q, kv_cache, indices):
+        meta, _ = flashmla.get_mla_metadata()
+        return flashmla.flash_mla_with_kvcache(q, kv_cache, None, None, 512, meta,
+                                               softmax_scale=0.1, indices=indices)  # fmt: skip
+
+    cases["flashmla.flash_mla_with_kvcache"] = (flash, (x.q[:, None], x.kv_cache, slots[:, None]))
+    return cases
+
+
+def op_path_matches_public(name: str, args: tuple, kwargs: dict) -> None:
+    """``sparse_mla.library.<name>`` (the path ``torch.compile`` takes) gives what the public
+    function gives: the same results and the same contents of the ``*out*`` buffers passed
+    (poisoned before each run). Raises AssertionError naming what differs."""
+    from .. import library
+    from ..testing import poison
+
+    def run(fn) -> list[torch.Tensor]:
+        poison(*buffers.values())
+        result = fn(*args, **kwargs)
+        result = [result] if isinstance(result, torch.Tensor) else list(result)
+        return [t.clone() for t in result + list(buffers.values()) if t is not None]
+
+    buffers = {k: v for k, v in kwargs.items() if "out" in k and isinstance(v, torch.Tensor)}
+    want, got = run(public_function(name)), run(getattr(library, name))
+    if len(got) != len(want):
+        raise AssertionError(f"{name}: {len(got)} results, the public function {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g.dtype != w.dtype or g.shape != w.shape or not torch.equal(g, w):
+            raise AssertionError(f"{name}: result {i} differs from the public function's")

@@ -138,6 +138,14 @@ def sparse_mla_decode(
         merge takes as is: such a rank weighs 0). Deterministic: the splits are merged in a
         fixed order, so repeated calls give bitwise identical results.
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.sparse_mla_decode(
+            q, kv_cache, indices, sm_scale=sm_scale, block_table=block_table,
+            req_id=req_id, block_size=block_size, topk_length=topk_length,
+            attn_sink=attn_sink, out=out, lse=lse, workspace=workspace, config=config
+        )  # fmt: skip
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     num_tokens, h_q, dim = q.shape
     if dim != HEAD_DIM:

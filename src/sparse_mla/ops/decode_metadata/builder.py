@@ -228,6 +228,11 @@ class DecodeMetadataBuilder:
 
         distinct = set(host)
         requires_padding = len(distinct) > 1
+        launch_native, launch_expand = _launch_native, _launch_expand
+        if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+            from ... import library
+
+            launch_native, launch_expand = library.launch_native, library.launch_expand
         kw = {
             "dcp_size": self.dcp_size,
             "dcp_rank": self.dcp_rank,
@@ -240,7 +245,7 @@ class DecodeMetadataBuilder:
             n = host[0]
             lens = self._native_seq_lens[: num_reqs * n].view(num_reqs, n)
             dl = self._req_decode_lens[:num_reqs]
-            _launch_native(seq_lens, lens, dl, next_n=n, **kw)
+            launch_native(seq_lens, lens, dl, next_n=n, **kw)
             return DecodeMetadata(
                 flattened=False,
                 requires_padding=False,
@@ -260,7 +265,7 @@ class DecodeMetadataBuilder:
             req_id=self._req_id[:num_tokens],
         )
         if requires_padding:
-            _launch_expand(
+            launch_expand(
                 seq_lens,
                 block_table,
                 out,
@@ -269,7 +274,7 @@ class DecodeMetadataBuilder:
                 **kw,
             )
         else:
-            _launch_expand(
+            launch_expand(
                 seq_lens,
                 block_table,
                 out,

@@ -584,6 +584,15 @@ def expand_decode_tokens(
         ``block_table`` int32 ``[N, W]``, ``decode_lens`` int32 ``[N]`` (all 1), ``req_id`` int32
         ``[N]``. Example: ``L=[10, 7]``, ``n=3`` gives ``seq_lens=[8, 9, 10, 5, 6, 7]``.
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.expand_decode_tokens(
+            seq_lens, block_table, decode_lens, max_decode_len=max_decode_len,
+            num_tokens=num_tokens, uniform=uniform, query_start_loc=query_start_loc,
+            dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=interleave, out=out,
+            config=config, enable_pdl=enable_pdl
+        )  # fmt: skip
     seq_lens, block_table, device = _check_seq_lens_block_table(seq_lens, block_table)
     config = _check_config(config)
     num_reqs, width = block_table.shape
@@ -699,6 +708,13 @@ def native_decode_seq_lens(
     Returns:
         int32 ``[B, next_n]``: ``out[b, j] = max(L_b - next_n + 1 + j, 0)`` (DCP-localised).
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.native_decode_seq_lens(
+            seq_lens, next_n=next_n, dcp_size=dcp_size, dcp_rank=dcp_rank,
+            interleave=interleave, out=out, config=config, enable_pdl=enable_pdl
+        )  # fmt: skip
     seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
     config = _check_config(config)
     # The kernel holds a next_pow2(next_n)-wide tile of draft positions.
@@ -750,6 +766,13 @@ def dcp_local_seq_lens(
         int32 ``[N]``: the number of positions ``p < seq_lens[i]`` owned by ``dcp_rank``.
         Example: ``W=2``, rank 1, ``I=1``: ``[8, 9, 10] -> [4, 4, 5]``.
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.dcp_local_seq_lens(
+            seq_lens, dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=interleave,
+            out=out, config=config, enable_pdl=enable_pdl
+        )  # fmt: skip
     seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
     config = _check_config(config)
     check_dcp(dcp_size, dcp_rank, interleave)

@@ -330,6 +330,13 @@ def index_logits(
     Returns:
         fp32 ``[B * n, max_len]`` logits (``out`` when given).
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.index_logits(
+            q, weights, k_cache, seq_lens, block_table, next_n=next_n, max_len=max_len,
+            out=out, config=config
+        )  # fmt: skip
     check_tensor("q", q, dtype=(torch.bfloat16, torch.float8_e4m3fn), ndim=3)
     check_tensor("weights", weights, dtype=torch.float32, ndim=2)
     check_tensor("seq_lens", seq_lens, dtype=(torch.int32, torch.int64))

@@ -284,6 +284,10 @@ def write_indexer_k(
     Returns:
         ``k_cache`` (the same tensor). Two tokens with the same slot race (one wins).
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.write_indexer_k(k, k_cache, slot_mapping)
     check_tensor("k", k, dtype=torch.bfloat16, ndim=2)
     lay = indexer_k_cache_layout(k_cache)
     num_tokens, d = k.shape
@@ -458,6 +462,10 @@ def write_mla_latent(
     Returns:
         ``kv_cache`` (the same tensor).
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.write_mla_latent(kv_c, k_pe, kv_cache, slot_mapping)
     check_tensor("kv_c", kv_c, dtype=torch.bfloat16, ndim=2)
     check_tensor("k_pe", k_pe, dtype=torch.bfloat16, ndim=2)
     num_tokens, nope = kv_c.shape

@@ -528,6 +528,17 @@ def convert_req_index_to_global_index(
         Positions are not checked against the request length: top-k emits -1 past the end.
         With ``return_valid_counts``: ``(out, valid_counts)``, valid_counts int32 ``[T]``.
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.convert_req_index_to_global_index(
+            req_id, block_table, token_indices, block_size=block_size,
+            block_stride_rows=block_stride_rows,
+            prefill_request_ids=prefill_request_ids,
+            prefill_workspace_starts=prefill_workspace_starts,
+            return_valid_counts=return_valid_counts, out=out,
+            valid_counts_out=valid_counts_out, layout=layout, enable_pdl=enable_pdl
+        )  # fmt: skip
     return _launch(
         req_id,
         block_table,
@@ -586,6 +597,16 @@ def filter_and_convert_dcp_index(
     Returns:
         ``out`` int32 ``[T, K]``, or ``(out, valid_counts)`` with ``return_valid_counts``.
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.filter_and_convert_dcp_index(
+            req_id, block_table, token_indices, dcp_size=dcp_size, dcp_rank=dcp_rank,
+            interleave=interleave, block_size=block_size,
+            block_stride_rows=block_stride_rows, compact=compact,
+            return_valid_counts=return_valid_counts, out=out,
+            valid_counts_out=valid_counts_out, layout=layout, enable_pdl=enable_pdl
+        )  # fmt: skip
     return _launch(
         req_id,
         block_table,

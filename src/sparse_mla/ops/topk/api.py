@@ -121,6 +121,16 @@ def select_topk(
         int32 ``[rows, k]`` positions (or slots), or ``(out, valid_counts)`` with
         ``return_valid_counts``, valid_counts int32 ``[rows]``.
     """
+    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
+        from ... import library
+
+        return library.select_topk(
+            logits, seq_lens, k=k, out=out, block_table=block_table, req_id=req_id,
+            block_size=block_size, block_stride_rows=block_stride_rows,
+            valid_counts_out=valid_counts_out, return_valid_counts=return_valid_counts,
+            workspace=workspace, num_splits=num_splits, prefilter=prefilter,
+            config=config, enable_pdl=enable_pdl
+        )  # fmt: skip
     cfg = DEFAULT_CONFIG if config is None else config
     device, fused, stride_rows = _check_args(
         logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,

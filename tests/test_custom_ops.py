@@ -1,0 +1,174 @@
+"""torch.ops.sparse_mla: opcheck of every op, the ops equal to the public functions, and a
+whole decode step under torch.compile(fullgraph=True) equal to eager."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sparse_mla import AttentionConfig, TopKConfig, library
+from sparse_mla.decode import DecodePlan, DecodePlanConfig
+from sparse_mla.decode.cases import (
+    OP_CASE_K,
+    clone_inputs,
+    compile_cases,
+    custom_op_cases,
+    op_path_matches_public,
+    public_call_cases,
+    random_step,
+)
+from sparse_mla.testing import compiled_matches_eager, poison
+
+I32 = torch.int32
+K = OP_CASE_K
+HEADS = 4
+
+
+@pytest.fixture(scope="module")
+def step():
+    """One tiny decode step (2 requests, bf16 caches), shared by the op cases."""
+    return random_step(random.Random(1), seq_lens=[90, 70], decode_lens=[1, 1], num_heads=HEADS)
+
+
+def test_every_op_has_a_case(step):
+    assert sorted(custom_op_cases(step)) == sorted(library.OPS)
+    for name in library.OPS:
+        assert hasattr(torch.ops.sparse_mla, name)
+
+
+@pytest.mark.parametrize("name", library.OPS)
+def test_opcheck(step, name):
+    args = custom_op_cases(step)[name]
+    torch.library.opcheck(getattr(torch.ops.sparse_mla, name), args)
+
+
+# ---- the ops give what the public functions give --------------------------------------------
+
+
+def test_ops_equal_the_public_functions(step):
+    for name, args, kwargs in public_call_cases(step):
+        op_path_matches_public(name, args, kwargs)
+
+
+def test_cache_writers_equal_the_public_functions(step):
+    import sparse_mla
+
+    x = step.inputs
+    for name, args in [
+        ("write_indexer_k", (x.k_idx, x.index_k_cache, x.slot_mapping)),
+        ("write_mla_latent", (x.kv[:, :512], x.kv[:, 512:], x.kv_cache, x.slot_mapping)),
+    ]:
+        mine, theirs = args[-2].clone(), args[-2].clone()  # holding the history already
+        getattr(sparse_mla, name)(*args[:-2], theirs, args[-1])
+        assert getattr(library, name)(*args[:-2], mine, args[-1]) is mine
+        assert torch.equal(mine, theirs), name
+
+
+def test_configs_round_trip():
+    from sparse_mla import ExpandConfig, IndexLogitsConfig, choose_remap_layout
+
+    for kind, cfg in [
+        ("topk", TopKConfig(row_warps=4, fallback_side_stream=False)),
+        ("attention", AttentionConfig(rows_major=True)),
+        ("expand", ExpandConfig(store_evict="")),
+        ("logits", IndexLogitsConfig(block_s=32)),
+        ("remap", choose_remap_layout(2048, count_valid=True, compact=True, num_rows=64)),
+    ]:
+        assert library._decode(library._encode(cfg, kind), kind) == cfg
+    assert library._decode(library._encode(None, "topk"), "topk") is None
+    assert library._decode("auto", "remap") == "auto"
+
+
+# ---- torch.compile(fullgraph=True) of a whole decode step -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "decode_lens, pad, remap",
+    [([1, 1], 0, "topk"), ([2, 1], 1, "separate"), ([2, 2], 0, "attention")],
+)
+def test_decode_step_compiles_to_one_graph_equal_to_eager(rng, decode_lens, pad, remap):
+    case = random_step(
+        rng, seq_lens=[150, 90], decode_lens=decode_lens, num_heads=HEADS, pad_rows=pad
+    )
+    cfg = DecodePlanConfig(
+        max_num_tokens=case.num_tokens + 1, max_num_requests=3,
+        max_blocks_per_req=case.max_blocks, num_heads=HEADS, topk=K, max_decode_len=2,
+        remap=remap, mla_fp8=False,
+    )  # fmt: skip
+    plan = DecodePlan(cfg, sm_scale=0.135)
+
+    def step(x):  # the step's outputs and the caches it wrote
+        out = plan.run(x, case.decode_lens, num_tokens=case.num_tokens)
+        return (*out, x.kv_cache, x.index_k_cache)
+
+    def fresh_inputs():
+        poison(plan._out, plan._lse, plan._indices)
+        return (clone_inputs(case.inputs),)
+
+    info = compiled_matches_eager(step, fresh_inputs)
+    assert {"write_mla_latent", "index_logits", "select_topk", "sparse_mla_decode"} <= set(
+        info["ops"]
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "builder_uniform+vllm_remap",
+        "builder_ragged+vllm_remap",
+        "vllm.top_k_per_row_decode",
+        "flashmla.flash_mla_with_kvcache",
+    ],
+)
+def test_builder_and_compat_compile_to_one_graph(step, name):
+    """The metadata builder (ragged: staged offsets) and the compat entries, compiled."""
+    fn, args = compile_cases(step)[name]
+    compiled_matches_eager(fn, lambda: args)
+
+
+def test_compile_check_fails_on_a_raw_launch(step):
+    """The check is not vacuous: a kernel launched without its op (a private launcher) is
+    a graph break under fullgraph here, or a traced Triton kernel on a GPU."""
+    from sparse_mla.ops.decode_metadata.expand import _launch_native
+
+    def raw(seq_lens):
+        out = torch.empty(seq_lens.shape[0], 2, dtype=I32, device=seq_lens.device)
+        _launch_native(seq_lens, out, None, next_n=2, dcp_size=1, dcp_rank=0, dcp_interleave=1)
+        return out
+
+    with pytest.raises((AssertionError, torch._dynamo.exc.TorchDynamoException)):
+        compiled_matches_eager(raw, lambda: (step.inputs.seq_lens,))
+
+
+def test_dcp_calls_compile_with_their_collectives(step):
+    """global_topk and combine: their local ops and the collective in one graph (one rank
+    in this process: gloo on the CPU, NCCL on a GPU)."""
+    import torch.distributed as dist
+
+    from sparse_mla import dcp
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up")
+    dev = step.inputs.seq_lens.device
+    kind = "nccl" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(kind, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        logits, lens = torch.randn(2, 100, device=dev), step.inputs.seq_lens.clamp(max=100)
+
+        def topk(logits, lens):
+            return dcp.global_topk(
+                logits, lens, k=K, dcp_size=1, dcp_rank=0, interleave=1, group=group
+            )
+
+        info = compiled_matches_eager(topk, lambda: (logits, lens))
+        assert info["ops"] == ["local_topk_candidates", "merge_topk_candidates"]
+        out, lse = torch.randn(2, HEADS, 32, device=dev), torch.randn(2, HEADS, device=dev)
+        info = compiled_matches_eager(
+            lambda o, s: dcp.combine(o, s, group=group), lambda: (out, lse)
+        )
+        assert info["ops"] == ["rescale_partial"]
+    finally:
+        dist.destroy_process_group()
