@@ -66,19 +66,9 @@ def kfmt(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def transfer_us(nbytes: int, bw_bytes_per_s: float) -> float:
-    """Time to move ``nbytes`` at ``bw_bytes_per_s``, in microseconds."""
-    return nbytes / bw_bytes_per_s * 1e6
-
-
 def floor_us(launch_us: float, nbytes: int, bw_bytes_per_s: float) -> float:
-    """``max(launch_us, nbytes / bw)``; see the module docstring for why max."""
-    return max(launch_us, transfer_us(nbytes, bw_bytes_per_s))
-
-
-def achieved_gbs(nbytes: int, time_us: float) -> float:
-    """Bytes moved per second, in GB/s (1e9)."""
-    return nbytes / (time_us * 1e-6) / 1e9
+    """``max(launch_us, nbytes / bw)`` in microseconds; see the module docstring for why max."""
+    return max(launch_us, nbytes / bw_bytes_per_s * 1e6)
 
 
 def remap_bytes(tokens: int, k: int, touched_pages: int, *, counts: bool = True) -> int:
@@ -156,7 +146,7 @@ def indexer_bytes(
     dim: int,
     *,
     fp8: bool,
-    page_size: int = 64,
+    block_size: int = 64,
     max_len: int | None = None,
 ) -> int:
     """Fewest bytes for one logits call: ``requests`` requests of context ``ctx`` (keys read
@@ -166,5 +156,5 @@ def indexer_bytes(
     max_len = ctx if max_len is None else max_len
     keys = requests * ctx * indexer_key_bytes(dim, fp8=fp8)
     q = rows * heads * dim * (1 if fp8 else 2)
-    small = rows * heads * INT + requests * -(-ctx // page_size) * INT + requests * INT
+    small = rows * heads * INT + requests * -(-ctx // block_size) * INT + requests * INT
     return keys + rows * max_len * INT + q + small

@@ -27,6 +27,7 @@ from .page import Run, latest_per_op, load_runs, write_page
 from .report import Result, finalize, fmt_bytes, fmt_us, group_tables, render_text
 from .timing import (
     Backend,
+    Timing,
     measure_copy_bandwidth,
     measure_eager,
     measure_graph,
@@ -45,6 +46,7 @@ OP_MODULES: dict[str, str] = {
     "indexer": "sparse_mla.bench.indexer",
 }
 DEFAULT_OPS = ("remap", "expand")
+PAGE_RECORD = Path("docs/perf/results.json")
 
 NO_CUDA_MESSAGE = (
     "sparse-mla bench: no CUDA device (kernels would run in Triton's CPU interpreter, where "
@@ -100,7 +102,7 @@ def run_case(
         try:
             calls = [v.bind(s) for s in sets]
             case.poison(sets[0])
-            snaps[v.name] = case.snapshot(calls[0]())  # also compiles
+            snaps[v.name] = case.snapshot(calls[0](), sets[0])  # also compiles
             for c in calls[1 : min(4, cfg.graph_calls)]:
                 c()
             backend.synchronize()
@@ -173,14 +175,8 @@ def run_case(
                 n_sets=n_sets,
                 working_set_bytes=ws,
                 l2_bytes=backend.l2_bytes,
-                graph_us=g.median_us if g else None,
-                graph_min_us=g.min_us if g else None,
-                graph_calls=g.calls if g else 0,
-                graph_reps=g.reps if g else 0,
-                eager_us=ev.median_us if ev else None,
-                eager_min_us=ev.min_us if ev else None,
-                eager_calls=ev.calls if ev else 0,
-                eager_reps=ev.reps if ev else 0,
+                **_timing_fields("graph", g),
+                **_timing_fields("eager", ev),
                 check=check,
                 note=note,
             )
@@ -188,6 +184,16 @@ def run_case(
     del sets, snaps
     backend.release()
     return results, errors
+
+
+def _timing_fields(mode: str, t: Timing | None) -> dict[str, Any]:
+    """``Result``'s median, min, calls and reps of one timing mode (None: not measured)."""
+    return {
+        f"{mode}_us": t.median_us if t else None,
+        f"{mode}_min_us": t.min_us if t else None,
+        f"{mode}_calls": t.calls if t else 0,
+        f"{mode}_reps": t.reps if t else 0,
+    }
 
 
 def _progress(i: int, n: int, case: Case, rs: list[Result]) -> str:
@@ -236,25 +242,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--graph-calls",
         type=int,
         default=RunConfig.graph_calls,
-        help="calls captured per CUDA graph and per eager repetition",
-    )
-    p.add_argument("--reps", type=int, default=RunConfig.reps, help="timed repetitions")
-    p.add_argument("--warmup", type=int, default=RunConfig.warmup, help="warm-up replays")
-    p.add_argument(
-        "--budget-ms",
-        type=float,
-        default=RunConfig.budget_ms,
-        help="time budget per variant and mode; slower variants get fewer calls",
+        help="calls captured per CUDA graph and per eager repetition (CPU: at most 2)",
     )
     p.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--report",
-        nargs="+",
+        nargs="*",
         type=Path,
         metavar="SRC",
         help="time nothing: merge these bench JSON files or output directories (the newest "
-        "run of each op wins) into OUT/PERF.md and OUT/perf/ (e.g. --out docs)",
+        f"run of each op wins; default {PAGE_RECORD}) into OUT/PERF.md and OUT/perf/ "
+        "(default OUT: docs)",
     )
     p.add_argument(
         "--allow-cpu",
@@ -262,8 +261,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="without CUDA, run a tiny interpreter smoke grid (times meaningless)",
     )
     args = p.parse_args(list(argv) if argv is not None else None)
-    if args.graph_calls < 1 or args.reps < 1 or args.warmup < 0 or args.budget_ms <= 0:
-        p.error("--graph-calls and --reps must be >= 1, --warmup >= 0, --budget-ms > 0")
+    if args.graph_calls < 1:
+        p.error("--graph-calls must be >= 1")
     return args
 
 
@@ -276,8 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = argv[1:]
     argv = list(argv)
     args = parse_args(argv)
-    if args.report:
-        runs = latest_per_op([run for src in args.report for run in load_runs(src)])
+    if args.report is not None:
+        srcs = args.report or [PAGE_RECORD]
+        runs = latest_per_op([run for src in srcs for run in load_runs(src)])
         page = write_page(runs, args.out or Path("docs"), plots=not args.no_plots)
         print(f"wrote {page} from {len(runs)} op(s): {', '.join(r.meta['ops'][0] for r in runs)}")
         return 0
@@ -297,9 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cuda = backend.name == "cuda"
     grid = "cpu" if not cuda else ("quick" if args.quick else "full")
-    cfg = RunConfig(args.graph_calls, args.reps, args.warmup, args.budget_ms)
+    cfg = RunConfig(graph_calls=args.graph_calls)
     if not cuda:
-        cfg = RunConfig(min(cfg.graph_calls, 2), 1, 0, 50.0)
+        cfg = RunConfig(graph_calls=min(args.graph_calls, 2), reps=1, warmup=0, budget_ms=50.0)
         print("** CPU interpreter smoke run (--allow-cpu): the times mean nothing **")
     seed = args.seed if args.seed is not None else int(time.time() * 1000) % (2**31)
     torch.manual_seed(seed)

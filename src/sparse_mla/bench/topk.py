@@ -1,26 +1,7 @@
-"""Benchmark cases for the exact top-k of the indexer scores (``sparse_mla.select_topk``).
-
-For each row length N and batch B (rows), k = 2048:
-
-* ``ours``: ``select_topk(logits, lengths, k=k, out=, workspace=)`` (positions, auto path:
-  one program per row or the split kernels, chosen from the shapes);
-* ``ours+slots``: the fused slot epilogue, ``select_topk(..., block_table=, req_id=,
-  block_size=64, return_valid_counts=True)`` (global KV slots and valid counts);
-* ``torch.topk``: ``torch.topk(logits_masked, k, dim=1)`` into pre-sized ``out=`` buffers,
-  the scores at invisible positions set to -inf beforehand, outside the timed region (a no-op
-  copy is avoided when every row is full length).
-
-Inputs, fresh per set: standard-normal fp32 logits, every row's length = N (full); for the
-fused variant each row is its own request, with a block table of ``ceil(N / 64)`` distinct
-random pages per row (a permutation, so slots map back to positions for the check).
-
-Checks before timing (set 0): every variant's selected scores, sorted, equal torch.topk's bit
-for bit (a set comparison; ties are negligible with random normals) with the same number of
-valid entries, and no out-of-range, duplicate or unwritten (poisoned) entry; ours and the
-fused variant additionally equal ``select_topk_reference`` position for position on the first
-rows (the fused slots mapped back through the block table), and the fused valid counts are
-``min(k, length)``.
-"""
+"""Benchmark cases for the exact top-k of the indexer scores (``sparse_mla.select_topk``):
+``ours`` (positions), ``ours+slots`` (the fused slot epilogue) and ``torch.topk`` on
+pre-masked scores, per row length N and batch B; variants, inputs and checks are described
+in the op's notes below (they go into the JSON and the page)."""
 
 from __future__ import annotations
 
@@ -31,9 +12,9 @@ from typing import Any
 import torch
 
 from ..testing import POISON
-from .cases import Case, InputSet, OpSpec, SetRef, Variant, register_op
-from .floor import TOPK_BYTES_RULE, copy_fraction, count_touched_pages, kfmt, topk_bytes
-from .report import Result, Table, fmt_ratio, fmt_us, paired_us
+from .cases import Case, InputSet, OpSpec, Variant, register_op, self_check_of
+from .floor import TOPK_BYTES_RULE, count_touched_pages, kfmt, topk_bytes
+from .report import Result, Table, copy_pct, fmt_ratio, fmt_us, ratio_cell, us_of
 
 BLOCK_SIZE = 64
 
@@ -121,19 +102,18 @@ def reference_positions(s: InputSet, k: int) -> torch.Tensor:
     return torch.where(pos < s["lengths"].long()[:, None], pos, -1)
 
 
-class _Checker(SetRef):
+class _Checker:
     """Snapshot and checks of one case, over input set 0 (the set every check call runs on)."""
 
     def __init__(self, k: int, exact_rows: int, reference: Any) -> None:
-        super().__init__()
         self.k = k
         self.exact_rows = exact_rows
         self.reference = reference
 
-    def _slots_to_positions(self, slots: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _slots_to_positions(slots: torch.Tensor, s: InputSet) -> torch.Tensor:
         """Slots back to request-local positions through the (permutation) block table;
         -1 stays -1, anything that is no slot of that row's request becomes -2."""
-        s = self.get()
         bt = s["block_table"].long()
         rows, width = bt.shape
         inv = torch.empty(rows * width, dtype=torch.long, device=bt.device)
@@ -146,8 +126,7 @@ class _Checker(SetRef):
         pos = (flat % width) * BLOCK_SIZE + sl % BLOCK_SIZE
         return torch.where(ok & own, pos, torch.where(sl == -1, -1, -2))
 
-    def snapshot(self, ret: Any) -> dict[str, Any]:
-        s = self.get()
+    def snapshot(self, ret: Any, s: InputSet) -> dict[str, Any]:
         logits, lengths = s["logits"], s["lengths"].long()
         counts = None
         if isinstance(ret, torch.Tensor):
@@ -155,7 +134,7 @@ class _Checker(SetRef):
         elif ret[0].dtype.is_floating_point:  # torch.topk: (values, indices)
             pos, kind = ret[1].long(), "torch"
         else:  # fused: (slots, valid counts)
-            pos, counts, kind = self._slots_to_positions(ret[0]), ret[1].clone(), "slots"
+            pos, counts, kind = self._slots_to_positions(ret[0], s), ret[1].clone(), "slots"
         n = logits.shape[1]
         valid = (pos >= 0) & (pos < lengths.clamp(0, n)[:, None])
         bad = int(((~valid) & (pos != -1)).sum())
@@ -181,10 +160,6 @@ class _Checker(SetRef):
             "count": count,
             "self": "; ".join(problems),
         }
-
-    @staticmethod
-    def self_check(snap: dict[str, Any]) -> str:
-        return snap["self"]
 
     @staticmethod
     def compare(a: dict[str, Any], ref: dict[str, Any]) -> str:
@@ -266,8 +241,8 @@ def build(grid: str, device: torch.device) -> list[Case]:
                     label=f"B={b}",
                     x=b,
                     params=dict(N=n, B=b, rows=b, k=k, lengths="full", num_splits=g["num_splits"]),
-                    make_set=lambda i, b=b, n=n, chk=chk: chk.keep(
-                        i, make_topk_set(b, n, k, device=device, workspace=ops.workspace)
+                    make_set=lambda i, b=b, n=n: make_topk_set(
+                        b, n, k, device=device, workspace=ops.workspace
                     ),
                     set_bytes=topk_set_bytes(b, n, k, ws_row),
                     variants=[
@@ -280,7 +255,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
                     snapshot=chk.snapshot,
                     compare=chk.compare,
                     reference="torch.topk",
-                    self_check=chk.self_check,
+                    self_check=self_check_of,
                 )
             )
     return cases
@@ -294,43 +269,14 @@ def summaries(results: list[Result]) -> list[Table]:
     for n, b in keys:
         ours, fused = rs.get((n, b, "ours")), rs.get((n, b, FUSED))
         srt = rs.get((n, b, "torch.topk"))
-
-        def us(r: Result | None) -> float | None:
-            return r.best_us if r is not None else None
-
-        def ratio(a: Result | None, base: Result | None) -> str:
-            pair = paired_us(a, base)
-            return fmt_ratio(pair[0] / pair[1]) if pair else "n/a"
-
-        pct = "n/a"
-        if ours is not None and ours.best_us:
-            pct = f"{100 * copy_fraction(ours.bytes_moved, ours.best_us, ours.copy_gbs * 1e9):.0f}%"
-        rows.append(
-            [
-                kfmt(n),
-                str(b),
-                fmt_us(us(ours)),
-                fmt_us(us(fused)),
-                ratio(fused, ours),
-                fmt_us(us(srt)),
-                ratio(srt, ours),
-                fmt_ratio(ours.over_floor) if ours is not None else "n/a",
-                pct,
-            ]
-        )
+        row = [kfmt(n), str(b), fmt_us(us_of(ours)), fmt_us(us_of(fused)), ratio_cell(fused, ours)]
+        row += [fmt_us(us_of(srt)), ratio_cell(srt, ours)]
+        row += [fmt_ratio(ours.over_floor), copy_pct(ours)] if ours else ["n/a", "n/a"]
+        rows.append(row)
     if not rows:
         return []
-    headers = [
-        "N",
-        "B",
-        "ours us",
-        f"{FUSED} us",
-        "slots/ours",
-        "torch.topk us",
-        "vs torch.topk",
-        "ours/floor",
-        "ours % copy",
-    ]
+    headers = ["N", "B", "ours us", f"{FUSED} us", "slots/ours", "torch.topk us", "vs torch.topk"]
+    headers += ["ours/floor", "ours % copy"]
     return [
         Table(
             "top-k: ours vs torch.topk, and the fused slot epilogue (in graph; eager where a "
