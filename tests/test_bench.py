@@ -353,12 +353,11 @@ def test_topk_checker_catches_wrong_selections():
     k, n = 128, 300
     chk = bench_topk._Checker(k, exact_rows=2, reference=select_topk_reference)
     s = bench_topk.make_topk_set(3, n, k, device=torch.device("cpu"), workspace=lambda r, d: None)
-    assert s["masked"] is s["logits"]  # full rows: no masked copy
     pos = select_topk_reference(s["logits"], s["lengths"], k)
-    ref = chk.snapshot(torch.topk(s["masked"], k, dim=1), s)
+    ref = chk.snapshot(torch.topk(s["logits"], k, dim=1), s)
     assert ref["self"] == ""
     slots, counts = positions_to_slots_reference(pos, s["block_table"], s["req_id"], block_size=64)
-    for ret in (pos.clone(), torch.topk(s["masked"], k, dim=1, sorted=False), (slots, counts)):
+    for ret in (pos.clone(), torch.topk(s["logits"], k, dim=1, sorted=False), (slots, counts)):
         snap = chk.snapshot(ret, s)
         assert snap["self"] == "" and chk.compare(snap, ref) == ""
 
@@ -377,9 +376,6 @@ def test_topk_checker_catches_wrong_selections():
     other[0, 0] = slots[1, 0]  # another request's slot
     assert chk.snapshot((other, counts), s)["self"]
     assert "valid counts" in chk.snapshot((slots, counts - 1), s)["self"]
-    # shorter rows: invisible positions are masked for torch.topk
-    masked = bench_topk.mask_invisible(s["logits"], torch.tensor([n, 100, 7], dtype=torch.int32))
-    assert torch.isneginf(masked[1, 100:]).all() and torch.equal(masked[0], s["logits"][0])
 
 
 def test_layer_check_helpers():

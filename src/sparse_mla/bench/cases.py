@@ -31,7 +31,6 @@ class Variant:
     name: str
     bind: Callable[[InputSet], Launch]
     role: str = "ours"
-    counts: bool = True  # whether the variant writes valid counts (for byte counting)
     graph_safe: bool = True  # a failed CUDA-graph capture is an error (else only a note)
 
 

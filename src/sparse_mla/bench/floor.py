@@ -1,20 +1,12 @@
 """Floor arithmetic and the bytes each op must move.
 
-The floor beside every figure is
-
-    floor = max(launch, bytes / copy_bw)
-
-with ``launch`` the in-graph per-call time of an empty one-program Triton kernel and
-``copy_bw`` a large device-to-device copy's (bytes read + bytes written) / time, both measured
-in the same run. Why max and not launch + bytes/bw: each term alone is a hard lower bound (no
-kernel beats an empty launch, none moves its bytes faster than a streaming copy), so the max is
-a bound that holds with certainty and ``time / floor`` >= 1 always has one reading. The sum
-assumes the fixed per-kernel cost never overlaps data movement, which is false inside a graph
-(the next kernel's launch overlaps the previous one's tail), so it would overstate the floor of
-mid-sized calls. Both terms are stored in the results, so the sum can be formed if wanted.
-
-Bytes are the fewest a kernel must move through device memory: each input read once, each
-output written once (4-byte ints everywhere).
+The floor beside every figure is ``max(launch, bytes / copy_bw)``: ``launch`` the in-graph
+per-call time of an empty one-program Triton kernel, ``copy_bw`` a large device-to-device
+copy's (bytes read + written) / time, both measured in the same run. Max, not the sum: each
+term alone is a hard lower bound, while the sum assumes a kernel's fixed cost never overlaps
+data movement, false inside a graph. Both terms are stored in the results. Bytes are the
+fewest a kernel must move through device memory: each input read once, each output written
+once (4-byte ints everywhere).
 """
 
 from __future__ import annotations

@@ -318,27 +318,15 @@ def _layer_calls(ops: SimpleNamespace, s: InputSet, k: int, page: int) -> dict[s
     lg_kw = dict(next_n=n, out=s["logits"])
     tk_args = (s["logits"], s["row_lens"])
     tk_kw = dict(k=k, out=s["pos"], workspace=s["ws"])
-    fu_kw = dict(
-        k=k,
-        out=s["fused_out"],
-        workspace=s["ws"],
-        block_table=s["block_table"],
-        req_id=s["req_id"],
-        block_size=page,
-        return_valid_counts=True,
-        valid_counts_out=s["fused_counts"],
-    )
     rm_args = (s["req_id"], s["block_table"], s["pos"])
 
-    def rm_kw(name: str) -> dict[str, Any]:
-        return dict(
-            block_size=page,
-            out=s[f"{name}_out"],
-            return_valid_counts=True,
-            valid_counts_out=s[f"{name}_counts"],
-        )
+    def slots_kw(name: str) -> dict[str, Any]:  # slots and valid counts into s[name_*]
+        out, counts = s[f"{name}_out"], s[f"{name}_counts"]
+        return dict(block_size=page, out=out, return_valid_counts=True, valid_counts_out=counts)
 
-    rm_own, rm_chain = rm_kw("remap"), rm_kw("chain")
+    rm_own, rm_chain = slots_kw("remap"), slots_kw("chain")
+    fu_kw = dict(slots_kw("fused"), k=k, workspace=s["ws"], block_table=s["block_table"])
+    fu_kw["req_id"] = s["req_id"]
 
     def chain() -> Any:
         if n > 1:

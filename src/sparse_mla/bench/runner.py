@@ -219,6 +219,49 @@ def _git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def _measure_floors(backend: Backend, cfg: RunConfig) -> dict[str, float]:
+    """The floor's terms, measured in this run (the names are the JSON's ``meta`` keys)."""
+    kw = dict(graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup)
+    launch_g, launch_e = measure_launch_floor(backend, **kw)
+    # With programmatic dependent launch (where supported; mode 1, so each launch can start
+    # while the one before runs) a launch overlaps its predecessor: printed for reference,
+    # the floor keeps the plain launch.
+    launch_pdl, _ = measure_launch_floor(backend, **kw, pdl=1)
+    cuda = backend.name == "cuda"
+    copy_bytes = (1 << 30) if cuda else (4 << 20)
+    bw = measure_copy_bandwidth(backend, copy_bytes, reps=10 if cuda else 3)
+    return {
+        "launch_graph_us": launch_g.median_us,
+        "launch_eager_us": launch_e.median_us,
+        "launch_graph_pdl_us": launch_pdl.median_us,
+        "copy_gbs": bw / 1e9,
+        "copy_bytes": 2 * copy_bytes,
+    }
+
+
+def _method(cfg: RunConfig, cuda: bool) -> list[str]:
+    """How the numbers are measured (the page's Method section)."""
+    return [
+        f"In graph: up to {cfg.graph_calls} back-to-back calls captured in one CUDA graph "
+        f"(fewer, down to 8, for slow variants so each stays near {cfg.budget_ms:.0f} ms; "
+        f"the counts used are in the JSON), {cfg.warmup} warm-up replays, then the median "
+        f"over up to {cfg.reps} timed replays (CUDA events) divided by the calls per graph."
+        if cuda
+        else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
+        "Eager: events around the same number of back-to-back calls, same repetitions.",
+        "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
+        f"poisoned ({POISON}), then checked against the reference variant before timing: bit "
+        "for bit (compacted DCP rows compared as sorted rows) unless the op's notes below "
+        "say otherwise (top-k: as sets of scores; logits: against fp64 on a subset).",
+        "Rotation: calls cycle through independent input sets, enough for their working "
+        "set to reach 2x L2 (at most one set per captured call, 2 GiB in all); cases whose "
+        "sets still fit in L2 are flagged with * (cache-resident, as after the producing "
+        "kernel in an engine).",
+        f"Floor: {FLOOR_RULE} (max: each term alone is a hard lower bound; the sum would "
+        "assume no overlap of launch and data movement, false inside a graph).",
+    ]
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="sparse-mla bench",
@@ -269,11 +312,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``sparse-mla bench``; returns the exit status (0 ok, 1 a variant failed
     or disagreed with its reference, 2 usage error or no CUDA device)."""
-    if argv is None:
-        argv = sys.argv[1:]
-        if argv[:1] == ["bench"]:  # called from the console script without its argv
-            argv = argv[1:]
-    argv = list(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.report is not None:
         srcs = args.report or [PAGE_RECORD]
@@ -308,32 +347,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
-    launch_g, launch_e = measure_launch_floor(
-        backend, graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup
-    )
-    # With programmatic dependent launch (where supported; mode 1, so each launch can start
-    # while the one before runs) a launch overlaps its predecessor: printed for reference,
-    # the floor keeps the plain launch.
-    launch_pdl, _ = measure_launch_floor(
-        backend, graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup, pdl=1
-    )
-    pdl_note = "with PDL" if _runtime.pdl_supported(backend.device) else "(no PDL here)"
-    copy_bytes = (1 << 30) if cuda else (4 << 20)
-    bw = measure_copy_bandwidth(backend, copy_bytes, reps=10 if cuda else 3)
+    floors = _measure_floors(backend, cfg)
+    launch_g, bw = floors["launch_graph_us"], floors["copy_gbs"] * 1e9
     print(
         f"{backend.device_name()} | torch {torch.__version__} triton {triton.__version__} | "
         f"seed {seed} | grid {grid}\n"
-        f"empty Triton kernel: {fmt_us(launch_g.median_us)} us/call in graph, "
-        f"{fmt_us(launch_e.median_us)} us eager, {fmt_us(launch_pdl.median_us)} us/call in graph "
-        f"{pdl_note} | copy bandwidth {bw / 1e9:.0f} GB/s "
-        f"(read+write, {fmt_bytes(2 * copy_bytes)}B per copy) | L2 {fmt_bytes(backend.l2_bytes)}B"
+        f"empty Triton kernel: {fmt_us(launch_g)} us/call in graph, "
+        f"{fmt_us(floors['launch_eager_us'])} us eager, "
+        f"{fmt_us(floors['launch_graph_pdl_us'])} us/call in graph "
+        f"{'with PDL' if _runtime.pdl_supported(backend.device) else '(no PDL here)'} | "
+        f"copy bandwidth {bw / 1e9:.0f} GB/s (read+write, {fmt_bytes(floors['copy_bytes'])}B "
+        f"per copy) | L2 {fmt_bytes(backend.l2_bytes)}B"
     )
 
     results: list[Result] = []
     errors: list[str] = []
     cases = [(spec, c) for spec in specs for c in spec.build(grid, backend.device)]
     for i, (_, case) in enumerate(cases, 1):
-        rs, errs = run_case(case, backend, cfg, launch_g.median_us, bw)
+        rs, errs = run_case(case, backend, cfg, launch_g, bw)
         results += rs
         errors += errs
         print(_progress(i, len(cases), case, rs), flush=True)
@@ -343,54 +374,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = [t for spec in specs for t in spec.summaries(results)]
 
     versions = _runtime.info()
-    meta: dict[str, Any] = {
-        "ops": ops,
-        "date": now.isoformat(timespec="seconds"),
-        "command": "sparse-mla bench " + shlex.join(argv),
-        "process": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "commit": _git_commit(),
-        "gpu": backend.device_name(),
-        "mode": backend.name,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": versions.get("cuda", ""),
-        "sparse_mla": versions.get("sparse_mla", ""),
-        "python": platform.python_version(),
-        "seed": seed,
-        "grid": grid,
-        "graph_calls": cfg.graph_calls,
-        "reps": cfg.reps,
-        "warmup": cfg.warmup,
-        "budget_ms": cfg.budget_ms,
-        "launch_graph_us": launch_g.median_us,
-        "launch_eager_us": launch_e.median_us,
-        "launch_graph_pdl_us": launch_pdl.median_us,
-        "copy_gbs": bw / 1e9,
-        "copy_bytes": 2 * copy_bytes,
-        "l2_bytes": backend.l2_bytes,
-        "floor_rule": FLOOR_RULE,
-        "method": [
-            f"In graph: up to {cfg.graph_calls} back-to-back calls captured in one CUDA graph "
-            f"(fewer, down to 8, for slow variants so each stays near {cfg.budget_ms:.0f} ms; "
-            f"the counts used are in the JSON), {cfg.warmup} warm-up replays, then the median "
-            f"over up to {cfg.reps} timed replays (CUDA events) divided by the calls per graph."
-            if cuda
-            else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
-            "Eager: events around the same number of back-to-back calls, same repetitions.",
-            "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
-            f"poisoned ({POISON}), then checked against the reference variant before timing: bit "
-            "for bit (compacted DCP rows compared as sorted rows) unless the op's notes below "
-            "say otherwise (top-k: as sets of scores; logits: against fp64 on a subset).",
-            "Rotation: calls cycle through independent input sets, enough for their working "
-            "set to reach 2x L2 (at most one set per captured call, 2 GiB in all); cases whose "
-            "sets still fit in L2 are flagged with * (cache-resident, as after the producing "
-            "kernel in an engine).",
-            f"Floor: {FLOOR_RULE} (max: each term alone is a hard lower bound; the sum would "
-            "assume no overlap of launch and data movement, false inside a graph).",
-        ],
-        "op_notes": {spec.name: spec.notes for spec in specs},
-        "errors": errors,
-    }
+    meta: dict[str, Any] = dict(ops=ops, date=now.isoformat(timespec="seconds"))
+    meta.update(command="sparse-mla bench " + shlex.join(argv))
+    meta.update(process=shlex.join([Path(sys.executable).name, *sys.argv]), commit=_git_commit())
+    meta.update(gpu=backend.device_name(), mode=backend.name, torch=torch.__version__)
+    meta.update(triton=triton.__version__, cuda=versions.get("cuda", ""))
+    meta.update(sparse_mla=versions.get("sparse_mla", ""), python=platform.python_version())
+    meta.update(seed=seed, grid=grid, graph_calls=cfg.graph_calls, reps=cfg.reps)
+    meta.update(warmup=cfg.warmup, budget_ms=cfg.budget_ms)
+    meta.update(floors, l2_bytes=backend.l2_bytes, floor_rule=FLOOR_RULE)
+    meta.update(method=_method(cfg, cuda), op_notes={spec.name: spec.notes for spec in specs})
+    meta.update(errors=errors)
 
     text = []
     for mode in ("eager", "graph"):

@@ -34,11 +34,6 @@ def _empty_kernel(ptr, PDL: tl.constexpr):
     tl.store(ptr, 1)
 
 
-# --------------------------------------------------------------------------------------------
-# Backends
-# --------------------------------------------------------------------------------------------
-
-
 class Backend:
     """Where and how time is measured. Subclasses: :class:`CudaBackend`, :class:`CpuBackend`."""
 
@@ -150,11 +145,6 @@ def select_backend(allow_cpu: bool) -> Backend | None:
     if not _runtime.INTERPRETER and torch.cuda.is_available():
         return CudaBackend()
     return CpuBackend() if allow_cpu else None
-
-
-# --------------------------------------------------------------------------------------------
-# Measurements
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass

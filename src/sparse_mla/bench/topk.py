@@ -1,6 +1,6 @@
 """Benchmark cases for the exact top-k of the indexer scores (``sparse_mla.select_topk``):
-``ours`` (positions), ``ours+slots`` (the fused slot epilogue) and ``torch.topk`` on
-pre-masked scores, per row length N and batch B; variants, inputs and checks are described
+``ours`` (positions), ``ours+slots`` (the fused slot epilogue) and ``torch.topk``, per row
+length N (every row full) and batch B; variants, inputs and checks are described
 in the op's notes below (they go into the JSON and the page)."""
 
 from __future__ import annotations
@@ -43,16 +43,6 @@ def _ops() -> SimpleNamespace:
     )
 
 
-def mask_invisible(logits: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``logits`` with every column at or past its row's length set to -inf (the same tensor,
-    not a copy, when every row is full length). Host-synchronising: set-up only."""
-    n = logits.shape[1]
-    if bool((lengths >= n).all()):
-        return logits
-    col = torch.arange(n, device=logits.device)[None, :]
-    return logits.masked_fill(col >= lengths.long()[:, None], float("-inf"))
-
-
 def make_topk_set(
     rows: int,
     n: int,
@@ -60,18 +50,14 @@ def make_topk_set(
     *,
     device: torch.device,
     workspace: Any,
-    lengths: torch.Tensor | None = None,
 ) -> InputSet:
     """One fresh input set with every variant's output buffers (see the module docstring)."""
     logits = torch.randn(rows, n, device=device)
-    if lengths is None:
-        lengths = torch.full((rows,), n, dtype=torch.int32, device=device)
     width = -(-n // BLOCK_SIZE)
     pages = torch.randperm(rows * width, device=device).to(torch.int32).view(rows, width)
     return {
         "logits": logits,
-        "lengths": lengths,
-        "masked": mask_invisible(logits, lengths),
+        "lengths": torch.full((rows,), n, dtype=torch.int32, device=device),
         "req_id": torch.arange(rows, dtype=torch.int32, device=device),
         "block_table": pages,
         "out": torch.empty(rows, k, dtype=torch.int32, device=device),
@@ -84,8 +70,8 @@ def make_topk_set(
 
 
 def topk_set_bytes(rows: int, n: int, k: int, ws_bytes_per_row: int = 0) -> int:
-    """Device bytes of one set: logits (the masked copy is the same tensor at full length),
-    lengths, req_id, block table, every output (int64 indices: 8 bytes), the workspace."""
+    """Device bytes of one set: logits, lengths, req_id, block table, every output (int64
+    indices: 8 bytes), the workspace."""
     width = -(-n // BLOCK_SIZE)
     return 4 * rows * (n + 3 + 5 * k + width) + ws_bytes_per_row * rows
 
@@ -94,12 +80,6 @@ def _poison(s: InputSet) -> None:
     for key in ("out", "slots", "counts", "indices"):
         s[key].fill_(POISON)
     s["values"].fill_(float("nan"))
-
-
-def reference_positions(s: InputSet, k: int) -> torch.Tensor:
-    """Positions torch.topk selects on set ``s`` (invisible ones as -1), for byte counts."""
-    pos = torch.topk(s["masked"], min(k, s["masked"].shape[1]), dim=1).indices
-    return torch.where(pos < s["lengths"].long()[:, None], pos, -1)
 
 
 class _Checker:
@@ -192,12 +172,12 @@ def _ours_variant(fn: Any, k: int, num_splits: int | None, fused: bool) -> Varia
         args = (s["logits"], s["lengths"])
         return lambda: fn(*args, **kw)
 
-    return Variant(FUSED if fused else "ours", bind, "extra" if fused else "ours", counts=fused)
+    return Variant(FUSED if fused else "ours", bind, "extra" if fused else "ours")
 
 
 def _torch_variant(k: int) -> Variant:
     def bind(s: InputSet):
-        x, out = s["masked"], (s["values"], s["indices"])
+        x, out = s["logits"], (s["values"], s["indices"])
         return lambda: torch.topk(x, k, dim=1, out=out)
 
     return Variant("torch.topk", bind, "baseline", graph_safe=False)
@@ -209,16 +189,12 @@ def _bytes_fn(rows: int, n: int, k: int):
     def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
         if v.name != FUSED:
             return topk_bytes(rows, n, k)
-        if not touched:
+        if not touched:  # the pages of the positions torch.topk selects on set 0
             s = sets[0]
-            touched.append(
-                count_touched_pages(
-                    s["req_id"],
-                    reference_positions(s, k),
-                    block_size=BLOCK_SIZE,
-                    max_blocks=s["block_table"].shape[1],
-                )
-            )
+            pos = torch.topk(s["logits"], min(k, n), dim=1).indices
+            width = s["block_table"].shape[1]
+            kw = dict(block_size=BLOCK_SIZE, max_blocks=width)
+            touched.append(count_touched_pages(s["req_id"], pos, **kw))
         return topk_bytes(rows, n, k, counts=True, fused=True, touched_pages=touched[0])
 
     return bytes_moved
@@ -296,8 +272,8 @@ register_op(
             TOPK_BYTES_RULE,
             "variants: ours = select_topk (positions; auto row/split path, pre-allocated "
             "workspace); ours+slots = the fused slot epilogue (block_table, req_id, page 64, "
-            "valid counts); torch.topk (sorted) on the scores pre-masked to "
-            "-inf past each row's length, into pre-sized out= buffers.",
+            "valid counts); torch.topk (sorted) on the scores (full rows: nothing to mask), into "
+            "pre-sized out= buffers.",
             "inputs: standard-normal fp32 scores, every row full length (lengths = N), k = "
             "2048 (GPU grids); each row its own request with distinct random pages.",
             "checks: sorted selected scores equal torch.topk's bit for bit (set comparison), "
