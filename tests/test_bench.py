@@ -17,6 +17,7 @@ from sparse_mla.bench import indexer as bench_indexer
 from sparse_mla.bench import remap as bench_remap
 from sparse_mla.bench import topk as bench_topk
 from sparse_mla.bench.report import Result, Table
+from sparse_mla.testing import POISON
 
 ON_GPU = not _runtime.INTERPRETER and torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="the smoke runs use the CPU interpreter backend")
@@ -370,7 +371,7 @@ def test_topk_checker_catches_wrong_selections():
     snap = chk.snapshot(bad(2, 0), s)
     assert snap["self"] == "" and chk.compare(snap, ref).startswith("mismatch in selected scores")
     assert "select_topk_reference" in chk.snapshot(bad(0, 3), s)["self"]
-    assert "unwritten" in chk.snapshot(bad(2, 5, bench_topk.POISON), s)["self"]
+    assert "unwritten" in chk.snapshot(bad(2, 5, POISON), s)["self"]
     assert "duplicated" in chk.snapshot(bad(2, 1, int(pos[2, 0])), s)["self"]
     other = slots.clone()
     other[0, 0] = slots[1, 0]  # another request's slot
@@ -382,17 +383,21 @@ def test_layer_check_helpers():
     slots = torch.tensor([[5, 7, -1], [1, -1, -1]], dtype=torch.int32)
     counts = torch.tensor([2, 1], dtype=torch.int32)
     snap, check = bench_indexer._layer_snapshot, bench_indexer._layer_self_check
-    compare = bench_indexer._layer_compare
+    compare = cases.compare_exact  # the layer's, remap's and the expansion's comparison
     a = snap((slots, counts))
     assert check(a) == "" and compare(a, a) == ""
     other = snap(torch.zeros(2, 3))  # e.g. the logits stage
     assert other == {} and check(other) == "" and compare(other, a) == "skipped"
     assert compare(snap((slots.flip(1).contiguous(), counts)), a).startswith("mismatch in slots")
     c = snap((slots, counts + 1))
-    assert "counts" in check(c) and compare(c, a) == "mismatch in valid counts"
+    assert "counts" in check(c) and compare(c, a).startswith("mismatch in valid counts (2 of 2")
     p = slots.clone()
-    p[1, 2] = bench_indexer.POISON
+    p[1, 2] = POISON
     assert "unwritten" in check(snap((p, counts)))
+    assert compare({"x": slots[:1]}, {"x": slots}).startswith("mismatch: x shape (1, 3)")
+    s = {"out": torch.ones(2), "counts": torch.ones(2)}
+    cases.poison_keys("out")(s)
+    assert (s["out"] == POISON).all() and (s["counts"] == 1).all()
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -418,7 +423,7 @@ def test_logits_checker_against_fp64(fp8):
     assert "-inf pattern" in chk.vs_reference(x, s)
     assert chk.compare({"logits": x}, native) == "mismatch in the -inf pattern"
     x = native["logits"].clone()
-    x[2, :5] = bench_indexer.POISON
+    x[2, :5] = POISON
     assert chk.vs_reference(x, s)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..testing import POISON
 from .report import Result, Table
 
 InputSet = dict[str, Any]
@@ -82,6 +83,29 @@ OPS: dict[str, OpSpec] = {}
 def register_op(spec: OpSpec) -> OpSpec:
     OPS[spec.name] = spec
     return spec
+
+
+def poison_keys(*keys: str) -> Callable[[InputSet], None]:
+    """A ``poison`` filling the set's tensors under ``keys`` with ``POISON``."""
+
+    def poison(s: InputSet) -> None:
+        for key in keys:
+            s[key].fill_(POISON)
+
+    return poison
+
+
+def compare_exact(a: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> str:
+    """Bit-exact comparison of two snapshots, field by field ("skipped": nothing to compare)."""
+    if not a or not ref:
+        return "skipped"
+    for key, y in ref.items():
+        x, y = a[key], y.to(a[key].device, a[key].dtype)
+        if x.shape != y.shape:
+            return f"mismatch: {key} shape {tuple(x.shape)} vs {tuple(y.shape)}"
+        if not torch.equal(x, y):
+            return f"mismatch in {key} ({int((x != y).sum())} of {y.numel()} differ)"
+    return ""
 
 
 def self_check_of(snap: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..testing import POISON, ragged_lens
-from .cases import Case, InputSet, OpSpec, Variant, register_op
+from .cases import Case, InputSet, OpSpec, Variant, compare_exact, register_op
 from .floor import EXPAND_BYTES_RULE, expand_bytes
 from .report import Result, Table, fmt_us, ratio_cell, us_of
 
@@ -67,15 +67,6 @@ def per_token_outputs(out: Any) -> int:
 
 def _snapshot(ret: Any, s: InputSet) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in ret._asdict().items()}
-
-
-def _compare(a: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> str:
-    """Bit-exact, field by field."""
-    for k, y in ref.items():
-        if not torch.equal(a[k], y.to(a[k].device)):
-            n = int((a[k] != y.to(a[k].device)).sum()) if a[k].shape == y.shape else y.numel()
-            return f"mismatch in {k} ({n} of {y.numel()} differ)"
-    return ""
 
 
 def _triton_variant(fn: Any, name: str, form: str, n: int) -> Variant:
@@ -142,7 +133,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
             bytes_moved=_bytes_fn(w),
             poison=_poison,
             snapshot=_snapshot,
-            compare=_compare,
+            compare=compare_exact,
             reference="torch-ops",
             series_tag=" [ragged data]" if ragged else "",
         )

@@ -22,14 +22,22 @@ from typing import Any
 import torch
 
 from ..testing import (
-    POISON,
     distinct_block_table,
     filled_indexer_cache,
     indexer_queries,
     logits_error,
     logits_tolerance_scale,
 )
-from .cases import Case, InputSet, OpSpec, Variant, register_op, self_check_of
+from .cases import (
+    Case,
+    InputSet,
+    OpSpec,
+    Variant,
+    compare_exact,
+    poison_keys,
+    register_op,
+    self_check_of,
+)
 from .expand import per_token_outputs
 from .floor import (
     INDEXER_BYTES_RULE,
@@ -164,7 +172,7 @@ def make_indexer_set(
         return s
     s["ws"] = ops.workspace(rows, device)
     s["pos"] = torch.empty(rows, k, dtype=torch.int32, device=device)
-    for name in ("remap", "fused", "chain"):
+    for name in SLOT_STAGES:
         s[f"{name}_out"] = torch.empty(rows, k, dtype=torch.int32, device=device)
         s[f"{name}_counts"] = torch.empty(rows, dtype=torch.int32, device=device)
     if n > 1:
@@ -294,7 +302,7 @@ def _logits_cases(
                     set_bytes=set_bytes,
                     variants=_logits_variants(ops, n),
                     bytes_moved=lambda sets, v, nbytes=nbytes: nbytes,
-                    poison=lambda s: s["logits"].fill_(POISON),
+                    poison=poison_keys("logits"),
                     snapshot=chk.snapshot,
                     compare=chk.compare,
                     reference="native",
@@ -348,6 +356,8 @@ def _layer_calls(ops: SimpleNamespace, s: InputSet, k: int, page: int) -> dict[s
 
 
 LAYER_STAGES = ("expand", "logits", "top-k", "remap")
+SLOT_STAGES = ("remap", "fused", "chain")  # the stages that write slots and valid counts
+SLOT_OUTPUTS = tuple(f"{n}_{x}" for n in SLOT_STAGES for x in ("out", "counts"))
 
 
 def _layer_variants(ops: SimpleNamespace, n: int, k: int, page: int) -> list[Variant]:
@@ -360,16 +370,10 @@ def _layer_variants(ops: SimpleNamespace, n: int, k: int, page: int) -> list[Var
     return [Variant(v, bind_for(v), "ours" if v == "chain" else "extra") for v in names]
 
 
-def _layer_poison(s: InputSet) -> None:
-    for name in ("remap", "fused", "chain"):
-        s[f"{name}_out"].fill_(POISON)
-        s[f"{name}_counts"].fill_(POISON)
-
-
 def _layer_snapshot(ret: Any, s: InputSet | None = None) -> dict[str, Any]:
     """Slots and counts of the stages that return them (chain, remap, top-k+slots), else {}."""
     if isinstance(ret, tuple) and len(ret) == 2 and ret[0].dim() == 2:
-        return {"slots": ret[0].clone(), "counts": ret[1].clone()}
+        return {"slots": ret[0].clone(), "valid counts": ret[1].clone()}
     return {}
 
 
@@ -378,19 +382,8 @@ def _layer_self_check(snap: dict[str, Any]) -> str:
         return ""
     if bool((snap["slots"] < -1).any()):
         return "unwritten (poisoned) slots"
-    if not torch.equal(snap["counts"], (snap["slots"] >= 0).sum(dim=1, dtype=torch.int32)):
+    if not torch.equal(snap["valid counts"], (snap["slots"] >= 0).sum(dim=1, dtype=torch.int32)):
         return "valid counts differ from the slots written"
-    return ""
-
-
-def _layer_compare(a: dict[str, Any], ref: dict[str, Any]) -> str:
-    if "slots" not in a or "slots" not in ref:
-        return "skipped"
-    if not torch.equal(a["slots"], ref["slots"]):
-        diff = int((a["slots"] != ref["slots"]).sum())
-        return f"mismatch in slots ({diff} of {ref['slots'].numel()} differ)"
-    if not torch.equal(a["counts"], ref["counts"]):
-        return "mismatch in valid counts"
     return ""
 
 
@@ -460,9 +453,9 @@ def _layer_cases(
                         set_bytes=set_bytes,
                         variants=_layer_variants(ops, n, k, page),
                         bytes_moved=_layer_bytes_fn(b, n, ctx, g, fp8),
-                        poison=_layer_poison,
+                        poison=poison_keys(*SLOT_OUTPUTS),
                         snapshot=_layer_snapshot,
-                        compare=_layer_compare,
+                        compare=compare_exact,
                         reference="remap",
                         self_check=_layer_self_check,
                         budget_ms=g["layer_budget_ms"],

@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from ..testing import POISON
-from .cases import Case, InputSet, OpSpec, Variant, register_op
+from .cases import Case, InputSet, OpSpec, Variant, compare_exact, poison_keys, register_op
 from .floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
 from .report import Result, Table, per_step_table
 
@@ -97,32 +96,18 @@ def _set_bytes(tokens: int, k: int, width: int, max_requests: int) -> int:
     return 4 * (2 * tokens * k + 2 * tokens + min(tokens, max_requests) * width)
 
 
-def _poison(s: InputSet) -> None:
-    s["out"].fill_(POISON)
-    s["counts"].fill_(POISON)
+def _snapshot(sorted_rows: bool):
+    """Every variant returns (out, valid counts); compacted DCP rows are compared as sorted
+    rows because the atomic layout's prefix order is arbitrary."""
 
+    def snapshot(ret: Any, s: InputSet) -> dict[str, torch.Tensor]:
+        out = ret[0].to(torch.int32)
+        return {
+            "out": out.sort(dim=1).values if sorted_rows else out.clone(),
+            "valid counts": ret[1].clone(),
+        }
 
-def _snapshot(ret: Any, s: InputSet) -> tuple[torch.Tensor, torch.Tensor]:
-    return ret[0].clone(), ret[1].clone()  # every variant returns (out, valid counts)
-
-
-def _compare(sorted_rows: bool):
-    """Bit-exact check of (out, counts) against the reference; compacted DCP rows are compared
-    as sorted rows because the atomic layout's prefix order is arbitrary."""
-
-    def compare(a: tuple[torch.Tensor, Any], ref: tuple[torch.Tensor, Any]) -> str:
-        out, ref_out = a[0], ref[0].to(a[0].device, torch.int32)
-        if out.shape != ref_out.shape:
-            return f"mismatch: out shape {tuple(out.shape)} vs {tuple(ref_out.shape)}"
-        if sorted_rows:
-            out, ref_out = out.sort(dim=1).values, ref_out.sort(dim=1).values
-        if not torch.equal(out, ref_out):
-            return f"mismatch in out ({int((out != ref_out).sum())} of {out.numel()} differ)"
-        if not torch.equal(a[1], ref[1].to(a[1].device, torch.int32)):
-            return "mismatch in valid counts"
-        return ""
-
-    return compare
+    return snapshot
 
 
 def baseline_layouts() -> dict[str, Callable[..., Any]]:
@@ -221,9 +206,9 @@ def build(grid: str, device: torch.device) -> list[Case]:
             set_bytes=_set_bytes(t, k, width, g["max_requests"]),
             variants=_variants(ops, ops.dcp if dcp else ops.convert, kw),
             bytes_moved=_bytes_fn(t, k, width, dcp),
-            poison=_poison,
-            snapshot=_snapshot,
-            compare=_compare(sorted_rows=bool(dcp)),
+            poison=poison_keys("out", "counts"),
+            snapshot=_snapshot(sorted_rows=bool(dcp)),
+            compare=compare_exact,
             reference="torch",
         )
 

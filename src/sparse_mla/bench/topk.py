@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from ..testing import POISON
-from .cases import Case, InputSet, OpSpec, Variant, register_op, self_check_of
+from .cases import Case, InputSet, OpSpec, Variant, poison_keys, register_op, self_check_of
 from .floor import TOPK_BYTES_RULE, count_touched_pages, kfmt, topk_bytes
 from .report import Result, Table, copy_pct, fmt_ratio, fmt_us, ratio_cell, us_of
 
@@ -74,12 +73,6 @@ def topk_set_bytes(rows: int, n: int, k: int, ws_bytes_per_row: int = 0) -> int:
     indices: 8 bytes), the workspace."""
     width = -(-n // BLOCK_SIZE)
     return 4 * rows * (n + 3 + 5 * k + width) + ws_bytes_per_row * rows
-
-
-def _poison(s: InputSet) -> None:
-    for key in ("out", "slots", "counts", "indices"):
-        s[key].fill_(POISON)
-    s["values"].fill_(float("nan"))
 
 
 class _Checker:
@@ -227,7 +220,7 @@ def build(grid: str, device: torch.device) -> list[Case]:
                         _torch_variant(k),
                     ],
                     bytes_moved=_bytes_fn(b, n, k),
-                    poison=_poison,
+                    poison=poison_keys("out", "slots", "counts", "indices", "values"),
                     snapshot=chk.snapshot,
                     compare=chk.compare,
                     reference="torch.topk",
