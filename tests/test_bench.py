@@ -41,6 +41,7 @@ class FakeBackend(timing.Backend):
         self.ms_per_call, self.fixed_ms = ms_per_call, fixed_ms
         self.calls = self.captures = 0
         self.log: list[int] = []
+        self.fail_capture = False
 
     def synchronize(self) -> None:
         pass
@@ -58,14 +59,11 @@ class FakeBackend(timing.Backend):
         return [one() for _ in range(reps)]
 
     def capture(self, body):
+        if self.fail_capture:
+            raise RuntimeError("operation not permitted when stream is capturing")
         self.captures += 1
         body()
         return body
-
-
-class CaptureFails(FakeBackend):
-    def capture(self, body):
-        raise RuntimeError("operation not permitted when stream is capturing")
 
 
 def _counting_calls(fb: FakeBackend, n: int):
@@ -137,7 +135,7 @@ def test_run_case_checks_rotation_budget_and_capture_failures():
     assert r.eager_us == pytest.approx(1.0) and r.eager_calls == 8
     assert r.floor_us == pytest.approx(4.0)  # max(0.5 us, 4000 B / 1 GB/s)
 
-    fb = CaptureFails()
+    fb.fail_capture = True
     rs, errors = runner.run_case(_toy_case(fb), fb, cfg, launch_us=0.5, bw=1e9)
     assert all(r.graph_us is None and r.eager_us is not None for r in rs)
     assert rs[2].note.startswith("graph capture failed: RuntimeError")
@@ -165,15 +163,14 @@ def test_floor_and_byte_counts():
     assert floor.floor_us(0.6, 4.3e6, bw) == pytest.approx(1.0)  # bandwidth-bound: max
     assert report.gbs(2e9, 1e6) == pytest.approx(2.0)
     assert floor.copy_fraction(10**9, 1e6, 4e9) == pytest.approx(0.25)
-    # T=2, K=4, 3 pages: 2*4*4 read + 2*4*4 written + 2*4 req + 3*4 pages (+ 2*4 counts)
+    # T=2, K=4, 3 pages: 2*4*4 read + 2*4*4 written + 2*4 req + 3*4 pages + 2*4 counts
     assert floor.remap_bytes(2, 4, 3) == 32 + 32 + 8 + 12 + 8
-    assert floor.remap_bytes(2, 4, 3, counts=False) == 32 + 32 + 8 + 12
     # B=2, W=8, T=5: rows read 64 + lens read 16 + rows written 160 + 3 per-token outputs 60
     assert floor.expand_bytes(2, 8, 5, per_token_outputs=3) == 64 + 16 + 160 + 60
     # 2 rows of 8 scores, k=4: logits 64 + lengths 8 + positions 32; fused: + counts 8
     # + req_id 8 + 3 block-table entries 12
     assert floor.topk_bytes(2, 8, 4) == 64 + 8 + 32
-    assert floor.topk_bytes(2, 8, 4, counts=True, fused=True, touched_pages=3) == 104 + 28
+    assert floor.topk_bytes(2, 8, 4, fused_pages=3) == 104 + 28
     assert floor.indexer_key_bytes(128, fp8=True) == 132  # e4m3 values + fp32 scale
     # B=2, n=3, L=128, H=4, D=8, page 64: keys 2*128*16, logits 6*128*4, q 6*4*8*2,
     # weights 6*4*4, block table 2*2*4, seq_lens 2*4
@@ -198,15 +195,13 @@ def test_remap_inputs_and_baselines():
     cpu = torch.device("cpu")
     s = bench_remap.make_remap_set(5, 16, width=8, ctx=4096, max_requests=2, device=cpu)
     idx = s["token_indices"]
-    assert idx.shape == (5, 16) and idx.dtype == torch.int32
-    assert s["req_id"].tolist() == [0, 0, 0, 1, 1]
+    assert idx.shape == (5, 16) and s["req_id"].tolist() == [0, 0, 0, 1, 1]
     assert (idx != 0).any() and (s["block_table"] != 0).any()
     assert all(r[r >= 0].numel() == int((r >= 0).sum()) for r in idx)  # -1 only as a suffix
     base = bench_remap.baseline_layouts()
     assert sorted(base) == ["seed", "tiled_atomic"]
     lay = base["seed"](2048, count_valid=True)
     assert (lay.col_tiles, lay.atomic, lay.num_warps, lay.pdl) == (1, False, 8, 0)
-    assert base["seed"](384, count_valid=True) == base["tiled_atomic"](384, count_valid=True)
     assert base["tiled_atomic"](384, count_valid=True).col_tiles == 3
 
 
@@ -323,15 +318,12 @@ def test_gpu_grids_build_lazily_and_cache_pool():
     layer = [c for c in cases_ if c.params["kind"] == "layer"]
     assert len(logits) == 4 and len(layer) == 27
     assert {(c.params["B"], c.params["ctx"]) for c in logits} == {(64, 32768)}
-    n4 = next(c for c in logits if c.params["n"] == 4 and c.params["dtype"] == "fp8")
-    assert [v.name for v in n4.variants] == ["native", "flattened"]
     assert all(c.budget_ms == 100.0 and c.params["dtype"] == "fp8" for c in layer)
     assert {len(c.variants) for c in layer if c.params["n"] == 1} == {5}  # no expansion
     big = max(layer, key=lambda c: c.set_bytes)  # far beyond L2: one set, no rotation
     assert (big.params["B"], big.params["ctx"], big.params["n"]) == (128, 131072, 4)
     assert timing.rotation_sets(big.set_bytes, 60 << 20, max_sets=128) == 1
     assert len(bench_indexer.build("quick", cpu)) == 4 + 4
-    assert len(bench_remap.build("quick", cpu)) == 3 * 3 + 2
     assert bench_indexer.POOL._caches == {}
     # bf16: 64 requests x 512 pages; fp8: the largest layer case, 128 x 2048 pages
     grid = bench_indexer.GRIDS["full"]
@@ -521,8 +513,8 @@ def test_smoke_remap_expand(tmp_path, capsys, monkeypatch):
     # the ragged case carries the uniform case's token count
     tok = {(r.params["B"], r.params["data"]): r.x for r in rs if r.op == "expand"}
     assert tok[(3, "ragged")] == tok[(3, "uniform")] == 6
-    assert len(summ) == 2 and summ[1].title.startswith("remap per decode step (K=384")
-    assert summ[0].title.startswith("expansion: ragged kernel vs uniform kernel")
+    assert [t.title[:22] for t in summ] == ["expansion: ragged kern", "remap per decode step "]
+    assert "(K=384" in summ[1].title  # the largest K of the CPU grid
     text = (out / "PERF.md").read_text()
     assert "sparse-mla bench --allow-cpu" in text and "mean nothing" in text
     assert "per decode step" in (out / "table.txt").read_text()

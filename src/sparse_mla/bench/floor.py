@@ -20,7 +20,7 @@ INT = 4  # bytes per int32
 
 REMAP_BYTES_RULE = (
     "remap bytes = token_indices read (T*K*4) + out written (T*K*4) + req_id (T*4) "
-    "+ valid counts written (T*4, counting variants only) + block-table entries touched "
+    "+ valid counts written (T*4) + block-table entries touched "
     "(4 bytes per distinct (request, page) among the valid indices, counted exactly from the "
     "generated inputs; at most min(distinct pages, K) per row). DRAM moves 32-byte sectors, so "
     "the true block-table traffic can be up to 8x that count; the floor uses the count."
@@ -63,12 +63,10 @@ def floor_us(launch_us: float, nbytes: int, bw_bytes_per_s: float) -> float:
     return max(launch_us, nbytes / bw_bytes_per_s * 1e6)
 
 
-def remap_bytes(tokens: int, k: int, touched_pages: int, *, counts: bool = True) -> int:
-    """Fewest bytes for one remap call; ``touched_pages`` = distinct (request, page) pairs."""
-    b = tokens * k * INT * 2 + tokens * INT + touched_pages * INT
-    if counts:
-        b += tokens * INT
-    return b
+def remap_bytes(tokens: int, k: int, touched_pages: int) -> int:
+    """Fewest bytes for one remap call with valid counts; ``touched_pages`` = distinct
+    (request, page) pairs."""
+    return tokens * k * INT * 2 + 2 * tokens * INT + touched_pages * INT
 
 
 def expand_bytes(requests: int, width: int, tokens: int, *, per_token_outputs: int = 2) -> int:
@@ -110,18 +108,13 @@ def copy_fraction(nbytes: int, time_us: float, bw_bytes_per_s: float) -> float:
     return nbytes / (time_us * 1e-6) / bw_bytes_per_s
 
 
-def topk_bytes(
-    rows: int, n: int, k: int, *, counts: bool = False, fused: bool = False, touched_pages: int = 0
-) -> int:
-    """Fewest bytes for one top-k call over ``rows`` rows of ``n`` fp32 scores.
-
-    ``counts``: valid counts written; ``fused``: the slot epilogue (req_id read and
-    ``touched_pages`` block-table entries read)."""
+def topk_bytes(rows: int, n: int, k: int, *, fused_pages: int | None = None) -> int:
+    """Fewest bytes for one top-k call over ``rows`` rows of ``n`` fp32 scores; with
+    ``fused_pages``, the slot epilogue's too (req_id read, valid counts written and that many
+    block-table entries read)."""
     b = rows * n * INT + rows * INT + rows * k * INT
-    if counts:
-        b += rows * INT
-    if fused:
-        b += rows * INT + touched_pages * INT
+    if fused_pages is not None:
+        b += 2 * rows * INT + fused_pages * INT
     return b
 
 

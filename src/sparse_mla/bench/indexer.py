@@ -199,12 +199,11 @@ def _case_set(ops, g: dict[str, Any], pages: dict[bool, int], device, *, fp8: bo
 class _LogitsChecker:
     """Snapshot and checks of one logits case, over input set 0."""
 
-    def __init__(self, reference: Any, ref_requests: int, *, heads: int, dim: int, fp8: bool,
-                 device: Any) -> None:  # fmt: skip
+    def __init__(self, reference: Any, ref_requests: int, *, fp8: bool, device: Any, **shape):
         self.reference = reference
         self.ref_requests = ref_requests
-        self.kw = dict(heads=heads, dim=dim, fp8=fp8, device=device)
-        self.tol = logits_tolerance_scale(heads, dim, fp8=fp8, device=device)
+        self.kw = dict(heads=shape["heads"], dim=shape["dim"], fp8=fp8, device=device)
+        self.tol = logits_tolerance_scale(shape["heads"], shape["dim"], fp8=fp8, device=device)
 
     def vs_reference(self, out: torch.Tensor, s: InputSet) -> str:
         """Rows of the first/last request against the fp64 reference over their own pages."""
@@ -265,6 +264,7 @@ def _logits_cases(
     g: dict[str, Any], ops: SimpleNamespace, device: torch.device, pages: dict[bool, int]
 ) -> list[Case]:
     heads, dim, page = g["heads"], g["dim"], g["page"]
+    shape = dict(heads=heads, dim=dim, page=page)
     b, ctx = g["requests"], g["ctx"]
     width = -(-ctx // page)
     cases = []
@@ -272,9 +272,7 @@ def _logits_cases(
         fp8 = dtype == "fp8"
         for n in g["ns"]:
             rows = b * n
-            chk = _LogitsChecker(
-                ops.reference, g["ref_requests"], heads=heads, dim=dim, fp8=fp8, device=device
-            )
+            chk = _LogitsChecker(ops.reference, g["ref_requests"], fp8=fp8, device=device, **shape)
             nbytes = indexer_bytes(
                 b, n, ctx, heads, dim, fp8=fp8, block_size=page, max_len=width * page
             )
@@ -287,17 +285,7 @@ def _logits_cases(
                     plot="indexer",
                     label=f"n={n}",
                     x=rows,
-                    params=dict(
-                        kind="logits",
-                        dtype=dtype,
-                        B=b,
-                        ctx=ctx,
-                        n=n,
-                        rows=rows,
-                        heads=heads,
-                        dim=dim,
-                        page=page,
-                    ),  # fmt: skip
+                    params=dict(kind="logits", dtype=dtype, B=b, ctx=ctx, n=n, rows=rows, **shape),
                     make_set=_case_set(ops, g, pages, device, fp8=fp8, requests=b, n=n, ctx=ctx),
                     set_bytes=set_bytes,
                     variants=_logits_variants(ops, n),
@@ -403,10 +391,8 @@ def _layer_bytes_fn(b: int, n: int, ctx: int, g: dict[str, Any], fp8: bool):
                 b, n, ctx, heads, dim, fp8=fp8, block_size=page, max_len=width * page
             )
             memo["top-k"] = topk_bytes(rows, width * page, k)
-            memo["remap"] = remap_bytes(rows, k, touched, counts=True)
-            memo["top-k+slots"] = topk_bytes(
-                rows, width * page, k, counts=True, fused=True, touched_pages=touched
-            )
+            memo["remap"] = remap_bytes(rows, k, touched)
+            memo["top-k+slots"] = topk_bytes(rows, width * page, k, fused_pages=touched)
             memo["chain"] = sum(memo[v] for v in LAYER_STAGES)
         return memo[v.name]
 
@@ -417,7 +403,9 @@ def _layer_cases(
     g: dict[str, Any], ops: SimpleNamespace, device: torch.device, pages: dict[bool, int]
 ) -> list[Case]:
     heads, dim, page, k = g["heads"], g["dim"], g["page"], g["k"]
+    shape = dict(heads=heads, dim=dim, page=page)
     fp8 = g["layer_dtype"] == "fp8"
+    params = dict(kind="layer", dtype=g["layer_dtype"])
     ws_row = ops.workspace(1, torch.device("cpu")).numel() * 4
     cases = []
     for ctx in g["layer_ctxs"]:
@@ -425,6 +413,7 @@ def _layer_cases(
         for n in g["layer_ns"]:
             for b in g["layer_batches"]:
                 rows = b * n
+                size = dict(requests=b, n=n, ctx=ctx)
                 set_bytes = b * ctx * indexer_key_bytes(dim, fp8=fp8) + rows * width * page * 4
                 set_bytes += rows * heads * (dim + 4) + 4 * rows * (7 * k + 8)
                 set_bytes += 4 * (b + (rows if n > 1 else 0)) * width + ws_row * rows
@@ -435,21 +424,8 @@ def _layer_cases(
                         plot=f"indexer_layer_ctx{kfmt(ctx)}",
                         label=f"B={b}",
                         x=rows,
-                        params=dict(
-                            kind="layer",
-                            dtype=g["layer_dtype"],
-                            B=b,
-                            ctx=ctx,
-                            n=n,
-                            rows=rows,
-                            k=k,
-                            heads=heads,
-                            dim=dim,
-                            page=page,
-                        ),  # fmt: skip
-                        make_set=_case_set(
-                            ops, g, pages, device, fp8=fp8, requests=b, n=n, ctx=ctx, k=k
-                        ),
+                        params=dict(params, B=b, ctx=ctx, n=n, rows=rows, k=k, **shape),
+                        make_set=_case_set(ops, g, pages, device, fp8=fp8, k=k, **size),
                         set_bytes=set_bytes,
                         variants=_layer_variants(ops, n, k, page),
                         bytes_moved=_layer_bytes_fn(b, n, ctx, g, fp8),

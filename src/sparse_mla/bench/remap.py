@@ -166,7 +166,7 @@ def _bytes_fn(tokens: int, k: int, width: int, dcp: dict[str, int]):
                 for s in sets
             ]
             touched.append(round(sum(pages) / len(pages)))
-        return remap_bytes(tokens, k, touched[0], counts=True)
+        return remap_bytes(tokens, k, touched[0])
 
     return bytes_moved
 

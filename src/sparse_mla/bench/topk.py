@@ -188,7 +188,7 @@ def _bytes_fn(rows: int, n: int, k: int):
             width = s["block_table"].shape[1]
             kw = dict(block_size=BLOCK_SIZE, max_blocks=width)
             touched.append(count_touched_pages(s["req_id"], pos, **kw))
-        return topk_bytes(rows, n, k, counts=True, fused=True, touched_pages=touched[0])
+        return topk_bytes(rows, n, k, fused_pages=touched[0])
 
     return bytes_moved
 
