@@ -146,12 +146,8 @@ def group_tables(results: Sequence[Result], mode: str = "graph") -> list[Table]:
             mine = next((row_rs[v] for v in ours if v in row_rs), None)
             t = {v: (getattr(r, f"{mode}_us")) for v, r in row_rs.items()}
             l2 = "*" if first.working_set_bytes < first.l2_bytes else ""
-            row = [
-                case,
-                f"{first.n_sets}{l2}",
-                fmt_bytes(first.bytes_moved),
-                fmt_us(first.floor_us),
-            ]
+            row = [case, f"{first.n_sets}{l2}", fmt_bytes(first.bytes_moved)]
+            row.append(fmt_us(first.floor_us))
             for v in variants:
                 cell = fmt_us(t.get(v)) if v in row_rs else ""
                 if v in row_rs and row_rs[v].check.startswith("mismatch"):
@@ -159,10 +155,7 @@ def group_tables(results: Sequence[Result], mode: str = "graph") -> list[Table]:
                 row.append(cell)
             if mine is not None and t.get(mine.variant):
                 tm = t[mine.variant]
-                row += [
-                    fmt_gbs(gbs(mine.bytes_moved, tm)),
-                    fmt_ratio(tm / mine.floor_us),
-                ]
+                row += [fmt_gbs(gbs(mine.bytes_moved, tm)), fmt_ratio(tm / mine.floor_us)]
                 sp = mine.speedup_graph if mode == "graph" else mine.speedup_eager
                 row += [fmt_ratio(sp.get(b)) if b in row_rs else "" for b in bases]
             else:
