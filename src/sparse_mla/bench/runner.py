@@ -98,7 +98,7 @@ def run_case(
     budget = min(cfg.budget_ms, case.budget_ms) if case.budget_ms else cfg.budget_ms
     timed: list[tuple[Any, Any, Any, str]] = []  # (variant, graph Timing, eager Timing, note)
     for v in case.variants:
-        note = ""
+        note, where = "", f"{case.group} {case.label} {v.name}"
         try:
             calls = [v.bind(s) for s in sets]
             case.poison(sets[0])
@@ -111,29 +111,26 @@ def run_case(
                 est, max_calls=cfg.graph_calls, max_reps=cfg.reps, budget_ms=budget
             )
         except Exception as e:  # a broken variant must not stop the run
-            errors.append(f"{case.group} {case.label} {v.name}: {_short(e)}")
+            errors.append(f"{where}: {_short(e)}")
             timed.append((v, None, None, f"error: {_short(e)}"))
             traceback.print_exc(limit=3)
             continue
         g = ev = None
+        kw = dict(reps=reps, backend=backend)
         try:
-            g = measure_graph(
-                calls, graph_calls=n_calls, reps=reps, warmup=cfg.warmup, backend=backend
-            )
+            g = measure_graph(calls, graph_calls=n_calls, warmup=cfg.warmup, **kw)
         except Exception as e:  # e.g. a baseline that synchronises cannot be captured
             note = f"graph capture failed: {_short(e)}"
             if v.graph_safe:
-                errors.append(f"{case.group} {case.label} {v.name}: {note}")
+                errors.append(f"{where}: {note}")
             try:
                 backend.synchronize()
             except Exception as e2:
-                errors.append(f"{case.group} {case.label} {v.name}: device error {_short(e2)}")
+                errors.append(f"{where}: device error {_short(e2)}")
         try:
-            ev = measure_eager(
-                calls, n_calls=n_calls, reps=reps, warmup=min(cfg.warmup, 1), backend=backend
-            )
+            ev = measure_eager(calls, n_calls=n_calls, warmup=min(cfg.warmup, 1), **kw)
         except Exception as e:
-            errors.append(f"{case.group} {case.label} {v.name} eager: {_short(e)}")
+            errors.append(f"{where} eager: {_short(e)}")
             note = (note + "; " if note else "") + f"eager failed: {_short(e)}"
         del calls
         timed.append((v, g, ev, note))
