@@ -236,7 +236,7 @@ def run_case(run: Run, cache_kind: str, cache: torch.Tensor, n: int, cases_left:
     b, ctx, h, d, page = sh["requests"], sh["ctx"], sh["heads"], sh["dim"], sh["page"]
     fp8 = cache_kind == "fp8"
     s = make_inputs(sh, n, fp8, cache, dev)
-    nbytes = indexer_bytes(b, n, ctx, h, d, fp8=fp8, page_size=page, max_len=ctx)
+    nbytes = indexer_bytes(b, n, ctx, h, d, fp8=fp8, block_size=page, max_len=ctx)
     flops = 2.0 * b * n * h * d * ctx
     ref0 = reference_rows(s, ctx)
     default = choose_index_logits_config(b, n, h, d, ctx, device=dev)

@@ -150,7 +150,7 @@ def attention_max_errors(
 
 def random_mla_cache(
     num_pages: int,
-    page_size: int,
+    block_size: int,
     *,
     fp8: bool,
     g: torch.Generator,
@@ -165,9 +165,9 @@ def random_mla_cache(
     from .ops.kv_cache import new_mla_cache
     from .ops.kv_cache.naive import write_mla_latent_reference
 
-    rows = num_pages * page_size
+    rows = num_pages * block_size
     kv = (torch.randn(rows, 576, generator=g) * scale).bfloat16().to(device)
-    cache = new_mla_cache(num_pages, page_size, fp8=fp8, device=device)
+    cache = new_mla_cache(num_pages, block_size, fp8=fp8, device=device)
     write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache, torch.arange(rows, device=device))
     if fp8 and arbitrary_scales:
         sc = cache.view(rows, -1)[:, 512:528].view(torch.float32)
@@ -310,23 +310,23 @@ def indexer_queries(
 
 
 def filled_indexer_cache(
-    pages: int,
-    page: int,
+    num_pages: int,
+    block_size: int,
     dim: int,
     *,
     fp8: bool,
     device: torch.device | str | None = None,
     chunk: int = 1 << 20,
 ) -> torch.Tensor:
-    """An indexer K cache of ``pages`` pages of standard-normal bf16 keys, written through
+    """An indexer K cache of ``num_pages`` pages of standard-normal bf16 keys, written through
     ``write_indexer_k`` (so the fp8 format holds real scales) ``chunk`` tokens at a time to
     bound the temporaries."""
     from . import new_indexer_k_cache, write_indexer_k
     from ._runtime import canonical_device
 
     device = canonical_device(device)
-    cache = new_indexer_k_cache(pages, page, dim, fp8=fp8, device=device)
-    total = pages * page
+    cache = new_indexer_k_cache(num_pages, block_size, dim, fp8=fp8, device=device)
+    total = num_pages * block_size
     for s0 in range(0, total, chunk):
         t = min(chunk, total - s0)
         keys = torch.randn(t, dim, device=device, dtype=torch.bfloat16)

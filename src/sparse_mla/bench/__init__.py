@@ -3,9 +3,9 @@
 Each kernel is timed per call twice in the same run, inside a captured CUDA graph of many
 back-to-back calls and eagerly, beside the floor ``max(empty-kernel launch, bytes / copy
 bandwidth)`` measured in that run. Modules: ``timing`` (graph/eager timing, launch floor, copy
-bandwidth), ``floor`` (byte counts, floor arithmetic), ``report`` (records, tables, files,
-plots, markdown page), ``cases`` (the op registry), one module per op (``remap``, ``expand``,
-``topk``, ``indexer``) and ``runner`` (the command).
+bandwidth), ``floor`` (byte counts, floor arithmetic), ``report`` (records, tables, plots),
+``page`` (PERF.md and its JSON record), ``cases`` (the op registry), one module per op
+(``remap``, ``expand``, ``topk``, ``indexer``) and ``runner`` (the command).
 """
 
 from __future__ import annotations

@@ -1,50 +1,23 @@
 """The registry of benchmarked ops, their cases and variants.
 
-Adding an op is one module that defines ``build(grid, device)`` returning
-:class:`Case` objects and calls :func:`register_op`; then list the module in
-``runner.OP_MODULES``. The runner does the rest (rotation, checks, timing, floors, tables,
-files, plots).
+Adding an op is one module that defines ``build(grid, device)`` returning :class:`Case`
+objects and calls :func:`register_op`; then list the module in ``runner.OP_MODULES``. The
+runner does the rest (rotation, checks, timing, floors, tables, files, plots).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..testing import POISON
 from .report import Result, Table
 
 InputSet = dict[str, Any]
 Launch = Callable[[], Any]
-
-
-class SetRef:
-    """A weak handle on input set 0 of a case (the set every check call runs on), for
-    snapshots and byte counts that need its inputs; the set is freed with its case.
-    ``keep(i, s)`` is meant to wrap ``make_set``'s result."""
-
-    def __init__(self) -> None:
-        self._ref: Callable[[], Any] = lambda: None
-
-    def keep(self, i: int, s: InputSet) -> InputSet:
-        if i == 0:
-            if not isinstance(s, _WeakDict):
-                s = _WeakDict(s)
-            self._ref = weakref.ref(s)
-        return s
-
-    def get(self) -> InputSet:
-        s = self._ref()
-        if s is None:
-            raise RuntimeError("input set 0 is gone (its case has finished)")
-        return s
-
-
-class _WeakDict(dict):
-    """A dict that can be referenced weakly (plain dicts cannot)."""
 
 
 @dataclass
@@ -59,7 +32,6 @@ class Variant:
     name: str
     bind: Callable[[InputSet], Launch]
     role: str = "ours"
-    counts: bool = True  # remap: whether the variant writes valid counts (for byte counting)
     graph_safe: bool = True  # a failed CUDA-graph capture is an error (else only a note)
 
 
@@ -71,12 +43,11 @@ class Case:
     ``set_bytes`` is one set's device footprint (drives rotation); ``bytes_moved(sets, v)``
     the fewest bytes variant ``v`` must move per call (evaluated after the variants ran, so
     it may look at their outputs); ``poison(set)`` fills outputs with a sentinel before the
-    check run; ``snapshot(ret)`` clones a call's result for comparison; ``compare(a, ref)``
-    returns "" when equal else a short reason; ``reference`` names the variant others are
-    checked against; ``self_check(snapshot)`` (optional) returns "" or a reason for any
-    variant, the reference included (e.g. against an independent fp64 or naive reference on
-    a subset of rows). ``budget_ms`` (optional) lowers the per-variant time budget of this
-    case (large cases: fewer calls and repetitions)."""
+    check run; ``snapshot(ret, set0)`` clones a call's result on input set 0 for comparison;
+    ``compare(a, ref)`` returns "" when equal else a short reason; ``reference`` names the
+    variant others are checked against; ``self_check(snapshot)`` (optional) returns "" or a
+    reason for any variant, the reference included (e.g. against an fp64 reference on a
+    subset of rows). ``budget_ms`` (optional) lowers the per-variant time budget."""
 
     op: str
     group: str  # table grouping and plot panel, e.g. "remap K=2048"
@@ -89,7 +60,7 @@ class Case:
     variants: list[Variant]
     bytes_moved: Callable[[Sequence[InputSet], Variant], int]
     poison: Callable[[InputSet], None] = lambda s: None
-    snapshot: Callable[[Any], Any] = lambda r: r
+    snapshot: Callable[[Any, InputSet], Any] = lambda r, s: r
     compare: Callable[[Any, Any], str] | None = None
     reference: str | None = None
     series_tag: str = ""  # appended to variant names in plots, e.g. " [ragged]"
@@ -114,45 +85,29 @@ def register_op(spec: OpSpec) -> OpSpec:
     return spec
 
 
-def tensor_fields(obj: Any) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of a result: a tensor, tuple/NamedTuple, dataclass or dict."""
-    if obj is None:
-        return []
-    if isinstance(obj, torch.Tensor):
-        return [("0", obj)]
-    if hasattr(obj, "_asdict"):
-        items = list(obj._asdict().items())
-    elif isinstance(obj, dict):
-        items = list(obj.items())
-    elif hasattr(obj, "__dataclass_fields__"):
-        items = [(k, getattr(obj, k)) for k in obj.__dataclass_fields__]
-    elif isinstance(obj, (tuple, list)):
-        items = [(str(i), v) for i, v in enumerate(obj)]
-    else:
-        return []
-    return [(str(k), v) for k, v in items if isinstance(v, torch.Tensor)]
+def poison_keys(*keys: str) -> Callable[[InputSet], None]:
+    """A ``poison`` filling the set's tensors under ``keys`` with ``POISON``."""
+
+    def poison(s: InputSet) -> None:
+        for key in keys:
+            s[key].fill_(POISON)
+
+    return poison
 
 
-def clone_fields(obj: Any) -> list[tuple[str, torch.Tensor]]:
-    return [(k, v.clone()) for k, v in tensor_fields(obj)]
-
-
-def compare_fields(a: list[tuple[str, torch.Tensor]], ref: list[tuple[str, torch.Tensor]]) -> str:
-    """Bit-exact comparison of two snapshots: by field name where the names overlap, else by
-    position. "" when equal; "skipped" when nothing comparable; else the first difference."""
-    da, dr = dict(a), dict(ref)
-    common = [k for k in da if k in dr]
-    if common:
-        pairs = [(k, da[k], dr[k]) for k in common]
-    elif len(a) == len(ref):
-        pairs = [(f"#{i}", x[1], y[1]) for i, (x, y) in enumerate(zip(a, ref, strict=True))]
-    else:
-        pairs = []
-    pairs = [(k, x, y) for k, x, y in pairs if x.shape == y.shape]
-    if not pairs:
+def compare_exact(a: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> str:
+    """Bit-exact comparison of two snapshots, field by field ("skipped": nothing to compare)."""
+    if not a or not ref:
         return "skipped"
-    for k, x, y in pairs:
-        if not torch.equal(x.to(y.device, y.dtype), y):
-            n = int((x.to(y.device, y.dtype) != y).sum())
-            return f"mismatch in {k} ({n} of {y.numel()} differ)"
+    for key, y in ref.items():
+        x, y = a[key], y.to(a[key].device, a[key].dtype)
+        if x.shape != y.shape:
+            return f"mismatch: {key} shape {tuple(x.shape)} vs {tuple(y.shape)}"
+        if not torch.equal(x, y):
+            return f"mismatch in {key} ({int((x != y).sum())} of {y.numel()} differ)"
     return ""
+
+
+def self_check_of(snap: dict[str, Any]) -> str:
+    """The ``self_check`` of snapshots that carry their own verdict under ``"self"``."""
+    return snap["self"]

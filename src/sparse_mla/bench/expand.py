@@ -1,21 +1,11 @@
 """Benchmark cases for the speculative-decode metadata expansion (section 1 of the spec).
 
-For each (B requests, n tokens per request):
-
-* uniform data (every n_b = n, T = B*n tokens): ``triton-uniform`` (uniform=True, host-known
-  n), ``triton-ragged`` (the ragged kernel forced with uniform=False on the same data: reads
-  "ragged within 1.3x of uniform at the same token count" directly), ``triton-qsl`` (the
-  ragged kernel given the same data as ``query_start_loc``) and ``torch-ops``;
-* ragged data with the SAME token count T: n_b uniform in [1, n], drawn until the lengths sum
-  to T (the last one trimmed), so it has more requests than B: ``triton-ragged``,
-  ``triton-qsl`` and ``torch-ops``.
-
-The Triton kernels write into pre-sized ``out`` buffers (as engines do); the ragged kernel
-reads device decode lengths (``triton-ragged``: each program sums them) or device row offsets
-(``triton-qsl``: its own two). The PyTorch-ops path is upstream's ragged fallback
-(repeat_interleave with the host-known total), fed the device decode lengths and the total so
-that it is CUDA-graph capturable. Context lengths L_b are uniform in [n_b, 131072]; the block
-table has W = 2048 random page ids per request (128K context at page 64).
+For each (B requests, n tokens per request), uniform data (every n_b = n) and ragged data with
+the same token count T (n_b uniform in [1, n], the last trimmed, hence more requests): the
+uniform kernel (uniform data only), the ragged kernel fed device decode lengths or row
+offsets, and upstream's PyTorch-ops fallback (repeat_interleave with the host-known total,
+CUDA-graph capturable). Context lengths L_b are uniform in [n_b, 131072]; the block table has
+W = 2048 random page ids per request.
 """
 
 from __future__ import annotations
@@ -28,18 +18,9 @@ from typing import Any
 import torch
 
 from ..testing import POISON, ragged_lens
-from .cases import (
-    Case,
-    InputSet,
-    OpSpec,
-    Variant,
-    clone_fields,
-    compare_fields,
-    register_op,
-    tensor_fields,
-)
+from .cases import Case, InputSet, OpSpec, Variant, compare_exact, register_op
 from .floor import EXPAND_BYTES_RULE, expand_bytes
-from .report import Result, Table, fmt_ratio, fmt_us, paired_us
+from .report import Result, Table, fmt_us, ratio_cell, us_of
 
 GRIDS: dict[str, dict[str, Any]] = {
     "full": dict(batches=(1, 8, 64, 256, 512), ns=(2, 3, 4, 8), width=2048, ctx=131072),
@@ -56,7 +37,6 @@ def _ops() -> SimpleNamespace:
     return SimpleNamespace(
         expand=sparse_mla.expand_decode_tokens,
         torch_ops=naive.expand_decode_tokens_torch_ops,
-        real=True,
     )
 
 
@@ -76,8 +56,17 @@ def make_expand_set(lens: Sequence[int], *, width: int, ctx: int, device: torch.
 
 
 def _poison(s: InputSet) -> None:
-    for _, t in tensor_fields(s["out"]):
+    for t in s["out"]:
         t.fill_(POISON)
+
+
+def per_token_outputs(out: Any) -> int:
+    """How many per-token int32 outputs (1-D fields) an ``ExpandedDecodeTokens`` has."""
+    return sum(1 for x in out if x.dim() == 1)
+
+
+def _snapshot(ret: Any, s: InputSet) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in ret._asdict().items()}
 
 
 def _triton_variant(fn: Any, name: str, form: str, n: int) -> Variant:
@@ -100,7 +89,7 @@ def _triton_variant(fn: Any, name: str, form: str, n: int) -> Variant:
     return Variant(name, bind, "ours")
 
 
-def _torch_variant(fn: Any, n: int) -> Variant:
+def _torch_variant(fn: Any) -> Variant:
     def bind(s: InputSet):
         kw = dict(num_tokens=s["total"], total_tokens=s["total"])
         args = (s["seq_lens"], s["block_table"], s["decode_lens"])
@@ -112,11 +101,8 @@ def _torch_variant(fn: Any, n: int) -> Variant:
 def _bytes_fn(width: int):
     def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
         s = sets[0]
-        t = s["total"]
-        per_token = [x for _, x in tensor_fields(s["out"]) if tuple(x.shape) == (t,)]
-        return expand_bytes(
-            len(s["lens_host"]), width, t, per_token_outputs=len(per_token) if per_token else 2
-        )
+        outs = per_token_outputs(s["out"])
+        return expand_bytes(len(s["lens_host"]), width, s["total"], per_token_outputs=outs)
 
     return bytes_moved
 
@@ -130,11 +116,8 @@ def build(grid: str, device: torch.device) -> list[Case]:
     def case(n: int, b: int, lens: list[int], ragged: bool) -> Case:
         """One expansion case: uniform data runs both kernels, ragged data the ragged one."""
         t, br = sum(lens), len(lens)
-        kernels = [_triton_variant(ops.expand, "triton-ragged", "ragged", n)]
-        if not ragged:
-            kernels.insert(0, _triton_variant(ops.expand, "triton-uniform", "uniform", n))
-        if getattr(ops, "real", False):  # not with the tests' stand-ins
-            kernels.append(_triton_variant(ops.expand, "triton-qsl", "qsl", n))
+        forms = ["ragged", "qsl"] if ragged else ["uniform", "ragged", "qsl"]
+        kernels = [_triton_variant(ops.expand, f"triton-{f}", f, n) for f in forms]
         return Case(
             op="expand",
             group=f"expand n={n}",
@@ -146,11 +129,11 @@ def build(grid: str, device: torch.device) -> list[Case]:
             ),
             make_set=lambda i: make_expand_set(lens, width=w, ctx=ctx, device=device),
             set_bytes=4 * (br * w + t * w + 2 * br + 4 * t),
-            variants=[*kernels, _torch_variant(ops.torch_ops, n)],
+            variants=[*kernels, _torch_variant(ops.torch_ops)],
             bytes_moved=_bytes_fn(w),
             poison=_poison,
-            snapshot=clone_fields,
-            compare=compare_fields,
+            snapshot=_snapshot,
+            compare=compare_exact,
             reference="torch-ops",
             series_tag=" [ragged data]" if ragged else "",
         )
@@ -174,51 +157,20 @@ def summaries(results: list[Result]) -> list[Table]:
     rows = []
     for b, n in keys:
         u = rs.get((b, n, "uniform", "triton-uniform"))
-        ru = rs.get((b, n, "uniform", "triton-ragged"))
-        rr = rs.get((b, n, "ragged", "triton-ragged"))
+        row = [f"{b}", f"{n}", f"{b * n}", fmt_us(us_of(u))]
+        for data, v in [("uniform", "triton-ragged"), ("ragged", "triton-ragged")]:
+            r = rs.get((b, n, data, v))
+            row += [fmt_us(us_of(r)), ratio_cell(r, u)]
         rq = rs.get((b, n, "ragged", "triton-qsl"))
-        tu = rs.get((b, n, "uniform", "torch-ops"))
-        tr = rs.get((b, n, "ragged", "torch-ops"))
-
-        def us(r: Result | None) -> float | None:
-            return r.best_us if r is not None else None
-
-        def ratio(a: Result | None, base: Result | None) -> str:
-            pair = paired_us(a, base)
-            return fmt_ratio(pair[0] / pair[1]) if pair else "n/a"
-
-        rows.append(
-            [
-                f"{b}",
-                f"{n}",
-                f"{b * n}",
-                fmt_us(us(u)),
-                fmt_us(us(ru)),
-                ratio(ru, u),
-                fmt_us(us(rr)),
-                ratio(rr, u),
-                fmt_us(us(rq)),
-                ratio(rq, u),
-                fmt_us(us(tu)),
-                fmt_us(us(tr)),
-            ]
-        )
+        row += [fmt_us(us_of(rq)), ratio_cell(rq, u)]
+        row += [fmt_us(us_of(rs.get((b, n, d, "torch-ops")))) for d in ("uniform", "ragged")]
+        rows.append(row)
     if not rows:
         return []
-    headers = [
-        "B",
-        "n",
-        "tokens",
-        "uniform us",
-        "ragged kernel, uniform data us",
-        "/uniform",
-        "ragged kernel, ragged data us",
-        "/uniform",
-        "ragged kernel, ragged data as offsets us",
-        "/uniform",
-        "torch-ops uniform us",
-        "torch-ops ragged us",
-    ]
+    headers = ["B", "n", "tokens", "uniform us", "ragged kernel, uniform data us", "/uniform"]
+    headers += ["ragged kernel, ragged data us", "/uniform"]
+    headers += ["ragged kernel, ragged data as offsets us", "/uniform"]
+    headers += ["torch-ops uniform us", "torch-ops ragged us"]
     return [
         Table(
             "expansion: ragged kernel vs uniform kernel at the same token count (in graph)",

@@ -1,20 +1,12 @@
 """Floor arithmetic and the bytes each op must move.
 
-The floor beside every figure is
-
-    floor = max(launch, bytes / copy_bw)
-
-with ``launch`` the in-graph per-call time of an empty one-program Triton kernel and
-``copy_bw`` a large device-to-device copy's (bytes read + bytes written) / time, both measured
-in the same run. Why max and not launch + bytes/bw: each term alone is a hard lower bound (no
-kernel beats an empty launch, none moves its bytes faster than a streaming copy), so the max is
-a bound that holds with certainty and ``time / floor`` >= 1 always has one reading. The sum
-assumes the fixed per-kernel cost never overlaps data movement, which is false inside a graph
-(the next kernel's launch overlaps the previous one's tail), so it would overstate the floor of
-mid-sized calls. Both terms are stored in the results, so the sum can be formed if wanted.
-
-Bytes are the fewest a kernel must move through device memory: each input read once, each
-output written once (4-byte ints everywhere).
+The floor beside every figure is ``max(launch, bytes / copy_bw)``: ``launch`` the in-graph
+per-call time of an empty one-program Triton kernel, ``copy_bw`` a large device-to-device
+copy's (bytes read + written) / time, both measured in the same run. Max, not the sum: each
+term alone is a hard lower bound, while the sum assumes a kernel's fixed cost never overlaps
+data movement, false inside a graph. Both terms are stored in the results. Bytes are the
+fewest a kernel must move through device memory: each input read once, each output written
+once (4-byte ints everywhere).
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ INT = 4  # bytes per int32
 
 REMAP_BYTES_RULE = (
     "remap bytes = token_indices read (T*K*4) + out written (T*K*4) + req_id (T*4) "
-    "+ valid counts written (T*4, counting variants only) + block-table entries touched "
+    "+ valid counts written (T*4) + block-table entries touched "
     "(4 bytes per distinct (request, page) among the valid indices, counted exactly from the "
     "generated inputs; at most min(distinct pages, K) per row). DRAM moves 32-byte sectors, so "
     "the true block-table traffic can be up to 8x that count; the floor uses the count."
@@ -66,27 +58,15 @@ def kfmt(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def transfer_us(nbytes: int, bw_bytes_per_s: float) -> float:
-    """Time to move ``nbytes`` at ``bw_bytes_per_s``, in microseconds."""
-    return nbytes / bw_bytes_per_s * 1e6
-
-
 def floor_us(launch_us: float, nbytes: int, bw_bytes_per_s: float) -> float:
-    """``max(launch_us, nbytes / bw)``; see the module docstring for why max."""
-    return max(launch_us, transfer_us(nbytes, bw_bytes_per_s))
+    """``max(launch_us, nbytes / bw)`` in microseconds; see the module docstring for why max."""
+    return max(launch_us, nbytes / bw_bytes_per_s * 1e6)
 
 
-def achieved_gbs(nbytes: int, time_us: float) -> float:
-    """Bytes moved per second, in GB/s (1e9)."""
-    return nbytes / (time_us * 1e-6) / 1e9
-
-
-def remap_bytes(tokens: int, k: int, touched_pages: int, *, counts: bool = True) -> int:
-    """Fewest bytes for one remap call; ``touched_pages`` = distinct (request, page) pairs."""
-    b = tokens * k * INT * 2 + tokens * INT + touched_pages * INT
-    if counts:
-        b += tokens * INT
-    return b
+def remap_bytes(tokens: int, k: int, touched_pages: int) -> int:
+    """Fewest bytes for one remap call with valid counts; ``touched_pages`` = distinct
+    (request, page) pairs."""
+    return tokens * k * INT * 2 + 2 * tokens * INT + touched_pages * INT
 
 
 def expand_bytes(requests: int, width: int, tokens: int, *, per_token_outputs: int = 2) -> int:
@@ -128,18 +108,13 @@ def copy_fraction(nbytes: int, time_us: float, bw_bytes_per_s: float) -> float:
     return nbytes / (time_us * 1e-6) / bw_bytes_per_s
 
 
-def topk_bytes(
-    rows: int, n: int, k: int, *, counts: bool = False, fused: bool = False, touched_pages: int = 0
-) -> int:
-    """Fewest bytes for one top-k call over ``rows`` rows of ``n`` fp32 scores.
-
-    ``counts``: valid counts written; ``fused``: the slot epilogue (req_id read and
-    ``touched_pages`` block-table entries read)."""
+def topk_bytes(rows: int, n: int, k: int, *, fused_pages: int | None = None) -> int:
+    """Fewest bytes for one top-k call over ``rows`` rows of ``n`` fp32 scores; with
+    ``fused_pages``, the slot epilogue's too (req_id read, valid counts written and that many
+    block-table entries read)."""
     b = rows * n * INT + rows * INT + rows * k * INT
-    if counts:
-        b += rows * INT
-    if fused:
-        b += rows * INT + touched_pages * INT
+    if fused_pages is not None:
+        b += 2 * rows * INT + fused_pages * INT
     return b
 
 
@@ -156,7 +131,7 @@ def indexer_bytes(
     dim: int,
     *,
     fp8: bool,
-    page_size: int = 64,
+    block_size: int = 64,
     max_len: int | None = None,
 ) -> int:
     """Fewest bytes for one logits call: ``requests`` requests of context ``ctx`` (keys read
@@ -166,5 +141,5 @@ def indexer_bytes(
     max_len = ctx if max_len is None else max_len
     keys = requests * ctx * indexer_key_bytes(dim, fp8=fp8)
     q = rows * heads * dim * (1 if fp8 else 2)
-    small = rows * heads * INT + requests * -(-ctx // page_size) * INT + requests * INT
+    small = rows * heads * INT + requests * -(-ctx // block_size) * INT + requests * INT
     return keys + rows * max_len * INT + q + small

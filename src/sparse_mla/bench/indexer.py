@@ -1,28 +1,16 @@
 """Benchmark cases for the lightning-indexer logits and the whole indexer side of a layer.
 
-1. Logits (``sparse_mla.index_logits``), V3.2 shapes (q ``[rows, 64, 128]``, fp32 weights
-   ``[rows, 64]``, page 64), B = 64 requests x 32K context, bf16 and fp8 caches:
+1. Logits (``index_logits``), V3.2 shapes, bf16 and fp8 caches: ``native`` (``next_n=n``,
+   each request's keys read once for its n rows) against ``flattened`` (rows expanded
+   beforehand, ``next_n=1``: the keys read n times). Checked against the fp64 reference on the
+   first and last request, flattened against native.
+2. Per layer (fp8 cache): expand, logits, top-k and remap each alone in a graph, ``chain``
+   (the four in one graph) and ``top-k+slots`` (the fused alternative to top-k + remap);
+   chain and top-k+slots must give remap's slots and counts bit for bit.
 
-   * ``native``: ``index_logits(..., next_n=n)``, each request's keys read once for its n rows;
-   * ``flattened`` (n > 1): the rows expanded beforehand with ``sparse_mla.expand_decode_tokens``
-     (outside the timed call), then ``next_n=1``: every row reads its keys itself (n times).
-
-   Checks before timing: the rows of the first and last request against the fp64 reference
-   (``index_logits_reference`` on those requests' pages, error <= tol x magnitude, exact -inf
-   pattern) for every variant; flattened against native (same -inf pattern, values within a
-   loose bound: the fp64 check is the precise one).
-
-2. Per layer, the indexer side of one decode step for B requests of context L with n query
-   tokens each (fp8 cache): ``expand`` (n > 1, uniform kernel), ``logits`` (native, next_n=n),
-   ``top-k`` (k=2048 over the B*n rows), ``remap`` (positions -> slots, valid counts), each
-   timed alone in a graph; ``chain``: the four back to back, captured in one graph; and
-   ``top-k+slots``, the fused alternative to top-k + remap. Checks: ``chain`` and
-   ``top-k+slots`` give the same slots and counts as ``remap`` (bit for bit).
-
-Every request is at full context (``seq_lens = L``). The K caches are filled once per run
-(random keys through ``write_indexer_k``; the largest is a few GB) and shared by the cases of
-that cache format: every input set draws its block table as distinct random pages of it, so
-rotating sets read different keys without more memory.
+The K caches are filled once per run and shared by the cases of their format: every input
+set draws its block table as distinct random pages of it, so rotating sets read different
+keys without more memory.
 """
 
 from __future__ import annotations
@@ -34,7 +22,6 @@ from typing import Any
 import torch
 
 from ..testing import (
-    POISON,
     distinct_block_table,
     filled_indexer_cache,
     indexer_queries,
@@ -45,15 +32,16 @@ from .cases import (
     Case,
     InputSet,
     OpSpec,
-    SetRef,
     Variant,
+    compare_exact,
+    poison_keys,
     register_op,
-    tensor_fields,
+    self_check_of,
 )
+from .expand import per_token_outputs
 from .floor import (
     INDEXER_BYTES_RULE,
     LAYER_BYTES_RULE,
-    copy_fraction,
     count_touched_pages,
     expand_bytes,
     indexer_bytes,
@@ -62,7 +50,18 @@ from .floor import (
     remap_bytes,
     topk_bytes,
 )
-from .report import Result, Table, fmt_bytes, fmt_gbs, fmt_ratio, fmt_us, paired_us
+from .report import (
+    Result,
+    Table,
+    copy_pct,
+    fmt_bytes,
+    fmt_gbs,
+    fmt_ratio,
+    fmt_us,
+    gbs,
+    ratio_cell,
+    us_of,
+)
 
 LAYERS = 61  # DeepSeek V3.2: one indexer per layer
 
@@ -83,26 +82,12 @@ GRIDS: dict[str, dict[str, Any]] = {
         layer_dtype="fp8",
         layer_budget_ms=100.0,
     ),
-    # CPU interpreter smoke: tiny heads/dims/contexts, both cache formats, both layer paths.
-    "cpu": dict(
-        heads=8,
-        dim=32,
-        page=64,
-        k=128,
-        requests=2,
-        ctx=256,
-        dtypes=("bf16", "fp8"),
-        ns=(1, 4),
-        ref_requests=2,
-        layer_batches=(2,),
-        layer_ctxs=(256,),
-        layer_ns=(1, 2),
-        layer_dtype="fp8",
-        layer_budget_ms=None,
-    ),
 }
-# The quick grid: the full one with fewer layer cases.
+# The quick grid: the full one with fewer layer cases; the CPU interpreter smoke: tiny heads,
+# dims and contexts, both cache formats, both layer paths.
 GRIDS["quick"] = dict(GRIDS["full"], layer_batches=(1, 128), layer_ctxs=(32768,), layer_ns=(1, 4))
+GRIDS["cpu"] = dict(GRIDS["full"], heads=8, dim=32, k=128, requests=2, ctx=256, layer_batches=(2,))
+GRIDS["cpu"].update(layer_ctxs=(256,), layer_ns=(1, 2), layer_budget_ms=None)
 
 
 def _ops() -> SimpleNamespace:
@@ -120,11 +105,6 @@ def _ops() -> SimpleNamespace:
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Shared K caches
-# --------------------------------------------------------------------------------------------
-
-
 class CachePool:
     """One filled K cache per (format, page, dim, device), built on first use at the size the
     whole grid needs and shared by every case; :meth:`clear` frees them after the run."""
@@ -133,15 +113,7 @@ class CachePool:
         self._caches: dict[tuple[Any, ...], torch.Tensor] = {}
         self.builds = 0
 
-    def get(
-        self,
-        *,
-        fp8: bool,
-        pages: int,
-        page: int,
-        dim: int,
-        device: torch.device,
-    ) -> torch.Tensor:
+    def get(self, *, fp8: bool, pages: int, page: int, dim: int, device: Any) -> torch.Tensor:
         key = (fp8, page, dim, str(device))
         cache = self._caches.get(key)
         if cache is None or cache.shape[0] < pages:
@@ -163,17 +135,7 @@ def _expand_kw(n: int) -> dict[str, Any]:
     return dict(max_decode_len=n, uniform=True)
 
 
-def _per_token_outputs(exp: Any, rows: int) -> int:
-    per_token = [x for _, x in tensor_fields(exp) if tuple(x.shape) == (rows,)]
-    return len(per_token) if per_token else 3
-
-
-# --------------------------------------------------------------------------------------------
-# 1. Logits: native vs flattened
-# --------------------------------------------------------------------------------------------
-
-
-def make_logits_set(
+def make_indexer_set(
     ops: SimpleNamespace,
     cache: torch.Tensor,
     *,
@@ -185,11 +147,17 @@ def make_logits_set(
     page: int,
     fp8: bool,
     device: torch.device,
+    k: int | None = None,
 ) -> InputSet:
+    """Fresh queries and weights, a block table of distinct random pages of ``cache``, the
+    logits buffer and (n > 1) the expanded rows. With ``k``: also every intermediate of the
+    layer chain, filled by running it once (so each stage timed alone reads what its
+    producer wrote)."""
     width = -(-ctx // page)
+    rows = requests * n
     bt = distinct_block_table(cache.shape[0], requests, width, device=device)
     seq_lens = torch.full((requests,), ctx, dtype=torch.int32, device=device)
-    q, w = indexer_queries(requests * n, heads, dim, fp8=fp8, device=device)
+    q, w = indexer_queries(rows, heads, dim, fp8=fp8, device=device)
     s: InputSet = {
         "cache": cache,
         "block_table": bt,
@@ -197,57 +165,67 @@ def make_logits_set(
         "q": q,
         "weights": w,
         "n": n,
-        "out": torch.empty(requests * n, width * page, dtype=torch.float32, device=device),
+        "logits": torch.empty(rows, width * page, dtype=torch.float32, device=device),
+        "exp": ops.expand(seq_lens, bt, n, **_expand_kw(n)) if n > 1 else None,
     }
+    if k is None:
+        return s
+    s["ws"] = ops.workspace(rows, device)
+    s["pos"] = torch.empty(rows, k, dtype=torch.int32, device=device)
+    for name in SLOT_STAGES:
+        s[f"{name}_out"] = torch.empty(rows, k, dtype=torch.int32, device=device)
+        s[f"{name}_counts"] = torch.empty(rows, dtype=torch.int32, device=device)
     if n > 1:
-        kw = _expand_kw(n)
-        s["flat"] = ops.expand(seq_lens, bt, n, **kw)  # flattened metadata (set-up)
+        s["row_lens"], s["req_id"] = s["exp"].seq_lens, s["exp"].req_id
+    else:
+        s["row_lens"] = seq_lens
+        s["req_id"] = torch.arange(requests, dtype=torch.int32, device=device)
+    _layer_calls(ops, s, k, page)["chain"]()
     return s
 
 
-class _LogitsChecker(SetRef):
+def _case_set(ops, g: dict[str, Any], pages: dict[bool, int], device, *, fp8: bool, **kw):
+    """``make_set`` of a case: its input set over the shared cache of its format."""
+    cache_kw = dict(page=g["page"], dim=g["dim"], device=device)
+    kw = dict(heads=g["heads"], dim=g["dim"], page=g["page"], fp8=fp8, device=device, **kw)
+    return lambda i: make_indexer_set(ops, POOL.get(fp8=fp8, pages=pages[fp8], **cache_kw), **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Logits: native vs flattened
+# --------------------------------------------------------------------------------------------
+
+
+class _LogitsChecker:
     """Snapshot and checks of one logits case, over input set 0."""
 
-    def __init__(
-        self, reference: Any, ref_requests: int, *, heads: int, dim: int, fp8: bool, device: Any
-    ) -> None:
-        super().__init__()
+    def __init__(self, reference: Any, ref_requests: int, *, fp8: bool, device: Any, **shape):
         self.reference = reference
         self.ref_requests = ref_requests
-        self.kw = dict(heads=heads, dim=dim, fp8=fp8, device=device)
-        self.tol = logits_tolerance_scale(heads, dim, fp8=fp8, device=device)
+        self.kw = dict(heads=shape["heads"], dim=shape["dim"], fp8=fp8, device=device)
+        self.tol = logits_tolerance_scale(shape["heads"], shape["dim"], fp8=fp8, device=device)
 
-    def vs_reference(self, out: torch.Tensor) -> str:
+    def vs_reference(self, out: torch.Tensor, s: InputSet) -> str:
         """Rows of the first/last request against the fp64 reference over their own pages."""
-        s = self.get()
         n, bt = s["n"], s["block_table"]
         b_count, width = bt.shape
         reqs = list(dict.fromkeys([0, b_count - 1]))[: self.ref_requests]
         sub_bt = torch.arange(width, dtype=torch.int32, device=bt.device)[None, :]
         for b in reqs:
+            rows = slice(b * n, (b + 1) * n)
             sub = s["cache"][bt[b].long()]
-            args = (
-                s["q"][b * n : (b + 1) * n],
-                s["weights"][b * n : (b + 1) * n],
-                sub,
-                s["seq_lens"][b : b + 1],
-                sub_bt,
-            )
+            args = (s["q"][rows], s["weights"][rows], sub, s["seq_lens"][b : b + 1], sub_bt)
             kw = dict(next_n=n, max_len=out.shape[1])
             ref = self.reference(*args, **kw)
             mag = self.reference(*args, **kw, magnitude=True)
-            why = logits_error(out[b * n : (b + 1) * n], ref, mag, **self.kw)
+            why = logits_error(out[rows], ref, mag, **self.kw)
             if why:
                 return f"request {b}: {why} (vs fp64)"
         return ""
 
-    def snapshot(self, ret: Any) -> dict[str, Any]:
+    def snapshot(self, ret: Any, s: InputSet) -> dict[str, Any]:
         out = ret.clone()
-        return {"logits": out, "self": self.vs_reference(out)}
-
-    @staticmethod
-    def self_check(snap: dict[str, Any]) -> str:
-        return snap["self"]
+        return {"logits": out, "self": self.vs_reference(out, s)}
 
     def compare(self, a: dict[str, Any], ref: dict[str, Any]) -> str:
         x, y = a["logits"], ref["logits"]
@@ -267,18 +245,14 @@ class _LogitsChecker(SetRef):
 
 
 def _logits_variants(ops: SimpleNamespace, n: int) -> list[Variant]:
-    fn = ops.logits
-
     def native(s: InputSet):
         args = (s["q"], s["weights"], s["cache"], s["seq_lens"], s["block_table"])
-        kw = dict(next_n=n, out=s["out"])
-        return lambda: fn(*args, **kw)
+        return lambda: ops.logits(*args, next_n=n, out=s["logits"])
 
     def flattened(s: InputSet):
-        f = s["flat"]
+        f = s["exp"]
         args = (s["q"], s["weights"], s["cache"], f.seq_lens, f.block_table)
-        kw = dict(next_n=1, out=s["out"])
-        return lambda: fn(*args, **kw)
+        return lambda: ops.logits(*args, next_n=1, out=s["logits"])
 
     variants = [Variant("native", native, "ours")]
     if n > 1:
@@ -290,6 +264,7 @@ def _logits_cases(
     g: dict[str, Any], ops: SimpleNamespace, device: torch.device, pages: dict[bool, int]
 ) -> list[Case]:
     heads, dim, page = g["heads"], g["dim"], g["page"]
+    shape = dict(heads=heads, dim=dim, page=page)
     b, ctx = g["requests"], g["ctx"]
     width = -(-ctx // page)
     cases = []
@@ -297,32 +272,10 @@ def _logits_cases(
         fp8 = dtype == "fp8"
         for n in g["ns"]:
             rows = b * n
-            chk = _LogitsChecker(
-                ops.reference, g["ref_requests"], heads=heads, dim=dim, fp8=fp8, device=device
-            )
+            chk = _LogitsChecker(ops.reference, g["ref_requests"], fp8=fp8, device=device, **shape)
             nbytes = indexer_bytes(
-                b, n, ctx, heads, dim, fp8=fp8, page_size=page, max_len=width * page
+                b, n, ctx, heads, dim, fp8=fp8, block_size=page, max_len=width * page
             )
-
-            def make(i, n=n, fp8=fp8, chk=chk):
-                cache = POOL.get(fp8=fp8, pages=pages[fp8], page=page, dim=dim, device=device)
-                s = make_logits_set(
-                    ops,
-                    cache,
-                    requests=b,
-                    n=n,
-                    ctx=ctx,
-                    heads=heads,
-                    dim=dim,
-                    page=page,
-                    fp8=fp8,
-                    device=device,
-                )
-                return chk.keep(i, s)
-
-            def bytes_moved(sets: Sequence[InputSet], v: Variant, nbytes=nbytes):
-                return nbytes
-
             set_bytes = b * ctx * indexer_key_bytes(dim, fp8=fp8) + rows * width * page * 4
             set_bytes += rows * heads * (dim + 4) + (rows + b) * width * 4 * (2 if n > 1 else 0)
             cases.append(
@@ -332,26 +285,16 @@ def _logits_cases(
                     plot="indexer",
                     label=f"n={n}",
                     x=rows,
-                    params=dict(
-                        kind="logits",
-                        dtype=dtype,
-                        B=b,
-                        ctx=ctx,
-                        n=n,
-                        rows=rows,
-                        heads=heads,
-                        dim=dim,
-                        page=page,
-                    ),
-                    make_set=make,
+                    params=dict(kind="logits", dtype=dtype, B=b, ctx=ctx, n=n, rows=rows, **shape),
+                    make_set=_case_set(ops, g, pages, device, fp8=fp8, requests=b, n=n, ctx=ctx),
                     set_bytes=set_bytes,
                     variants=_logits_variants(ops, n),
-                    bytes_moved=bytes_moved,
-                    poison=lambda s: s["out"].fill_(POISON),
+                    bytes_moved=lambda sets, v, nbytes=nbytes: nbytes,
+                    poison=poison_keys("logits"),
                     snapshot=chk.snapshot,
                     compare=chk.compare,
                     reference="native",
-                    self_check=chk.self_check,
+                    self_check=self_check_of,
                 )
             )
     return cases
@@ -360,53 +303,6 @@ def _logits_cases(
 # --------------------------------------------------------------------------------------------
 # 2. The indexer side of one layer
 # --------------------------------------------------------------------------------------------
-
-
-def make_layer_set(
-    ops: SimpleNamespace,
-    cache: torch.Tensor,
-    *,
-    requests: int,
-    n: int,
-    ctx: int,
-    heads: int,
-    dim: int,
-    page: int,
-    k: int,
-    fp8: bool,
-    device: torch.device,
-) -> InputSet:
-    """Inputs of the whole chain plus every intermediate, filled by running the chain once
-    (so each stage timed alone reads what its producer wrote)."""
-    width = -(-ctx // page)
-    rows = requests * n
-    bt = distinct_block_table(cache.shape[0], requests, width, device=device)
-    seq_lens = torch.full((requests,), ctx, dtype=torch.int32, device=device)
-    q, w = indexer_queries(rows, heads, dim, fp8=fp8, device=device)
-    s: InputSet = {
-        "cache": cache,
-        "block_table": bt,
-        "seq_lens": seq_lens,
-        "q": q,
-        "weights": w,
-        "n": n,
-        "logits": torch.empty(rows, width * page, dtype=torch.float32, device=device),
-        "ws": ops.workspace(rows, device),
-        "pos": torch.empty(rows, k, dtype=torch.int32, device=device),
-    }
-    for name in ("remap", "fused", "chain"):
-        s[f"{name}_out"] = torch.empty(rows, k, dtype=torch.int32, device=device)
-        s[f"{name}_counts"] = torch.empty(rows, dtype=torch.int32, device=device)
-    if n > 1:
-        exp = ops.expand(seq_lens, bt, n, **_expand_kw(n))
-        s["exp"] = exp
-        s["row_lens"], s["req_id"] = exp.seq_lens, exp.req_id
-    else:
-        s["exp"] = None
-        s["row_lens"] = seq_lens
-        s["req_id"] = torch.arange(requests, dtype=torch.int32, device=device)
-    _layer_calls(ops, s, k, page)["chain"]()
-    return s
 
 
 def _layer_calls(ops: SimpleNamespace, s: InputSet, k: int, page: int) -> dict[str, Any]:
@@ -418,27 +314,15 @@ def _layer_calls(ops: SimpleNamespace, s: InputSet, k: int, page: int) -> dict[s
     lg_kw = dict(next_n=n, out=s["logits"])
     tk_args = (s["logits"], s["row_lens"])
     tk_kw = dict(k=k, out=s["pos"], workspace=s["ws"])
-    fu_kw = dict(
-        k=k,
-        out=s["fused_out"],
-        workspace=s["ws"],
-        block_table=s["block_table"],
-        req_id=s["req_id"],
-        block_size=page,
-        return_valid_counts=True,
-        valid_counts_out=s["fused_counts"],
-    )
     rm_args = (s["req_id"], s["block_table"], s["pos"])
 
-    def rm_kw(name: str) -> dict[str, Any]:
-        return dict(
-            block_size=page,
-            out=s[f"{name}_out"],
-            return_valid_counts=True,
-            valid_counts_out=s[f"{name}_counts"],
-        )
+    def slots_kw(name: str) -> dict[str, Any]:  # slots and valid counts into s[name_*]
+        out, counts = s[f"{name}_out"], s[f"{name}_counts"]
+        return dict(block_size=page, out=out, return_valid_counts=True, valid_counts_out=counts)
 
-    rm_own, rm_chain = rm_kw("remap"), rm_kw("chain")
+    rm_own, rm_chain = slots_kw("remap"), slots_kw("chain")
+    fu_kw = dict(slots_kw("fused"), k=k, workspace=s["ws"], block_table=s["block_table"])
+    fu_kw["req_id"] = s["req_id"]
 
     def chain() -> Any:
         if n > 1:
@@ -460,6 +344,8 @@ def _layer_calls(ops: SimpleNamespace, s: InputSet, k: int, page: int) -> dict[s
 
 
 LAYER_STAGES = ("expand", "logits", "top-k", "remap")
+SLOT_STAGES = ("remap", "fused", "chain")  # the stages that write slots and valid counts
+SLOT_OUTPUTS = tuple(f"{n}_{x}" for n in SLOT_STAGES for x in ("out", "counts"))
 
 
 def _layer_variants(ops: SimpleNamespace, n: int, k: int, page: int) -> list[Variant]:
@@ -472,20 +358,10 @@ def _layer_variants(ops: SimpleNamespace, n: int, k: int, page: int) -> list[Var
     return [Variant(v, bind_for(v), "ours" if v == "chain" else "extra") for v in names]
 
 
-def _layer_poison(s: InputSet) -> None:
-    for name in ("remap", "fused", "chain"):
-        s[f"{name}_out"].fill_(POISON)
-        s[f"{name}_counts"].fill_(POISON)
-
-
-def _layer_snapshot(ret: Any) -> dict[str, Any]:
-    if (
-        isinstance(ret, tuple)
-        and len(ret) == 2
-        and all(isinstance(t, torch.Tensor) for t in ret)
-        and ret[0].dim() == 2
-    ):
-        return {"slots": ret[0].clone(), "counts": ret[1].clone()}
+def _layer_snapshot(ret: Any, s: InputSet | None = None) -> dict[str, Any]:
+    """Slots and counts of the stages that return them (chain, remap, top-k+slots), else {}."""
+    if isinstance(ret, tuple) and len(ret) == 2 and ret[0].dim() == 2:
+        return {"slots": ret[0].clone(), "valid counts": ret[1].clone()}
     return {}
 
 
@@ -494,19 +370,8 @@ def _layer_self_check(snap: dict[str, Any]) -> str:
         return ""
     if bool((snap["slots"] < -1).any()):
         return "unwritten (poisoned) slots"
-    if not torch.equal(snap["counts"], (snap["slots"] >= 0).sum(dim=1, dtype=torch.int32)):
+    if not torch.equal(snap["valid counts"], (snap["slots"] >= 0).sum(dim=1, dtype=torch.int32)):
         return "valid counts differ from the slots written"
-    return ""
-
-
-def _layer_compare(a: dict[str, Any], ref: dict[str, Any]) -> str:
-    if "slots" not in a or "slots" not in ref:
-        return "skipped"
-    if not torch.equal(a["slots"], ref["slots"]):
-        diff = int((a["slots"] != ref["slots"]).sum())
-        return f"mismatch in slots ({diff} of {ref['slots'].numel()} differ)"
-    if not torch.equal(a["counts"], ref["counts"]):
-        return "mismatch in valid counts"
     return ""
 
 
@@ -516,25 +381,20 @@ def _layer_bytes_fn(b: int, n: int, ctx: int, g: dict[str, Any], fp8: bool):
     rows = b * n
     memo: dict[str, int] = {}
 
-    def stage_bytes(sets: Sequence[InputSet]) -> dict[str, int]:
+    def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
         if not memo:
             s = sets[0]
             touched = count_touched_pages(s["req_id"], s["pos"], block_size=page, max_blocks=width)
-            per_tok = _per_token_outputs(s["exp"], rows) if s["exp"] is not None else 0
+            per_tok = per_token_outputs(s["exp"]) if n > 1 else 0
             memo["expand"] = expand_bytes(b, width, rows, per_token_outputs=per_tok) if n > 1 else 0
             memo["logits"] = indexer_bytes(
-                b, n, ctx, heads, dim, fp8=fp8, page_size=page, max_len=width * page
+                b, n, ctx, heads, dim, fp8=fp8, block_size=page, max_len=width * page
             )
             memo["top-k"] = topk_bytes(rows, width * page, k)
-            memo["remap"] = remap_bytes(rows, k, touched, counts=True)
-            memo["top-k+slots"] = topk_bytes(
-                rows, width * page, k, counts=True, fused=True, touched_pages=touched
-            )
+            memo["remap"] = remap_bytes(rows, k, touched)
+            memo["top-k+slots"] = topk_bytes(rows, width * page, k, fused_pages=touched)
             memo["chain"] = sum(memo[v] for v in LAYER_STAGES)
-        return memo
-
-    def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
-        return stage_bytes(sets)[v.name]
+        return memo[v.name]
 
     return bytes_moved
 
@@ -543,34 +403,20 @@ def _layer_cases(
     g: dict[str, Any], ops: SimpleNamespace, device: torch.device, pages: dict[bool, int]
 ) -> list[Case]:
     heads, dim, page, k = g["heads"], g["dim"], g["page"], g["k"]
+    shape = dict(heads=heads, dim=dim, page=page)
     fp8 = g["layer_dtype"] == "fp8"
+    params = dict(kind="layer", dtype=g["layer_dtype"])
+    ws_row = ops.workspace(1, torch.device("cpu")).numel() * 4
     cases = []
     for ctx in g["layer_ctxs"]:
         width = -(-ctx // page)
         for n in g["layer_ns"]:
             for b in g["layer_batches"]:
                 rows = b * n
-
-                def make(i, b=b, n=n, ctx=ctx):
-                    cache = POOL.get(fp8=fp8, pages=pages[fp8], page=page, dim=dim, device=device)
-                    return make_layer_set(
-                        ops,
-                        cache,
-                        requests=b,
-                        n=n,
-                        ctx=ctx,
-                        heads=heads,
-                        dim=dim,
-                        page=page,
-                        k=k,
-                        fp8=fp8,
-                        device=device,
-                    )
-
+                size = dict(requests=b, n=n, ctx=ctx)
                 set_bytes = b * ctx * indexer_key_bytes(dim, fp8=fp8) + rows * width * page * 4
                 set_bytes += rows * heads * (dim + 4) + 4 * rows * (7 * k + 8)
-                set_bytes += 4 * (b + (rows if n > 1 else 0)) * width
-                set_bytes += ops.workspace(1, torch.device("cpu")).numel() * 4 * rows
+                set_bytes += 4 * (b + (rows if n > 1 else 0)) * width + ws_row * rows
                 cases.append(
                     Case(
                         op="indexer",
@@ -578,25 +424,14 @@ def _layer_cases(
                         plot=f"indexer_layer_ctx{kfmt(ctx)}",
                         label=f"B={b}",
                         x=rows,
-                        params=dict(
-                            kind="layer",
-                            dtype=g["layer_dtype"],
-                            B=b,
-                            ctx=ctx,
-                            n=n,
-                            rows=rows,
-                            k=k,
-                            heads=heads,
-                            dim=dim,
-                            page=page,
-                        ),
-                        make_set=make,
+                        params=dict(params, B=b, ctx=ctx, n=n, rows=rows, k=k, **shape),
+                        make_set=_case_set(ops, g, pages, device, fp8=fp8, k=k, **size),
                         set_bytes=set_bytes,
                         variants=_layer_variants(ops, n, k, page),
                         bytes_moved=_layer_bytes_fn(b, n, ctx, g, fp8),
-                        poison=_layer_poison,
+                        poison=poison_keys(*SLOT_OUTPUTS),
                         snapshot=_layer_snapshot,
-                        compare=_layer_compare,
+                        compare=compare_exact,
                         reference="remap",
                         self_check=_layer_self_check,
                         budget_ms=g["layer_budget_ms"],
@@ -631,10 +466,6 @@ def build(grid: str, device: torch.device) -> list[Case]:
 # --------------------------------------------------------------------------------------------
 
 
-def _us(r: Result | None) -> float | None:
-    return r.best_us if r is not None else None
-
-
 def logits_summary(results: Sequence[Result]) -> list[Table]:
     rs = [r for r in results if r.op == "indexer" and r.params.get("kind") == "logits"]
     if not rs:
@@ -642,25 +473,12 @@ def logits_summary(results: Sequence[Result]) -> list[Table]:
     native = {(r.params["dtype"], r.params["n"]): r for r in rs if r.variant == "native"}
     rows = []
     for r in rs:
-        t = r.best_us
-        frac = copy_fraction(r.bytes_moved, t, r.copy_gbs * 1e9) if t else None
-        pair = paired_us(native.get((r.params["dtype"], r.params["n"])), r)
-        rows.append(
-            [
-                r.params["dtype"],
-                str(r.params["B"]),
-                kfmt(r.params["ctx"]),
-                str(r.params["n"]),
-                r.variant,
-                fmt_us(t),
-                fmt_bytes(r.bytes_moved),
-                fmt_us(r.floor_us),
-                fmt_gbs(r.bytes_moved / (t * 1e-6) / 1e9) if t else "n/a",
-                f"{100 * frac:.0f}%" if frac is not None else "n/a",
-                fmt_ratio(r.over_floor),
-                fmt_ratio(pair[1] / pair[0]) if pair and r.variant != "native" else "",
-            ]
-        )
+        t, p = r.best_us, r.params
+        speedup = ratio_cell(r, native.get((p["dtype"], p["n"]))) if r.variant != "native" else ""
+        row = [p["dtype"], str(p["B"]), kfmt(p["ctx"]), str(p["n"]), r.variant, fmt_us(t)]
+        row += [fmt_bytes(r.bytes_moved), fmt_us(r.floor_us)]
+        row += [fmt_gbs(gbs(r.bytes_moved, t)) if t else "n/a", copy_pct(r)]
+        rows.append(row + [fmt_ratio(r.over_floor), "" if speedup == "n/a" else speedup])
     headers = ["cache", "B", "ctx", "n", "variant", "us", "bytes", "floor us", "GB/s"]
     headers += ["% copy", "/floor", "native speedup"]
     return [
@@ -685,31 +503,18 @@ def layer_summary(results: Sequence[Result]) -> list[Table]:
     keys = sorted({(r.params["ctx"], r.params["B"], r.params["n"]) for r in rs})
     rows = []
     for ctx, b, n in keys:
-        stage = {v: _us(by.get((b, ctx, n, v))) for v in (*LAYER_STAGES, "chain", "top-k+slots")}
+        stage = {v: us_of(by.get((b, ctx, n, v))) for v in (*LAYER_STAGES, "chain", "top-k+slots")}
         parts = [stage[v] for v in LAYER_STAGES if n > 1 or v != "expand"]
         total = sum(parts) if all(p is not None for p in parts) else None
         fused_parts = [stage["expand"] if n > 1 else 0.0, stage["logits"], stage["top-k+slots"]]
         fused = sum(fused_parts) if all(p is not None for p in fused_parts) else None
         chain = by.get((b, ctx, n, "chain"))
-        rows.append(
-            [
-                str(b),
-                kfmt(ctx),
-                str(n),
-                str(b * n),
-                fmt_us(stage["expand"]) if n > 1 else "-",
-                fmt_us(stage["logits"]),
-                fmt_us(stage["top-k"]),
-                fmt_us(stage["remap"]),
-                fmt_us(total),
-                fmt_us(stage["chain"]),
-                fmt_us(chain.floor_us) if chain else "n/a",
-                fmt_ratio(chain.over_floor) if chain else "n/a",
-                fmt_us(stage["top-k+slots"]),
-                fmt_us(fused),
-                f"{total * LAYERS / 1e3:.2f}" if total is not None else "n/a",
-            ]
-        )
+        row = [str(b), kfmt(ctx), str(n), str(b * n), fmt_us(stage["expand"]) if n > 1 else "-"]
+        row += [fmt_us(stage[v]) for v in ("logits", "top-k", "remap")]
+        row += [fmt_us(total), fmt_us(stage["chain"])]
+        row += [fmt_us(chain.floor_us), fmt_ratio(chain.over_floor)] if chain else ["n/a"] * 2
+        row += [fmt_us(stage["top-k+slots"]), fmt_us(fused)]
+        rows.append(row + [f"{total * LAYERS / 1e3:.2f}" if total is not None else "n/a"])
     dtype = rs[0].params.get("dtype", "")
     headers = ["B", "ctx", "n", "rows", "expand us", "logits us", "top-k us", "remap us"]
     headers += ["sum us", "chain us", "chain floor us", "chain/floor", "top-k+slots us"]

@@ -1,15 +1,6 @@
-"""Benchmark cases for the index remap (section 2 of the spec) and its DCP form (section 3).
-
-Variants, all counting valid entries: ``ours`` (layout="auto"), the upstream tilings from
-``benchmarks/baselines`` when that directory is present (``tiled_atomic``, the pre-seed design
-including its counter zero-fill, and ``seed``, one tile only for power-of-two K) and ``torch``
-(the vectorized PyTorch-ops reference).
-
-Inputs, fresh random per set: R = min(T, 1024) requests (token t belongs to request
-t * R // T), each with a context length uniform in [1, 131072]; a block table [R, 2048] of
-random page ids; per token the first min(K, L) entries are random positions in [0, L), the
-rest -1 (what top-k emits for short contexts).
-"""
+"""Benchmark cases for the index remap (section 2 of the spec) and its DCP form (section 3):
+``ours`` (layout "auto"), the upstream layouts from ``benchmarks/baselines`` when that
+directory is present, and the PyTorch reference; inputs as in the op's notes below."""
 
 from __future__ import annotations
 
@@ -22,8 +13,7 @@ from typing import Any
 
 import torch
 
-from ..testing import POISON
-from .cases import Case, InputSet, OpSpec, Variant, register_op
+from .cases import Case, InputSet, OpSpec, Variant, compare_exact, poison_keys, register_op
 from .floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
 from .report import Result, Table, per_step_table
 
@@ -42,29 +32,12 @@ GRIDS: dict[str, dict[str, Any]] = {
         ctx=131072,
         max_requests=1024,
     ),
-    "quick": dict(
-        ks=(2048, 384),
-        ascending_ks=(2048,),
-        tokens=(1, 256, 1024),
-        dcp_sizes=(2,),
-        dcp_k=2048,
-        dcp_tokens=(1, 256),
-        width=2048,
-        ctx=131072,
-        max_requests=1024,
-    ),
-    # CPU interpreter smoke: tiny, but still a power-of-two K and a non-power-of-two K.
-    "cpu": dict(
-        ks=(256, 384),
-        tokens=(1, 3),
-        dcp_sizes=(2,),
-        dcp_k=256,
-        dcp_tokens=(3,),
-        width=64,
-        ctx=4096,
-        max_requests=4,
-    ),
 }
+GRIDS["quick"] = dict(GRIDS["full"], ks=(2048, 384), tokens=(1, 256, 1024), dcp_sizes=(2,))
+GRIDS["quick"]["dcp_tokens"] = (1, 256)
+# CPU interpreter smoke: tiny, but still a power-of-two K and a non-power-of-two K.
+GRIDS["cpu"] = dict(ks=(256, 384), tokens=(1, 3), dcp_sizes=(2,), dcp_k=256, dcp_tokens=(3,))
+GRIDS["cpu"].update(width=64, ctx=4096, max_requests=4)
 
 
 def _ops() -> SimpleNamespace:
@@ -76,9 +49,8 @@ def _ops() -> SimpleNamespace:
         convert=sparse_mla.convert_req_index_to_global_index,
         choose_layout=sparse_mla.choose_remap_layout,
         dcp=sparse_mla.filter_and_convert_dcp_index,
-        reference=naive.convert_req_index_to_global_index_reference,
         # The reference takes dcp_size/dcp_rank/interleave/compact itself.
-        dcp_reference=naive.convert_req_index_to_global_index_reference,
+        reference=naive.convert_req_index_to_global_index_reference,
         baselines=baseline_layouts(),
     )
 
@@ -124,41 +96,18 @@ def _set_bytes(tokens: int, k: int, width: int, max_requests: int) -> int:
     return 4 * (2 * tokens * k + 2 * tokens + min(tokens, max_requests) * width)
 
 
-def _poison(s: InputSet) -> None:
-    s["out"].fill_(POISON)
-    s["counts"].fill_(POISON)
+def _snapshot(sorted_rows: bool):
+    """Every variant returns (out, valid counts); compacted DCP rows are compared as sorted
+    rows because the atomic layout's prefix order is arbitrary."""
 
+    def snapshot(ret: Any, s: InputSet) -> dict[str, torch.Tensor]:
+        out = ret[0].to(torch.int32)
+        return {
+            "out": out.sort(dim=1).values if sorted_rows else out.clone(),
+            "valid counts": ret[1].clone(),
+        }
 
-def _snapshot(ret: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if isinstance(ret, torch.Tensor):
-        return ret.clone(), None
-    out, counts = ret[0], ret[1]
-    return out.clone(), (counts.clone() if counts is not None else None)
-
-
-def _counts_of(out: torch.Tensor) -> torch.Tensor:
-    return (out != -1).sum(dim=1, dtype=torch.int32)
-
-
-def _compare(sorted_rows: bool):
-    """Bit-exact check of (out, counts) against the reference; compacted DCP rows are compared
-    as sorted rows because the atomic layout's prefix order is arbitrary."""
-
-    def compare(a: tuple[torch.Tensor, Any], ref: tuple[torch.Tensor, Any]) -> str:
-        out, ref_out = a[0], ref[0].to(a[0].device, torch.int32)
-        if out.shape != ref_out.shape:
-            return f"mismatch: out shape {tuple(out.shape)} vs {tuple(ref_out.shape)}"
-        if sorted_rows:
-            out, ref_out = out.sort(dim=1).values, ref_out.sort(dim=1).values
-        if not torch.equal(out, ref_out):
-            return f"mismatch in out ({int((out != ref_out).sum())} of {out.numel()} differ)"
-        if a[1] is not None:
-            ref_c = ref[1] if ref[1] is not None else _counts_of(ref[0])
-            if not torch.equal(a[1], ref_c.to(a[1].device, torch.int32)):
-                return "mismatch in valid counts"
-        return ""
-
-    return compare
+    return snapshot
 
 
 def baseline_layouts() -> dict[str, Callable[..., Any]]:
@@ -173,7 +122,8 @@ def baseline_layouts() -> dict[str, Callable[..., Any]]:
     return dict(mod.LAYOUTS)
 
 
-def _kernel_variants(ops: SimpleNamespace, fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
+def _variants(ops: SimpleNamespace, fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
+    """``ours`` (layout "auto"), the upstream layouts and the PyTorch reference, all counting."""
     compact = base_kw.get("compact", False)
 
     def bind_for(layout: str | Callable[..., Any]):
@@ -193,42 +143,30 @@ def _kernel_variants(ops: SimpleNamespace, fn: Any, base_kw: dict[str, Any]) -> 
 
         return bind
 
+    def bind_torch(s: InputSet):
+        args = (s["req_id"], s["block_table"], s["token_indices"])
+        return lambda: ops.reference(*args, **base_kw, return_valid_counts=True)
+
     return [
         Variant("ours", bind_for("auto"), "ours"),
         *(Variant(name, bind_for(f), "baseline") for name, f in ops.baselines.items()),
+        Variant("torch", bind_torch, "baseline", graph_safe=False),
     ]
 
 
-def _torch_variant(ref: Any, base_kw: dict[str, Any]) -> Variant:
-    kw = dict(base_kw, return_valid_counts=True)
-
-    def bind(s: InputSet):
-        args = (s["req_id"], s["block_table"], s["token_indices"])
-        return lambda: ref(*args, **kw)
-
-    return Variant("torch", bind, "baseline", graph_safe=False)
-
-
-def _bytes_fn(tokens: int, k: int, width: int, dcp: dict[str, int] | None = None):
+def _bytes_fn(tokens: int, k: int, width: int, dcp: dict[str, int]):
     touched: list[int] = []  # per case: counted once, shared by its variants
 
     def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
         if not touched:
-            touched.append(_mean_touched(sets))
-        return remap_bytes(tokens, k, touched[0], counts=v.counts)
-
-    def _mean_touched(sets: Sequence[InputSet]) -> int:
-        pages = [
-            count_touched_pages(
-                s["req_id"],
-                s["token_indices"],
-                block_size=BLOCK_SIZE,
-                max_blocks=width,
-                **(dcp or {}),
-            )
-            for s in sets
-        ]
-        return round(sum(pages) / len(pages))
+            pages = [
+                count_touched_pages(
+                    s["req_id"], s["token_indices"], block_size=BLOCK_SIZE, max_blocks=width, **dcp
+                )
+                for s in sets
+            ]
+            touched.append(round(sum(pages) / len(pages)))
+        return remap_bytes(tokens, k, touched[0])
 
     return bytes_moved
 
@@ -236,91 +174,55 @@ def _bytes_fn(tokens: int, k: int, width: int, dcp: dict[str, int] | None = None
 def build(grid: str, device: torch.device) -> list[Case]:
     g = GRIDS[grid]
     ops = _ops()
+
+    def case(k: int, t: int, group: str, plot: str, *, asc=False, dcp_size=1) -> Case:
+        # DCP: rank 0's block table pages its local positions, a 1/d share of the context.
+        width = -(-g["width"] // dcp_size)
+        dcp = dict(dcp_size=dcp_size, dcp_rank=0, interleave=1) if dcp_size > 1 else {}
+        kw = dict(block_size=BLOCK_SIZE, compact=True, **dcp) if dcp else {"block_size": BLOCK_SIZE}
+        params = dict(K=k, tokens=t)
+        params.update(dict(dcp, compact=True) if dcp else {"requests": min(t, g["max_requests"])})
+        params.update(
+            width=width,
+            block_size=BLOCK_SIZE,
+            auto_layout=_auto_layout(ops, k, t, bool(dcp), width),
+        )
+        return Case(
+            op="remap",
+            group=group,
+            plot=plot,
+            label=f"T={t}",
+            x=t,
+            params=params,
+            make_set=lambda i: make_remap_set(
+                t,
+                k,
+                width=width,
+                ctx=g["ctx"],
+                max_requests=g["max_requests"],
+                device=device,
+                ascending=asc,
+            ),
+            set_bytes=_set_bytes(t, k, width, g["max_requests"]),
+            variants=_variants(ops, ops.dcp if dcp else ops.convert, kw),
+            bytes_moved=_bytes_fn(t, k, width, dcp),
+            poison=poison_keys("out", "counts"),
+            snapshot=_snapshot(sorted_rows=bool(dcp)),
+            compare=compare_exact,
+            reference="torch",
+        )
+
     cases = []
-    base_kw = dict(block_size=BLOCK_SIZE)
     orders = [(k, False) for k in g["ks"]] + [(k, True) for k in g.get("ascending_ks", ())]
     for k, asc in orders:
         suffix = " ascending" if asc else ""
-        for t in g["tokens"]:
-            variants = _kernel_variants(ops, ops.convert, base_kw)
-            variants.append(_torch_variant(ops.reference, base_kw))
-            cases.append(
-                Case(
-                    op="remap",
-                    group=f"remap K={k}{suffix}",
-                    plot=f"remap_K{k}{suffix.replace(' ', '_')}",
-                    label=f"T={t}",
-                    x=t,
-                    params=dict(
-                        K=k,
-                        tokens=t,
-                        requests=min(t, g["max_requests"]),
-                        width=g["width"],
-                        block_size=BLOCK_SIZE,
-                        auto_layout=_auto_layout(ops, k, t, False, g["width"]),
-                    ),
-                    make_set=lambda i, t=t, k=k, asc=asc: make_remap_set(
-                        t,
-                        k,
-                        width=g["width"],
-                        ctx=g["ctx"],
-                        max_requests=g["max_requests"],
-                        device=device,
-                        ascending=asc,
-                    ),
-                    set_bytes=_set_bytes(t, k, g["width"], g["max_requests"]),
-                    variants=variants,
-                    bytes_moved=_bytes_fn(t, k, g["width"]),
-                    poison=_poison,
-                    snapshot=_snapshot,
-                    compare=_compare(sorted_rows=False),
-                    reference="torch",
-                )
-            )
+        plot = f"remap_K{k}{suffix.replace(' ', '_')}"
+        cases += [case(k, t, f"remap K={k}{suffix}", plot, asc=asc) for t in g["tokens"]]
     k = g["dcp_k"]
     for d in g["dcp_sizes"]:
-        # Rank 0's block table pages its local positions: a 1/d share of the context.
-        local_width = -(-g["width"] // d)
-        dcp = dict(dcp_size=d, dcp_rank=0, interleave=1)
-        dcp_kw = dict(base_kw, compact=True, **dcp)
-        for t in g["dcp_tokens"]:
-            variants = _kernel_variants(ops, ops.dcp, dcp_kw)
-            variants.append(_torch_variant(ops.dcp_reference, dcp_kw))
-            cases.append(
-                Case(
-                    op="remap",
-                    group=f"remap DCP={d} K={k}",
-                    plot="remap_dcp",
-                    label=f"T={t}",
-                    x=t,
-                    params=dict(
-                        K=k,
-                        tokens=t,
-                        dcp_size=d,
-                        dcp_rank=0,
-                        interleave=1,
-                        compact=True,
-                        width=local_width,
-                        block_size=BLOCK_SIZE,
-                        auto_layout=_auto_layout(ops, k, t, True, local_width),
-                    ),
-                    make_set=lambda i, t=t, k=k, lw=local_width: make_remap_set(
-                        t,
-                        k,
-                        width=lw,
-                        ctx=g["ctx"],
-                        max_requests=g["max_requests"],
-                        device=device,
-                    ),
-                    set_bytes=_set_bytes(t, k, local_width, g["max_requests"]),
-                    variants=variants,
-                    bytes_moved=_bytes_fn(t, k, local_width, dcp),
-                    poison=_poison,
-                    snapshot=_snapshot,
-                    compare=_compare(sorted_rows=True),
-                    reference="torch",
-                )
-            )
+        cases += [
+            case(k, t, f"remap DCP={d} K={k}", "remap_dcp", dcp_size=d) for t in g["dcp_tokens"]
+        ]
     return cases
 
 

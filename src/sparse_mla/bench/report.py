@@ -69,7 +69,7 @@ def finalize(results: list[Result]) -> None:
     by_case: dict[tuple[str, str, str], list[Result]] = {}
     for r in results:
         t = r.best_us
-        r.achieved_gbs = r.bytes_moved / (t * 1e-6) / 1e9 if t else None
+        r.achieved_gbs = gbs(r.bytes_moved, t) if t else None
         r.over_floor = t / r.floor_us if t and r.floor_us else None
         by_case.setdefault((r.op, r.group, r.case), []).append(r)
     for rs in by_case.values():
@@ -117,6 +117,11 @@ def fmt_bytes(n: float) -> str:
     return f"{int(n)}"
 
 
+def gbs(nbytes: float, time_us: float) -> float:
+    """Bytes moved per second, in GB/s (1e9)."""
+    return nbytes / (time_us * 1e-6) / 1e9
+
+
 def _ordered(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
@@ -141,12 +146,8 @@ def group_tables(results: Sequence[Result], mode: str = "graph") -> list[Table]:
             mine = next((row_rs[v] for v in ours if v in row_rs), None)
             t = {v: (getattr(r, f"{mode}_us")) for v, r in row_rs.items()}
             l2 = "*" if first.working_set_bytes < first.l2_bytes else ""
-            row = [
-                case,
-                f"{first.n_sets}{l2}",
-                fmt_bytes(first.bytes_moved),
-                fmt_us(first.floor_us),
-            ]
+            row = [case, f"{first.n_sets}{l2}", fmt_bytes(first.bytes_moved)]
+            row.append(fmt_us(first.floor_us))
             for v in variants:
                 cell = fmt_us(t.get(v)) if v in row_rs else ""
                 if v in row_rs and row_rs[v].check.startswith("mismatch"):
@@ -154,10 +155,7 @@ def group_tables(results: Sequence[Result], mode: str = "graph") -> list[Table]:
                 row.append(cell)
             if mine is not None and t.get(mine.variant):
                 tm = t[mine.variant]
-                row += [
-                    fmt_gbs(mine.bytes_moved / (tm * 1e-6) / 1e9),
-                    fmt_ratio(tm / mine.floor_us),
-                ]
+                row += [fmt_gbs(gbs(mine.bytes_moved, tm)), fmt_ratio(tm / mine.floor_us)]
                 sp = mine.speedup_graph if mode == "graph" else mine.speedup_eager
                 row += [fmt_ratio(sp.get(b)) if b in row_rs else "" for b in bases]
             else:
@@ -183,6 +181,22 @@ def paired_us(a: Result | None, b: Result | None) -> tuple[float, float, str] | 
     if a.eager_us and b.eager_us:
         return a.eager_us, b.eager_us, "eager"
     return None
+
+
+def us_of(r: Result | None) -> float | None:
+    return r.best_us if r is not None else None
+
+
+def ratio_cell(a: Result | None, base: Result | None) -> str:
+    """``a``'s time over ``base``'s, in the same mode (see :func:`paired_us`)."""
+    pair = paired_us(a, base)
+    return fmt_ratio(pair[0] / pair[1]) if pair else "n/a"
+
+
+def copy_pct(r: Result) -> str:
+    """Achieved bandwidth of ``r`` as a percentage of the run's copy bandwidth."""
+    t = r.best_us
+    return f"{100 * gbs(r.bytes_moved, t) / r.copy_gbs:.0f}%" if t else "n/a"
 
 
 def per_step_table(

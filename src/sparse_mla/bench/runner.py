@@ -27,6 +27,7 @@ from .page import Run, latest_per_op, load_runs, write_page
 from .report import Result, finalize, fmt_bytes, fmt_us, group_tables, render_text
 from .timing import (
     Backend,
+    Timing,
     measure_copy_bandwidth,
     measure_eager,
     measure_graph,
@@ -45,6 +46,7 @@ OP_MODULES: dict[str, str] = {
     "indexer": "sparse_mla.bench.indexer",
 }
 DEFAULT_OPS = ("remap", "expand")
+PAGE_RECORD = Path("docs/perf/results.json")
 
 NO_CUDA_MESSAGE = (
     "sparse-mla bench: no CUDA device (kernels would run in Triton's CPU interpreter, where "
@@ -96,11 +98,11 @@ def run_case(
     budget = min(cfg.budget_ms, case.budget_ms) if case.budget_ms else cfg.budget_ms
     timed: list[tuple[Any, Any, Any, str]] = []  # (variant, graph Timing, eager Timing, note)
     for v in case.variants:
-        note = ""
+        note, where = "", f"{case.group} {case.label} {v.name}"
         try:
             calls = [v.bind(s) for s in sets]
             case.poison(sets[0])
-            snaps[v.name] = case.snapshot(calls[0]())  # also compiles
+            snaps[v.name] = case.snapshot(calls[0](), sets[0])  # also compiles
             for c in calls[1 : min(4, cfg.graph_calls)]:
                 c()
             backend.synchronize()
@@ -109,29 +111,26 @@ def run_case(
                 est, max_calls=cfg.graph_calls, max_reps=cfg.reps, budget_ms=budget
             )
         except Exception as e:  # a broken variant must not stop the run
-            errors.append(f"{case.group} {case.label} {v.name}: {_short(e)}")
+            errors.append(f"{where}: {_short(e)}")
             timed.append((v, None, None, f"error: {_short(e)}"))
             traceback.print_exc(limit=3)
             continue
         g = ev = None
+        kw = dict(reps=reps, backend=backend)
         try:
-            g = measure_graph(
-                calls, graph_calls=n_calls, reps=reps, warmup=cfg.warmup, backend=backend
-            )
+            g = measure_graph(calls, graph_calls=n_calls, warmup=cfg.warmup, **kw)
         except Exception as e:  # e.g. a baseline that synchronises cannot be captured
             note = f"graph capture failed: {_short(e)}"
             if v.graph_safe:
-                errors.append(f"{case.group} {case.label} {v.name}: {note}")
+                errors.append(f"{where}: {note}")
             try:
                 backend.synchronize()
             except Exception as e2:
-                errors.append(f"{case.group} {case.label} {v.name}: device error {_short(e2)}")
+                errors.append(f"{where}: device error {_short(e2)}")
         try:
-            ev = measure_eager(
-                calls, n_calls=n_calls, reps=reps, warmup=min(cfg.warmup, 1), backend=backend
-            )
+            ev = measure_eager(calls, n_calls=n_calls, warmup=min(cfg.warmup, 1), **kw)
         except Exception as e:
-            errors.append(f"{case.group} {case.label} {v.name} eager: {_short(e)}")
+            errors.append(f"{where} eager: {_short(e)}")
             note = (note + "; " if note else "") + f"eager failed: {_short(e)}"
         del calls
         timed.append((v, g, ev, note))
@@ -173,14 +172,8 @@ def run_case(
                 n_sets=n_sets,
                 working_set_bytes=ws,
                 l2_bytes=backend.l2_bytes,
-                graph_us=g.median_us if g else None,
-                graph_min_us=g.min_us if g else None,
-                graph_calls=g.calls if g else 0,
-                graph_reps=g.reps if g else 0,
-                eager_us=ev.median_us if ev else None,
-                eager_min_us=ev.min_us if ev else None,
-                eager_calls=ev.calls if ev else 0,
-                eager_reps=ev.reps if ev else 0,
+                **_timing_fields("graph", g),
+                **_timing_fields("eager", ev),
                 check=check,
                 note=note,
             )
@@ -188,6 +181,16 @@ def run_case(
     del sets, snaps
     backend.release()
     return results, errors
+
+
+def _timing_fields(mode: str, t: Timing | None) -> dict[str, Any]:
+    """``Result``'s median, min, calls and reps of one timing mode (None: not measured)."""
+    return {
+        f"{mode}_us": t.median_us if t else None,
+        f"{mode}_min_us": t.min_us if t else None,
+        f"{mode}_calls": t.calls if t else 0,
+        f"{mode}_reps": t.reps if t else 0,
+    }
 
 
 def _progress(i: int, n: int, case: Case, rs: list[Result]) -> str:
@@ -213,6 +216,49 @@ def _git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def _measure_floors(backend: Backend, cfg: RunConfig) -> dict[str, float]:
+    """The floor's terms, measured in this run (the names are the JSON's ``meta`` keys)."""
+    kw = dict(graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup)
+    launch_g, launch_e = measure_launch_floor(backend, **kw)
+    # With programmatic dependent launch (where supported; mode 1, so each launch can start
+    # while the one before runs) a launch overlaps its predecessor: printed for reference,
+    # the floor keeps the plain launch.
+    launch_pdl, _ = measure_launch_floor(backend, **kw, pdl=1)
+    cuda = backend.name == "cuda"
+    copy_bytes = (1 << 30) if cuda else (4 << 20)
+    bw = measure_copy_bandwidth(backend, copy_bytes, reps=10 if cuda else 3)
+    return {
+        "launch_graph_us": launch_g.median_us,
+        "launch_eager_us": launch_e.median_us,
+        "launch_graph_pdl_us": launch_pdl.median_us,
+        "copy_gbs": bw / 1e9,
+        "copy_bytes": 2 * copy_bytes,
+    }
+
+
+def _method(cfg: RunConfig, cuda: bool) -> list[str]:
+    """How the numbers are measured (the page's Method section)."""
+    return [
+        f"In graph: up to {cfg.graph_calls} back-to-back calls captured in one CUDA graph "
+        f"(fewer, down to 8, for slow variants so each stays near {cfg.budget_ms:.0f} ms; "
+        f"the counts used are in the JSON), {cfg.warmup} warm-up replays, then the median "
+        f"over up to {cfg.reps} timed replays (CUDA events) divided by the calls per graph."
+        if cuda
+        else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
+        "Eager: events around the same number of back-to-back calls, same repetitions.",
+        "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
+        f"poisoned ({POISON}), then checked against the reference variant before timing: bit "
+        "for bit (compacted DCP rows compared as sorted rows) unless the op's notes below "
+        "say otherwise (top-k: as sets of scores; logits: against fp64 on a subset).",
+        "Rotation: calls cycle through independent input sets, enough for their working "
+        "set to reach 2x L2 (at most one set per captured call, 2 GiB in all); cases whose "
+        "sets still fit in L2 are flagged with * (cache-resident, as after the producing "
+        "kernel in an engine).",
+        f"Floor: {FLOOR_RULE} (max: each term alone is a hard lower bound; the sum would "
+        "assume no overlap of launch and data movement, false inside a graph).",
+    ]
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="sparse-mla bench",
@@ -236,25 +282,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--graph-calls",
         type=int,
         default=RunConfig.graph_calls,
-        help="calls captured per CUDA graph and per eager repetition",
-    )
-    p.add_argument("--reps", type=int, default=RunConfig.reps, help="timed repetitions")
-    p.add_argument("--warmup", type=int, default=RunConfig.warmup, help="warm-up replays")
-    p.add_argument(
-        "--budget-ms",
-        type=float,
-        default=RunConfig.budget_ms,
-        help="time budget per variant and mode; slower variants get fewer calls",
+        help="calls captured per CUDA graph and per eager repetition (CPU: at most 2)",
     )
     p.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--report",
-        nargs="+",
+        nargs="*",
         type=Path,
         metavar="SRC",
         help="time nothing: merge these bench JSON files or output directories (the newest "
-        "run of each op wins) into OUT/PERF.md and OUT/perf/ (e.g. --out docs)",
+        f"run of each op wins; default {PAGE_RECORD}) into OUT/PERF.md and OUT/perf/ "
+        "(default OUT: docs)",
     )
     p.add_argument(
         "--allow-cpu",
@@ -262,22 +301,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="without CUDA, run a tiny interpreter smoke grid (times meaningless)",
     )
     args = p.parse_args(list(argv) if argv is not None else None)
-    if args.graph_calls < 1 or args.reps < 1 or args.warmup < 0 or args.budget_ms <= 0:
-        p.error("--graph-calls and --reps must be >= 1, --warmup >= 0, --budget-ms > 0")
+    if args.graph_calls < 1:
+        p.error("--graph-calls must be >= 1")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``sparse-mla bench``; returns the exit status (0 ok, 1 a variant failed
     or disagreed with its reference, 2 usage error or no CUDA device)."""
-    if argv is None:
-        argv = sys.argv[1:]
-        if argv[:1] == ["bench"]:  # called from the console script without its argv
-            argv = argv[1:]
-    argv = list(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if args.report:
-        runs = latest_per_op([run for src in args.report for run in load_runs(src)])
+    if args.report is not None:
+        srcs = args.report or [PAGE_RECORD]
+        runs = latest_per_op([run for src in srcs for run in load_runs(src)])
         page = write_page(runs, args.out or Path("docs"), plots=not args.no_plots)
         print(f"wrote {page} from {len(runs)} op(s): {', '.join(r.meta['ops'][0] for r in runs)}")
         return 0
@@ -297,9 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cuda = backend.name == "cuda"
     grid = "cpu" if not cuda else ("quick" if args.quick else "full")
-    cfg = RunConfig(args.graph_calls, args.reps, args.warmup, args.budget_ms)
+    cfg = RunConfig(graph_calls=args.graph_calls)
     if not cuda:
-        cfg = RunConfig(min(cfg.graph_calls, 2), 1, 0, 50.0)
+        cfg = RunConfig(graph_calls=min(args.graph_calls, 2), reps=1, warmup=0, budget_ms=50.0)
         print("** CPU interpreter smoke run (--allow-cpu): the times mean nothing **")
     seed = args.seed if args.seed is not None else int(time.time() * 1000) % (2**31)
     torch.manual_seed(seed)
@@ -308,32 +344,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
-    launch_g, launch_e = measure_launch_floor(
-        backend, graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup
-    )
-    # With programmatic dependent launch (where supported; mode 1, so each launch can start
-    # while the one before runs) a launch overlaps its predecessor: printed for reference,
-    # the floor keeps the plain launch.
-    launch_pdl, _ = measure_launch_floor(
-        backend, graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup, pdl=1
-    )
-    pdl_note = "with PDL" if _runtime.pdl_supported(backend.device) else "(no PDL here)"
-    copy_bytes = (1 << 30) if cuda else (4 << 20)
-    bw = measure_copy_bandwidth(backend, copy_bytes, reps=10 if cuda else 3)
+    floors = _measure_floors(backend, cfg)
+    launch_g, bw = floors["launch_graph_us"], floors["copy_gbs"] * 1e9
     print(
         f"{backend.device_name()} | torch {torch.__version__} triton {triton.__version__} | "
         f"seed {seed} | grid {grid}\n"
-        f"empty Triton kernel: {fmt_us(launch_g.median_us)} us/call in graph, "
-        f"{fmt_us(launch_e.median_us)} us eager, {fmt_us(launch_pdl.median_us)} us/call in graph "
-        f"{pdl_note} | copy bandwidth {bw / 1e9:.0f} GB/s "
-        f"(read+write, {fmt_bytes(2 * copy_bytes)}B per copy) | L2 {fmt_bytes(backend.l2_bytes)}B"
+        f"empty Triton kernel: {fmt_us(launch_g)} us/call in graph, "
+        f"{fmt_us(floors['launch_eager_us'])} us eager, "
+        f"{fmt_us(floors['launch_graph_pdl_us'])} us/call in graph "
+        f"{'with PDL' if _runtime.pdl_supported(backend.device) else '(no PDL here)'} | "
+        f"copy bandwidth {bw / 1e9:.0f} GB/s (read+write, {fmt_bytes(floors['copy_bytes'])}B "
+        f"per copy) | L2 {fmt_bytes(backend.l2_bytes)}B"
     )
 
     results: list[Result] = []
     errors: list[str] = []
     cases = [(spec, c) for spec in specs for c in spec.build(grid, backend.device)]
     for i, (_, case) in enumerate(cases, 1):
-        rs, errs = run_case(case, backend, cfg, launch_g.median_us, bw)
+        rs, errs = run_case(case, backend, cfg, launch_g, bw)
         results += rs
         errors += errs
         print(_progress(i, len(cases), case, rs), flush=True)
@@ -343,54 +371,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = [t for spec in specs for t in spec.summaries(results)]
 
     versions = _runtime.info()
-    meta: dict[str, Any] = {
-        "ops": ops,
-        "date": now.isoformat(timespec="seconds"),
-        "command": "sparse-mla bench " + shlex.join(argv),
-        "process": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "commit": _git_commit(),
-        "gpu": backend.device_name(),
-        "mode": backend.name,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": versions.get("cuda", ""),
-        "sparse_mla": versions.get("sparse_mla", ""),
-        "python": platform.python_version(),
-        "seed": seed,
-        "grid": grid,
-        "graph_calls": cfg.graph_calls,
-        "reps": cfg.reps,
-        "warmup": cfg.warmup,
-        "budget_ms": cfg.budget_ms,
-        "launch_graph_us": launch_g.median_us,
-        "launch_eager_us": launch_e.median_us,
-        "launch_graph_pdl_us": launch_pdl.median_us,
-        "copy_gbs": bw / 1e9,
-        "copy_bytes": 2 * copy_bytes,
-        "l2_bytes": backend.l2_bytes,
-        "floor_rule": FLOOR_RULE,
-        "method": [
-            f"In graph: up to {cfg.graph_calls} back-to-back calls captured in one CUDA graph "
-            f"(fewer, down to 8, for slow variants so each stays near {cfg.budget_ms:.0f} ms; "
-            f"the counts used are in the JSON), {cfg.warmup} warm-up replays, then the median "
-            f"over up to {cfg.reps} timed replays (CUDA events) divided by the calls per graph."
-            if cuda
-            else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
-            "Eager: events around the same number of back-to-back calls, same repetitions.",
-            "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
-            f"poisoned ({POISON}), then checked against the reference variant before timing: bit "
-            "for bit (compacted DCP rows compared as sorted rows) unless the op's notes below "
-            "say otherwise (top-k: as sets of scores; logits: against fp64 on a subset).",
-            "Rotation: calls cycle through independent input sets, enough for their working "
-            "set to reach 2x L2 (at most one set per captured call, 2 GiB in all); cases whose "
-            "sets still fit in L2 are flagged with * (cache-resident, as after the producing "
-            "kernel in an engine).",
-            f"Floor: {FLOOR_RULE} (max: each term alone is a hard lower bound; the sum would "
-            "assume no overlap of launch and data movement, false inside a graph).",
-        ],
-        "op_notes": {spec.name: spec.notes for spec in specs},
-        "errors": errors,
-    }
+    meta: dict[str, Any] = dict(ops=ops, date=now.isoformat(timespec="seconds"))
+    meta.update(command="sparse-mla bench " + shlex.join(argv))
+    meta.update(process=shlex.join([Path(sys.executable).name, *sys.argv]), commit=_git_commit())
+    meta.update(gpu=backend.device_name(), mode=backend.name, torch=torch.__version__)
+    meta.update(triton=triton.__version__, cuda=versions.get("cuda", ""))
+    meta.update(sparse_mla=versions.get("sparse_mla", ""), python=platform.python_version())
+    meta.update(seed=seed, grid=grid, graph_calls=cfg.graph_calls, reps=cfg.reps)
+    meta.update(warmup=cfg.warmup, budget_ms=cfg.budget_ms)
+    meta.update(floors, l2_bytes=backend.l2_bytes, floor_rule=FLOOR_RULE)
+    meta.update(method=_method(cfg, cuda), op_notes={spec.name: spec.notes for spec in specs})
+    meta.update(errors=errors)
 
     text = []
     for mode in ("eager", "graph"):

@@ -34,11 +34,6 @@ def _empty_kernel(ptr, PDL: tl.constexpr):
     tl.store(ptr, 1)
 
 
-# --------------------------------------------------------------------------------------------
-# Backends
-# --------------------------------------------------------------------------------------------
-
-
 class Backend:
     """Where and how time is measured. Subclasses: :class:`CudaBackend`, :class:`CpuBackend`."""
 
@@ -152,11 +147,6 @@ def select_backend(allow_cpu: bool) -> Backend | None:
     return CpuBackend() if allow_cpu else None
 
 
-# --------------------------------------------------------------------------------------------
-# Measurements
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Timing:
     """Per-call times (microseconds) over ``reps`` repetitions of ``calls`` back-to-back calls."""
@@ -169,13 +159,8 @@ class Timing:
 
     @classmethod
     def from_samples(cls, per_call_us: Sequence[float], calls: int) -> Timing:
-        return cls(
-            median_us=float(statistics.median(per_call_us)),
-            min_us=float(min(per_call_us)),
-            max_us=float(max(per_call_us)),
-            calls=calls,
-            reps=len(per_call_us),
-        )
+        us = [float(x) for x in per_call_us]
+        return cls(statistics.median(us), min(us), max(us), calls, len(us))
 
 
 def rotation(calls: Sequence[Call], n: int) -> Call:
@@ -191,29 +176,28 @@ def rotation(calls: Sequence[Call], n: int) -> Call:
     return body
 
 
+def _timed(body: Call, calls: int, *, reps: int, warmup: int, backend: Backend) -> Timing:
+    """``warmup`` untimed runs of ``body`` (``calls`` calls), then ``reps`` timed ones."""
+    for _ in range(warmup):
+        body()
+    backend.synchronize()
+    return Timing.from_samples([m * 1e3 / calls for m in backend.time_ms(body, reps)], calls)
+
+
 def measure_graph(
     calls: Sequence[Call], *, graph_calls: int, reps: int, warmup: int, backend: Backend
 ) -> Timing:
     """Capture ``graph_calls`` back-to-back calls (rotating over ``calls``) into one graph,
     replay it ``warmup`` times, then time ``reps`` replays; per call = replay / graph_calls."""
     replay = backend.capture(rotation(calls, graph_calls))
-    for _ in range(warmup):
-        replay()
-    backend.synchronize()
-    ms = backend.time_ms(replay, reps)
-    return Timing.from_samples([m * 1e3 / graph_calls for m in ms], graph_calls)
+    return _timed(replay, graph_calls, reps=reps, warmup=warmup, backend=backend)
 
 
 def measure_eager(
     calls: Sequence[Call], *, n_calls: int, reps: int, warmup: int, backend: Backend
 ) -> Timing:
     """Events around ``n_calls`` eager back-to-back calls (rotating), ``reps`` times."""
-    body = rotation(calls, n_calls)
-    for _ in range(warmup):
-        body()
-    backend.synchronize()
-    ms = backend.time_ms(body, reps)
-    return Timing.from_samples([m * 1e3 / n_calls for m in ms], n_calls)
+    return _timed(rotation(calls, n_calls), n_calls, reps=reps, warmup=warmup, backend=backend)
 
 
 def probe_us(calls: Sequence[Call], backend: Backend, n: int = 4) -> float:

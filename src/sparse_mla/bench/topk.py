@@ -1,26 +1,7 @@
-"""Benchmark cases for the exact top-k of the indexer scores (``sparse_mla.select_topk``).
-
-For each row length N and batch B (rows), k = 2048:
-
-* ``ours``: ``select_topk(logits, lengths, k=k, out=, workspace=)`` (positions, auto path:
-  one program per row or the split kernels, chosen from the shapes);
-* ``ours+slots``: the fused slot epilogue, ``select_topk(..., block_table=, req_id=,
-  block_size=64, return_valid_counts=True)`` (global KV slots and valid counts);
-* ``torch.topk``: ``torch.topk(logits_masked, k, dim=1)`` into pre-sized ``out=`` buffers,
-  the scores at invisible positions set to -inf beforehand, outside the timed region (a no-op
-  copy is avoided when every row is full length).
-
-Inputs, fresh per set: standard-normal fp32 logits, every row's length = N (full); for the
-fused variant each row is its own request, with a block table of ``ceil(N / 64)`` distinct
-random pages per row (a permutation, so slots map back to positions for the check).
-
-Checks before timing (set 0): every variant's selected scores, sorted, equal torch.topk's bit
-for bit (a set comparison; ties are negligible with random normals) with the same number of
-valid entries, and no out-of-range, duplicate or unwritten (poisoned) entry; ours and the
-fused variant additionally equal ``select_topk_reference`` position for position on the first
-rows (the fused slots mapped back through the block table), and the fused valid counts are
-``min(k, length)``.
-"""
+"""Benchmark cases for the exact top-k of the indexer scores (``sparse_mla.select_topk``):
+``ours`` (positions), ``ours+slots`` (the fused slot epilogue) and ``torch.topk``, per row
+length N (every row full) and batch B; variants, inputs and checks are described
+in the op's notes below (they go into the JSON and the page)."""
 
 from __future__ import annotations
 
@@ -30,10 +11,9 @@ from typing import Any
 
 import torch
 
-from ..testing import POISON
-from .cases import Case, InputSet, OpSpec, SetRef, Variant, register_op
-from .floor import TOPK_BYTES_RULE, copy_fraction, count_touched_pages, kfmt, topk_bytes
-from .report import Result, Table, fmt_ratio, fmt_us, paired_us
+from .cases import Case, InputSet, OpSpec, Variant, poison_keys, register_op, self_check_of
+from .floor import TOPK_BYTES_RULE, count_touched_pages, kfmt, topk_bytes
+from .report import Result, Table, copy_pct, fmt_ratio, fmt_us, ratio_cell, us_of
 
 BLOCK_SIZE = 64
 
@@ -62,16 +42,6 @@ def _ops() -> SimpleNamespace:
     )
 
 
-def mask_invisible(logits: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``logits`` with every column at or past its row's length set to -inf (the same tensor,
-    not a copy, when every row is full length). Host-synchronising: set-up only."""
-    n = logits.shape[1]
-    if bool((lengths >= n).all()):
-        return logits
-    col = torch.arange(n, device=logits.device)[None, :]
-    return logits.masked_fill(col >= lengths.long()[:, None], float("-inf"))
-
-
 def make_topk_set(
     rows: int,
     n: int,
@@ -79,18 +49,14 @@ def make_topk_set(
     *,
     device: torch.device,
     workspace: Any,
-    lengths: torch.Tensor | None = None,
 ) -> InputSet:
     """One fresh input set with every variant's output buffers (see the module docstring)."""
     logits = torch.randn(rows, n, device=device)
-    if lengths is None:
-        lengths = torch.full((rows,), n, dtype=torch.int32, device=device)
     width = -(-n // BLOCK_SIZE)
     pages = torch.randperm(rows * width, device=device).to(torch.int32).view(rows, width)
     return {
         "logits": logits,
-        "lengths": lengths,
-        "masked": mask_invisible(logits, lengths),
+        "lengths": torch.full((rows,), n, dtype=torch.int32, device=device),
         "req_id": torch.arange(rows, dtype=torch.int32, device=device),
         "block_table": pages,
         "out": torch.empty(rows, k, dtype=torch.int32, device=device),
@@ -103,37 +69,24 @@ def make_topk_set(
 
 
 def topk_set_bytes(rows: int, n: int, k: int, ws_bytes_per_row: int = 0) -> int:
-    """Device bytes of one set: logits (the masked copy is the same tensor at full length),
-    lengths, req_id, block table, every output (int64 indices: 8 bytes), the workspace."""
+    """Device bytes of one set: logits, lengths, req_id, block table, every output (int64
+    indices: 8 bytes), the workspace."""
     width = -(-n // BLOCK_SIZE)
     return 4 * rows * (n + 3 + 5 * k + width) + ws_bytes_per_row * rows
 
 
-def _poison(s: InputSet) -> None:
-    for key in ("out", "slots", "counts", "indices"):
-        s[key].fill_(POISON)
-    s["values"].fill_(float("nan"))
-
-
-def reference_positions(s: InputSet, k: int) -> torch.Tensor:
-    """Positions torch.topk selects on set ``s`` (invisible ones as -1), for byte counts."""
-    pos = torch.topk(s["masked"], min(k, s["masked"].shape[1]), dim=1).indices
-    return torch.where(pos < s["lengths"].long()[:, None], pos, -1)
-
-
-class _Checker(SetRef):
+class _Checker:
     """Snapshot and checks of one case, over input set 0 (the set every check call runs on)."""
 
     def __init__(self, k: int, exact_rows: int, reference: Any) -> None:
-        super().__init__()
         self.k = k
         self.exact_rows = exact_rows
         self.reference = reference
 
-    def _slots_to_positions(self, slots: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _slots_to_positions(slots: torch.Tensor, s: InputSet) -> torch.Tensor:
         """Slots back to request-local positions through the (permutation) block table;
         -1 stays -1, anything that is no slot of that row's request becomes -2."""
-        s = self.get()
         bt = s["block_table"].long()
         rows, width = bt.shape
         inv = torch.empty(rows * width, dtype=torch.long, device=bt.device)
@@ -146,8 +99,7 @@ class _Checker(SetRef):
         pos = (flat % width) * BLOCK_SIZE + sl % BLOCK_SIZE
         return torch.where(ok & own, pos, torch.where(sl == -1, -1, -2))
 
-    def snapshot(self, ret: Any) -> dict[str, Any]:
-        s = self.get()
+    def snapshot(self, ret: Any, s: InputSet) -> dict[str, Any]:
         logits, lengths = s["logits"], s["lengths"].long()
         counts = None
         if isinstance(ret, torch.Tensor):
@@ -155,7 +107,7 @@ class _Checker(SetRef):
         elif ret[0].dtype.is_floating_point:  # torch.topk: (values, indices)
             pos, kind = ret[1].long(), "torch"
         else:  # fused: (slots, valid counts)
-            pos, counts, kind = self._slots_to_positions(ret[0]), ret[1].clone(), "slots"
+            pos, counts, kind = self._slots_to_positions(ret[0], s), ret[1].clone(), "slots"
         n = logits.shape[1]
         valid = (pos >= 0) & (pos < lengths.clamp(0, n)[:, None])
         bad = int(((~valid) & (pos != -1)).sum())
@@ -181,10 +133,6 @@ class _Checker(SetRef):
             "count": count,
             "self": "; ".join(problems),
         }
-
-    @staticmethod
-    def self_check(snap: dict[str, Any]) -> str:
-        return snap["self"]
 
     @staticmethod
     def compare(a: dict[str, Any], ref: dict[str, Any]) -> str:
@@ -217,12 +165,12 @@ def _ours_variant(fn: Any, k: int, num_splits: int | None, fused: bool) -> Varia
         args = (s["logits"], s["lengths"])
         return lambda: fn(*args, **kw)
 
-    return Variant(FUSED if fused else "ours", bind, "extra" if fused else "ours", counts=fused)
+    return Variant(FUSED if fused else "ours", bind, "extra" if fused else "ours")
 
 
 def _torch_variant(k: int) -> Variant:
     def bind(s: InputSet):
-        x, out = s["masked"], (s["values"], s["indices"])
+        x, out = s["logits"], (s["values"], s["indices"])
         return lambda: torch.topk(x, k, dim=1, out=out)
 
     return Variant("torch.topk", bind, "baseline", graph_safe=False)
@@ -234,17 +182,13 @@ def _bytes_fn(rows: int, n: int, k: int):
     def bytes_moved(sets: Sequence[InputSet], v: Variant) -> int:
         if v.name != FUSED:
             return topk_bytes(rows, n, k)
-        if not touched:
+        if not touched:  # the pages of the positions torch.topk selects on set 0
             s = sets[0]
-            touched.append(
-                count_touched_pages(
-                    s["req_id"],
-                    reference_positions(s, k),
-                    block_size=BLOCK_SIZE,
-                    max_blocks=s["block_table"].shape[1],
-                )
-            )
-        return topk_bytes(rows, n, k, counts=True, fused=True, touched_pages=touched[0])
+            pos = torch.topk(s["logits"], min(k, n), dim=1).indices
+            width = s["block_table"].shape[1]
+            kw = dict(block_size=BLOCK_SIZE, max_blocks=width)
+            touched.append(count_touched_pages(s["req_id"], pos, **kw))
+        return topk_bytes(rows, n, k, fused_pages=touched[0])
 
     return bytes_moved
 
@@ -266,8 +210,8 @@ def build(grid: str, device: torch.device) -> list[Case]:
                     label=f"B={b}",
                     x=b,
                     params=dict(N=n, B=b, rows=b, k=k, lengths="full", num_splits=g["num_splits"]),
-                    make_set=lambda i, b=b, n=n, chk=chk: chk.keep(
-                        i, make_topk_set(b, n, k, device=device, workspace=ops.workspace)
+                    make_set=lambda i, b=b, n=n: make_topk_set(
+                        b, n, k, device=device, workspace=ops.workspace
                     ),
                     set_bytes=topk_set_bytes(b, n, k, ws_row),
                     variants=[
@@ -276,11 +220,11 @@ def build(grid: str, device: torch.device) -> list[Case]:
                         _torch_variant(k),
                     ],
                     bytes_moved=_bytes_fn(b, n, k),
-                    poison=_poison,
+                    poison=poison_keys("out", "slots", "counts", "indices", "values"),
                     snapshot=chk.snapshot,
                     compare=chk.compare,
                     reference="torch.topk",
-                    self_check=chk.self_check,
+                    self_check=self_check_of,
                 )
             )
     return cases
@@ -294,43 +238,14 @@ def summaries(results: list[Result]) -> list[Table]:
     for n, b in keys:
         ours, fused = rs.get((n, b, "ours")), rs.get((n, b, FUSED))
         srt = rs.get((n, b, "torch.topk"))
-
-        def us(r: Result | None) -> float | None:
-            return r.best_us if r is not None else None
-
-        def ratio(a: Result | None, base: Result | None) -> str:
-            pair = paired_us(a, base)
-            return fmt_ratio(pair[0] / pair[1]) if pair else "n/a"
-
-        pct = "n/a"
-        if ours is not None and ours.best_us:
-            pct = f"{100 * copy_fraction(ours.bytes_moved, ours.best_us, ours.copy_gbs * 1e9):.0f}%"
-        rows.append(
-            [
-                kfmt(n),
-                str(b),
-                fmt_us(us(ours)),
-                fmt_us(us(fused)),
-                ratio(fused, ours),
-                fmt_us(us(srt)),
-                ratio(srt, ours),
-                fmt_ratio(ours.over_floor) if ours is not None else "n/a",
-                pct,
-            ]
-        )
+        row = [kfmt(n), str(b), fmt_us(us_of(ours)), fmt_us(us_of(fused)), ratio_cell(fused, ours)]
+        row += [fmt_us(us_of(srt)), ratio_cell(srt, ours)]
+        row += [fmt_ratio(ours.over_floor), copy_pct(ours)] if ours else ["n/a", "n/a"]
+        rows.append(row)
     if not rows:
         return []
-    headers = [
-        "N",
-        "B",
-        "ours us",
-        f"{FUSED} us",
-        "slots/ours",
-        "torch.topk us",
-        "vs torch.topk",
-        "ours/floor",
-        "ours % copy",
-    ]
+    headers = ["N", "B", "ours us", f"{FUSED} us", "slots/ours", "torch.topk us", "vs torch.topk"]
+    headers += ["ours/floor", "ours % copy"]
     return [
         Table(
             "top-k: ours vs torch.topk, and the fused slot epilogue (in graph; eager where a "
@@ -350,8 +265,8 @@ register_op(
             TOPK_BYTES_RULE,
             "variants: ours = select_topk (positions; auto row/split path, pre-allocated "
             "workspace); ours+slots = the fused slot epilogue (block_table, req_id, page 64, "
-            "valid counts); torch.topk (sorted) on the scores pre-masked to "
-            "-inf past each row's length, into pre-sized out= buffers.",
+            "valid counts); torch.topk (sorted) on the scores (full rows: nothing to mask), into "
+            "pre-sized out= buffers.",
             "inputs: standard-normal fp32 scores, every row full length (lengths = N), k = "
             "2048 (GPU grids); each row its own request with distinct random pages.",
             "checks: sorted selected scores equal torch.topk's bit for bit (set comparison), "

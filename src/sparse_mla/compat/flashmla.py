@@ -77,7 +77,7 @@ def flash_mla_with_kvcache(
         block_table, cache_seqlens: unused by sparse decode (as in FlashMLA).
         head_dim_v: must be 512. tile_scheduler_metadata: from :func:`get_mla_metadata`.
         num_splits: must be None. softmax_scale: default ``576 ** -0.5``. causal: False.
-        indices: int32 ``[b, s_q, topk]`` global slots ``page * page_size + offset``, -1 none.
+        indices: int32 ``[b, s_q, topk]`` global slots ``page * block_size + offset``, -1 none.
         attn_sink: fp32 ``[h_q]`` or None. topk_length: int32 ``[b]`` or None.
         extra_k_cache, extra_indices_in_kvcache, extra_topk_length: not supported (None).
 

@@ -44,7 +44,7 @@ def random_step(
     seq_lens: Sequence[int],
     decode_lens: Sequence[int],
     num_heads: int,
-    page_size: int = 64,
+    block_size: int = 64,
     fp8: bool = False,
     pad_rows: int = 0,
     max_blocks: int | None = None,
@@ -62,7 +62,7 @@ def random_step(
     """
     dev = canonical_device(device)
     b = len(seq_lens)
-    pages_per_req = [-(-max(n, 1) // page_size) for n in seq_lens]
+    pages_per_req = [-(-max(n, 1) // block_size) for n in seq_lens]
     width = max_blocks if max_blocks is not None else max(pages_per_req, default=1)
     if num_pages is None:
         num_pages = sum(pages_per_req) + spare_pages
@@ -75,11 +75,11 @@ def random_step(
     for r, p in enumerate(pages_per_req):
         bt[r, :p] = torch.tensor(perm[used : used + p], dtype=torch.int32)
         used += p
-    idx_cache = new_indexer_k_cache(num_pages, page_size, fp8=fp8, device=dev)
-    kv_cache = new_mla_cache(num_pages, page_size, fp8=fp8, device=dev)
+    idx_cache = new_indexer_k_cache(num_pages, block_size, fp8=fp8, device=dev)
+    kv_cache = new_mla_cache(num_pages, block_size, fp8=fp8, device=dev)
 
     def slots_of(r: int, positions: range) -> list[int]:
-        return [int(bt[r, p // page_size]) * page_size + p % page_size if p >= 0 else -1
+        return [int(bt[r, p // block_size]) * block_size + p % block_size if p >= 0 else -1
                 for p in positions]  # fmt: skip
 
     past, new = [], []
@@ -123,7 +123,7 @@ LSE_ATOL, LSE_RTOL = 1e-3, 1e-4  # fp32 softmax denominator, summation order onl
 TIE_RTOL = 1e-5  # indexer scores this close (relative to the row's largest) may swap places
 
 
-def step_error(result, ref, case: StepCase, *, page_size: int = 64) -> tuple[str | None, int]:
+def step_error(result, ref, case: StepCase, *, block_size: int = 64) -> tuple[str | None, int]:
     """Why a :class:`~sparse_mla.decode.DecodeStepOutput` disagrees with its
     :class:`~sparse_mla.decode.naive.StepReference` (None when it agrees), and how many rows
     chose a different top-k set on a near-tie (those rows' out / lse are not compared).
@@ -147,7 +147,7 @@ def step_error(result, ref, case: StepCase, *, page_size: int = 64) -> tuple[str
         elif req[t] < 0:
             got = set()
         else:
-            slot_pos = {int(bt[req[t], p // page_size]) * page_size + p % page_size: p
+            slot_pos = {int(bt[req[t], p // block_size]) * block_size + p % block_size: p
                         for p in range(vis[t])}  # fmt: skip
             got = {slot_pos.get(s, -1 - s) for s in got_slots[t].tolist() if s >= 0}
         if result.positions is not None:

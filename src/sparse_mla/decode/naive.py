@@ -103,7 +103,7 @@ def decode_step_reference(
     decode_lens: Sequence[int],
     topk: int,
     sm_scale: float,
-    page_size: int = 64,
+    block_size: int = 64,
 ) -> StepReference:
     """Reference of :meth:`sparse_mla.decode.DecodePlan.run` (same tensors, given as
     keywords; the caches are written in place by the reference writers)."""
@@ -124,13 +124,13 @@ def decode_step_reference(
         if vis[t] == 0:
             continue
         pos = torch.arange(vis[t])
-        slot = bt[req[t], pos // page_size] * page_size + pos % page_size
+        slot = bt[req[t], pos // block_size] * block_size + pos % block_size
         k = keys[slot]  # [vis, 128]
         scores = (w[t][:, None] * torch.relu(qi[t] @ k.T)).sum(dim=0)  # [vis]
         all_scores[t, : vis[t]] = scores
         sel = exact_topk_positions(scores, topk)
         positions[t, : len(sel)] = sel
-        sel_slots = bt[req[t], sel // page_size] * page_size + sel % page_size
+        sel_slots = bt[req[t], sel // block_size] * block_size + sel % block_size
         o, s = sparse_attention_reference(q[t].float().cpu(), latents[sel_slots], sm_scale)
         out[t], lse[t] = o, s
     dev = q.device

@@ -37,7 +37,7 @@ class DecodePlanConfig:
     max_num_requests: requests per step; max_blocks_per_req: block-table columns.
     max_decode_len: largest ``n_b`` (1 + draft tokens; a prefill chunk's length).
     num_heads: ``h_q`` of the absorbed MLA query. topk: the indexer's k (1 to ``MAX_K``).
-    page_size: tokens per page of both caches. index_heads, index_dim: indexer q shape.
+    block_size: tokens per page of both caches. index_heads, index_dim: indexer q shape.
     mla_fp8: the MLA latent cache is FlashMLA's fp8 format (else bf16); sizes the attention
     workspace and is checked against the cache each run.
     remap: where request-local positions become cache slots: "topk" (top-k writes slots
@@ -53,7 +53,7 @@ class DecodePlanConfig:
     num_heads: int
     topk: int = 2048
     max_decode_len: int = 2
-    page_size: int = 64
+    block_size: int = 64
     index_heads: int = 64
     index_dim: int = 128
     mla_fp8: bool = True
@@ -156,7 +156,7 @@ class DecodePlan:
             device=dev,
         )
         t, k = c.max_num_tokens, c.topk
-        max_len = c.max_blocks_per_req * c.page_size
+        max_len = c.max_blocks_per_req * c.block_size
         self._logits = torch.empty(t * max_len, dtype=torch.float32, device=dev)
         self._indices = torch.empty(t, k, dtype=torch.int32, device=dev)
         self._positions = None if c.remap == "topk" else torch.empty_like(self._indices)
@@ -219,13 +219,13 @@ class DecodePlan:
             torch.div(self._arange[: meta.num_tokens], meta.next_n, rounding_mode="floor",
                       out=sel.req)  # fmt: skip
         if sel.positions is None:  # remap "topk": slots straight from the top-k epilogue
-            remap = {"block_table": x.block_table, "req_id": sel.req, "block_size": c.page_size}
+            remap = {"block_table": x.block_table, "req_id": sel.req, "block_size": c.block_size}
             select_topk(logits, sel.lens, k=c.topk, out=sel.slots, workspace=ws, **remap)
             return sel
         select_topk(logits, sel.lens, k=c.topk, out=sel.positions, workspace=ws)
         if sel.slots is not None:  # remap "separate"
             convert_req_index_to_global_index(
-                sel.req, x.block_table, sel.positions, block_size=c.page_size, out=sel.slots
+                sel.req, x.block_table, sel.positions, block_size=c.block_size, out=sel.slots
             )
         return sel
 
@@ -240,7 +240,7 @@ class DecodePlan:
         if sel.slots is not None:
             return self._attn(x.q, x.kv_cache, sel.slots, **common)
         return self._attn(x.q, x.kv_cache, sel.positions, block_table=x.block_table,
-                          req_id=sel.req, block_size=self.config.page_size, **common)  # fmt: skip
+                          req_id=sel.req, block_size=self.config.block_size, **common)  # fmt: skip
 
     # ---- eager ----------------------------------------------------------------------------
 
@@ -268,10 +268,10 @@ class DecodePlan:
         c = self.config
         rows = sum(decode_lens) if num_tokens is None else num_tokens
         self._check(inputs, decode_lens, rows)
-        max_len = inputs.block_table.shape[1] * c.page_size
+        max_len = inputs.block_table.shape[1] * c.block_size
         if max_seq_len is not None:
             check_int("max_seq_len", max_seq_len, lo=0)
-            max_len = min(max_len, -(-max_seq_len // c.page_size) * c.page_size)
+            max_len = min(max_len, -(-max_seq_len // c.block_size) * c.block_size)
         clock = _StageClock(stage_times, self.device)
         meta = clock("metadata", self._metadata, inputs, decode_lens, rows)
         clock("cache writes", self._write_caches, inputs)
@@ -288,7 +288,7 @@ class DecodePlan:
         metadata stage once eagerly so the later stages have their inputs."""
         rows = sum(decode_lens) if num_tokens is None else num_tokens
         self._check(inputs, decode_lens, rows)
-        max_len = inputs.block_table.shape[1] * self.config.page_size
+        max_len = inputs.block_table.shape[1] * self.config.block_size
         meta = self._metadata(inputs, decode_lens, rows)
         logits = self._logits[: rows * max_len].view(rows, max_len)
         sel = self._selection(meta)

@@ -49,7 +49,7 @@ class SparseMlaState:
 
     fp8: caches (and indexer queries) in the fp8 formats; attention: the plan's attention
     ("auto": the library's sparse_mla_decode; "torch": the batched PyTorch path);
-    page_size: tokens per page;
+    block_size: tokens per page;
     prefill_chunk: prompt tokens per request and step; record_topk: keep each layer's last
     selected positions of every forward in ``topk[layer_idx]`` (a list of int32
     ``[B, S, index_topk]``, request-local positions ascending, -1 padded) -- top-k and the
@@ -59,7 +59,7 @@ class SparseMlaState:
 
     fp8: bool = False
     attention: str = "auto"
-    page_size: int = 64
+    block_size: int = 64
     prefill_chunk: int = 256
     record_topk: bool = False
     stage_times: dict[str, float] | None = None
@@ -76,7 +76,7 @@ class SparseMlaState:
 
     def _allocate(self, length: int) -> None:
         """Give every request pages for ``length`` tokens."""
-        need = -(-length // self.page_size)
+        need = -(-length // self.block_size)
         for pages in self.pages:
             while len(pages) < need:
                 group, within = divmod(self.num_pages, _PAGE_GROUP)
@@ -91,8 +91,8 @@ class SparseMlaState:
             return c
         size = max(held, 2 * c.kv.shape[0] if c is not None else 0)
         fresh = _Caches(
-            new_indexer_k_cache(size, self.page_size, fp8=self.fp8, device=device),
-            new_mla_cache(size, self.page_size, fp8=self.fp8, device=device),
+            new_indexer_k_cache(size, self.block_size, fp8=self.fp8, device=device),
+            new_mla_cache(size, self.block_size, fp8=self.fp8, device=device),
         )
         if c is not None:
             fresh.index_k[: c.index_k.shape[0]] = c.index_k
@@ -124,7 +124,7 @@ class SparseMlaState:
                 num_heads=attn.num_heads,
                 topk=attn.indexer.index_topk,
                 max_decode_len=max(n, old.max_decode_len if old else 1),
-                page_size=self.page_size,
+                block_size=self.block_size,
                 remap=self._remap(),
                 mla_fp8=self.fp8,
                 attention=self.attention,
@@ -158,7 +158,7 @@ def enable(
     *,
     fp8: bool = False,
     attention: str = "auto",
-    page_size: int = 64,
+    block_size: int = 64,
     prefill_chunk: int = 256,
     record_topk: bool = False,
 ) -> torch.nn.Module:
@@ -171,7 +171,7 @@ def enable(
             indexer queries; default bf16 caches.
         attention: "auto" (the library's sparse MLA decode op) or "torch" (the step's batched
             PyTorch attention; everything else still runs the library's kernels).
-        page_size: tokens per cache page.
+        block_size: tokens per cache page.
         prefill_chunk: prompt tokens per request taken by one step (bounds the logits buffer).
         record_topk: keep each layer's selected positions (see :class:`SparseMlaState`).
 
@@ -186,7 +186,7 @@ def enable(
     state = SparseMlaState(
         fp8=fp8,
         attention=attention,
-        page_size=page_size,
+        block_size=block_size,
         prefill_chunk=prefill_chunk,
         record_topk=record_topk,
     )
@@ -286,7 +286,7 @@ def _step(attn, state: SparseMlaState, x: dict, past: int, s0: int, s1: int) -> 
     caches = state._layer_caches(attn.layer_idx, dev)
     width = len(state.pages[0])
     bt = torch.tensor(state.pages, dtype=torch.int32)
-    page = state.page_size
+    page = state.block_size
     pos = torch.arange(past + s0, past + s1)
     slots = (bt[:, pos // page] * page + pos % page).flatten()
     plan = state._plan_for(attn, b * n, b, width, n)

@@ -70,7 +70,7 @@ def attention_workspace(
     )
 
 
-def _check_fused(block_table, req_id, block_size, num_tokens, page_size, dev):
+def _check_fused(block_table, req_id, block_size, num_tokens, cache_block_size, dev):
     if (block_table is None) != (req_id is None):
         raise ValueError("block_table and req_id go together: pass both (fused remap) or neither")
     if block_table is None:
@@ -80,7 +80,7 @@ def _check_fused(block_table, req_id, block_size, num_tokens, page_size, dev):
     check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev)
     check_tensor("req_id", req_id, dtype=torch.int32, ndim=1, device=dev)
     check_shape("req_id", req_id, (num_tokens,))
-    bs = page_size if block_size is None else check_int("block_size", block_size, lo=1)
+    bs = cache_block_size if block_size is None else check_int("block_size", block_size, lo=1)
     return bs
 
 
@@ -111,7 +111,7 @@ def sparse_mla_decode(
             uint8 ``[P, page, 1, 656]`` (or ``[P, page, 656]``: 512 e4m3 | 4 fp32 scales, one
             per 128 values, any finite positive values | 64 bf16 rope), as ``new_mla_cache``.
         indices: int32 ``[T, topk]`` (any ``topk >= 1``; 2048 is the model's): global slots
-            ``page * page_size + offset``, or, with ``block_table`` and ``req_id``,
+            ``page * block_size + offset``, or, with ``block_table`` and ``req_id``,
             request-local positions. -1 is no entry. Device data is not trusted: a slot
             outside ``[0, P * page)``, any other negative value, a position whose block-table
             column is past the table or holds a negative page id, and a ``req_id`` outside
@@ -162,7 +162,7 @@ def sparse_mla_decode(
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
         raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
     dev = check_same_device(q=q, kv_cache=kv_cache, indices=indices)
-    bs = _check_fused(block_table, req_id, block_size, num_tokens, lay.page_size, dev)
+    bs = _check_fused(block_table, req_id, block_size, num_tokens, lay.block_size, dev)
     if topk_length is not None:
         check_tensor("topk_length", topk_length, dtype=torch.int32, ndim=1, device=dev)
         check_shape("topk_length", topk_length, (num_tokens,))
@@ -251,14 +251,14 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         bt, req_id if fused else indices,
         attn_sink if attn_sink is not None else lse,
         out, lse, part_out, part_lse,
-        h_q, topk, min(lay.num_pages * lay.page_size, INT32_MAX), cfg.split_cols(topk), splits,
+        h_q, topk, min(lay.num_pages * lay.block_size, INT32_MAX), cfg.split_cols(topk), splits,
         head_blocks, *q.stride(), *kv_s, *indices.stride(),
         bt.stride(0) if fused else 0, bt.stride(1) if fused else 0,
         bt.shape[1] if fused else 0, bt.shape[0] if fused else 0,
         block_size if fused else 1,
         *out.stride(), *lse.stride(),
         sm_scale * LOG2E,
-        PAGE=lay.page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=lay.fp8,
+        PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=lay.fp8,
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, NUM_STAGES=cfg.num_stages, SLOTS_AHEAD=cfg.slots_ahead,
         INTERPRET=INTERPRETER,

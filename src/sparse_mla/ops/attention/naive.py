@@ -22,17 +22,17 @@ def gather_mla_rows(
     Args:
         kv_cache: bf16 ``[P, page, 576]`` (or ``[P, page, 1, 576]``) or FlashMLA's fp8 format,
             uint8 ``[P, page, 1, 656]`` (or ``[P, page, 656]``).
-        slots: int ``[...]`` global slots ``page * page_size + offset``.
+        slots: int ``[...]`` global slots ``page * block_size + offset``.
 
     Returns:
         ``rows``: ``dtype`` ``[..., 576]`` (zeros where not valid) and ``valid``: bool
         ``[...]``, true where ``0 <= slot < P * page``.
     """
     lay = mla_cache_layout(kv_cache)
-    num_rows = lay.num_pages * lay.page_size
+    num_rows = lay.num_pages * lay.block_size
     valid = (slots >= 0) & (slots < num_rows)
     safe = torch.where(valid, slots.long(), 0)
-    raw = lay.cache3[safe // max(lay.page_size, 1), safe % max(lay.page_size, 1)]
+    raw = lay.cache3[safe // max(lay.block_size, 1), safe % max(lay.block_size, 1)]
     if not lay.fp8:
         rows = raw.to(dtype)
     else:

@@ -92,14 +92,14 @@ def choose_index_logits_config(
     return IndexLogitsConfig(64, tiles, 4, 3)
 
 
-def chunk_page_slots(page_size: int, block_s: int, chunk: int) -> int:
+def chunk_page_slots(block_size: int, block_s: int, chunk: int) -> int:
     """How many page ids one program loads before its key loop: a power of two covering the
     pages its ``chunk`` positions span, or 0 when a ``block_s`` tile can cross a page or the
     span exceeds ``MAX_CHUNK_PAGES``; then every position looks its page up in the loop.
     Chunks of whole pages start on a page boundary; others may span one page more."""
-    if page_size % block_s:
+    if block_size % block_s:
         return 0
-    span = chunk // page_size if chunk % page_size == 0 else cdiv(chunk, page_size) + 1
+    span = chunk // block_size if chunk % block_size == 0 else cdiv(chunk, block_size) + 1
     return next_pow2(span) if span <= MAX_CHUNK_PAGES else 0
 
 
@@ -311,19 +311,19 @@ def index_logits(
             cache; fold q's per-(row, head) scale into ``weights``), H <= 256. Any strides.
         weights: fp32 ``[B * n, H]`` head weights (V3.2 folds ``H**-0.5 * D**-0.5`` and the fp8
             q scale in). Any strides.
-        k_cache: bf16 ``[num_pages, page_size, D]`` (or ``[..., 1, D]``), or uint8
-            ``[num_pages, page_size, 1, D + 4]`` in DeepGEMM's fp8 layout (per page: page_size*D
-            e4m3 values, then page_size fp32 scales; see :mod:`sparse_mla.ops.kv_cache`).
+        k_cache: bf16 ``[num_pages, block_size, D]`` (or ``[..., 1, D]``), or uint8
+            ``[num_pages, block_size, 1, D + 4]`` in DeepGEMM's fp8 layout (per page: block_size*D
+            e4m3 values, then block_size fp32 scales; see :mod:`sparse_mla.ops.kv_cache`).
         seq_lens: int32/int64, ``[B]`` total length of each request (including its n tokens),
             or ``[B, n]`` per-row visible lengths. Device data, clamped in the kernel to
-            ``[0, W * page_size]`` (``W = block_table.shape[1]``): a length larger than the
+            ``[0, W * block_size]`` (``W = block_table.shape[1]``): a length larger than the
             block table can address never reads past it; negative lengths mean 0.
         block_table: int32/int64 ``[B, W]`` page ids of each request. Entries are trusted to
             be valid page ids; one outside ``[0, num_pages)`` is not read (its positions get
             ``-inf``).
         next_n: query tokens per request, 1..8. Default: 1 for 1-D ``seq_lens``,
             ``seq_lens.shape[1]`` for 2-D (if given it must match).
-        max_len: output columns; default ``W * page_size``. Host int.
+        max_len: output columns; default ``W * block_size``. Host int.
         out: optional fp32 ``[B * n, max_len]`` buffer (any strides) to write into.
         config: launch shape override (see :class:`IndexLogitsConfig`).
 
@@ -381,7 +381,7 @@ def index_logits(
             f"block_table has {block_table.shape[0]} rows but there are {num_req} requests "
             "(one block-table row per request)"
         )
-    capacity = block_table.shape[1] * lay.page_size
+    capacity = block_table.shape[1] * lay.block_size
     if max_len is None:
         max_len = capacity
     check_int("max_len", max_len, lo=0)
@@ -429,12 +429,12 @@ def index_logits(
     if lay.fp8:
         k_arg, ks_arg = lay.values, lay.scales
         k_s = (c3.stride(0), dim, 1)
-        ks_page, ks_base = c3.stride(0) // 4, lay.page_size * dim // 4
+        ks_page, ks_base = c3.stride(0) // 4, lay.block_size * dim // 4
     else:
         k_arg, ks_arg = c3, c3  # scale pointer unused
         k_s = c3.stride()
         ks_page = ks_base = 0
-    chunk_pages = chunk_page_slots(lay.page_size, cfg.block_s, chunk)
+    chunk_pages = chunk_page_slots(lay.block_size, cfg.block_s, chunk)
     group = token_group(n, heads)
     groups = cdiv(n, group)
     lens_2d = seq_lens.dim() == 2
@@ -470,7 +470,7 @@ def index_logits(
         HP=max(next_pow2(heads), 16),
         D=dim,
         DP=max(next_pow2(dim), 16),
-        PAGE=lay.page_size,
+        PAGE=lay.block_size,
         BLOCK_S=cfg.block_s,
         FP8=lay.fp8,
         LENS_2D=lens_2d,

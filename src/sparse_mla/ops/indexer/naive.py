@@ -51,7 +51,7 @@ def index_logits_reference(
     else:
         n = 1 if next_n is None else next_n
     num_req, width = block_table.shape
-    capacity = width * lay.page_size
+    capacity = width * lay.block_size
     max_len = capacity if max_len is None else max_len
     keys = dequantize_indexer_k_cache(k_cache).double()  # [P, page, D]
     vis_len = row_visible_lengths(seq_lens, n, capacity)
@@ -66,9 +66,9 @@ def index_logits_reference(
         if length == 0:
             continue
         pos = torch.arange(length, device=q.device)
-        page = block_table[b, pos // lay.page_size].long()
+        page = block_table[b, pos // lay.block_size].long()
         valid = (page >= 0) & (page < lay.num_pages)
-        k = keys[page.clamp(0, max(lay.num_pages - 1, 0)), pos % lay.page_size]  # [len, D]
+        k = keys[page.clamp(0, max(lay.num_pages - 1, 0)), pos % lay.block_size]  # [len, D]
         score = torch.relu(qd[r] @ k.T)  # [H, len]
         row = (wd[r][:, None] * score).sum(dim=0)
         out[r, :length] = torch.where(valid, row, torch.full_like(row, fill))

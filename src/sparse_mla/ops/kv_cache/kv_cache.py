@@ -1,18 +1,18 @@
 """Paged KV-cache writers: the indexer K cache and the MLA latent cache, bf16 or fp8.
 
-Formats (SPEC section 4; a slot id is ``page_id * page_size + offset``):
+Formats (SPEC section 4; a slot id is ``page_id * block_size + offset``):
 
-* **Indexer K cache**, bf16: ``[num_pages, page_size, D]`` (or ``[num_pages, page_size, 1, D]``).
+* **Indexer K cache**, bf16: ``[num_pages, block_size, D]`` (or ``[num_pages, block_size, 1, D]``).
 * **Indexer K cache**, fp8 (DeepGEMM's layout): ``D + 4`` bytes per token, but laid out per
-  page as ``page_size * D`` e4m3 values (token-major) followed by ``page_size`` fp32 scales,
-  viewed as uint8 ``[num_pages, page_size, 1, D + 4]`` (or ``[num_pages, page_size, D + 4]``).
+  page as ``block_size * D`` e4m3 values (token-major) followed by ``block_size`` fp32 scales,
+  viewed as uint8 ``[num_pages, block_size, 1, D + 4]`` (or ``[num_pages, block_size, D + 4]``).
   The view's rows are *not* tokens: token ``o`` of page ``p`` has its values at bytes
-  ``p * stride0 + o * D + [0, D)`` and its scale at bytes ``p * stride0 + page_size * D + 4 * o``.
+  ``p * stride0 + o * D + [0, D)`` and its scale at bytes ``p * stride0 + block_size * D + 4 * o``.
   One scale per token (per ``D`` values; D = 128 in V3.2, DeepGEMM's quantisation block).
-* **MLA latent cache**, bf16: ``[num_pages, page_size, 576]`` (or ``[..., 1, 576]``).
+* **MLA latent cache**, bf16: ``[num_pages, block_size, 576]`` (or ``[..., 1, 576]``).
 * **MLA latent cache**, fp8 (FlashMLA's V3.2 format): 656 bytes per token, tokens contiguous
   within a page: 512 e4m3 ("nope") | 4 fp32 scales, one per 128 nope values | 64 bf16 rope
-  (not quantised); uint8 ``[num_pages, page_size, 1, 656]`` (or ``[num_pages, page_size, 656]``).
+  (not quantised); uint8 ``[num_pages, block_size, 1, 656]`` (or ``[num_pages, block_size, 656]``).
 
 Scales (both fp8 formats): ``scale = 2 ** ceil(log2(max(amax, 1e-4) / 448))`` where ``amax`` is
 the group's largest magnitude. The 1e-4 floor is applied to ``amax`` *before* the division and
@@ -70,7 +70,7 @@ class IndexerKCacheLayout:
 
     fp8: bool
     num_pages: int
-    page_size: int
+    block_size: int
     head_dim: int
     cache3: torch.Tensor
     values: torch.Tensor
@@ -82,13 +82,13 @@ def _as_3d(name: str, cache: torch.Tensor) -> torch.Tensor:
     if cache.dim() == 4:
         if cache.shape[2] != 1:
             raise ValueError(
-                f"{name}: a 4-D cache must be [num_pages, page_size, 1, bytes_or_dim], "
+                f"{name}: a 4-D cache must be [num_pages, block_size, 1, bytes_or_dim], "
                 f"got shape {tuple(cache.shape)}"
             )
         return cache[:, :, 0, :]
     if cache.dim() != 3:
         raise ValueError(
-            f"{name} must be 3-D [num_pages, page_size, dim] or 4-D [num_pages, page_size, 1, "
+            f"{name} must be 3-D [num_pages, block_size, dim] or 4-D [num_pages, block_size, 1, "
             f"dim], got shape {tuple(cache.shape)}"
         )
     return cache
@@ -110,9 +110,9 @@ def indexer_k_cache_layout(k_cache: torch.Tensor, name: str = "k_cache") -> Inde
     """Validate an indexer K cache and describe it (format detected from the dtype).
 
     Args:
-        k_cache: bf16 ``[num_pages, page_size, D]`` / ``[num_pages, page_size, 1, D]`` (any
-            strides), or uint8 ``[num_pages, page_size, 1, D + 4]`` / ``[num_pages,
-            page_size, D + 4]`` in DeepGEMM's per-page layout (see the module docstring; each
+        k_cache: bf16 ``[num_pages, block_size, D]`` / ``[num_pages, block_size, 1, D]`` (any
+            strides), or uint8 ``[num_pages, block_size, 1, D + 4]`` / ``[num_pages,
+            block_size, D + 4]`` in DeepGEMM's per-page layout (see the module docstring; each
             page's bytes contiguous, page stride a multiple of 4).
     """
     check_tensor(name, k_cache, dtype=(torch.bfloat16, torch.uint8))
@@ -245,7 +245,7 @@ def _write_indexer_k_kernel(
         xf = x.to(tl.float32)
         scale, inv = pow2_scale(finite_amax(xf, 1))
         q = e4m3_bits(xf * inv[:, None])  # exact product: inv is a power of two
-        # Page layout: all page_size * D values first, then page_size fp32 scales.
+        # Page layout: all block_size * D values first, then block_size fp32 scales.
         tl.store(val_ptr + (page * c_s0 + off * D)[:, None] + d[None, :], q, mask=m)
         tl.store(scale_ptr + page * scale_s0 + scale_base + off, scale, mask=ok)
     else:
@@ -272,13 +272,13 @@ def write_indexer_k(
     Args:
         k: bf16 ``[T, D]``, one key per new token (any strides).
         k_cache: the cache, written in place; format from its dtype: bf16
-            ``[num_pages, page_size, D]`` (or ``[..., 1, D]``), or uint8
-            ``[num_pages, page_size, 1, D + 4]`` (or ``[num_pages, page_size, D + 4]``) in
+            ``[num_pages, block_size, D]`` (or ``[..., 1, D]``), or uint8
+            ``[num_pages, block_size, 1, D + 4]`` (or ``[num_pages, block_size, D + 4]``) in
             DeepGEMM's per-page layout (module docstring). fp8 keys get one power-of-two fp32
             scale per token.
         slot_mapping: int32 or int64 ``[T]``, contiguous: destination slot
-            ``page_id * page_size + offset`` of each token. ``-1`` skips the token (padding).
-            Slots ``>= num_pages * page_size`` (or any other negative value) are device data
+            ``page_id * block_size + offset`` of each token. ``-1`` skips the token (padding).
+            Slots ``>= num_pages * block_size`` (or any other negative value) are device data
             that cannot be checked without a sync: the kernel skips them silently.
 
     Returns:
@@ -303,7 +303,7 @@ def write_indexer_k(
     if lay.fp8:
         val, scale = c3, lay.scales
         c_s0, c_s1, c_s2 = c3.stride(0), d, 1
-        scale_s0, scale_base = c3.stride(0) // 4, lay.page_size * d // 4
+        scale_s0, scale_base = c3.stride(0) // 4, lay.block_size * d // 4
     else:
         val, scale = c3, c3  # scale pointer unused
         c_s0, c_s1, c_s2 = c3.stride()
@@ -314,7 +314,7 @@ def write_indexer_k(
         val,
         scale,
         num_tokens,
-        lay.num_pages * lay.page_size,
+        lay.num_pages * lay.block_size,
         k.stride(0),
         k.stride(1),
         c_s0,
@@ -322,7 +322,7 @@ def write_indexer_k(
         c_s2,
         scale_s0,
         scale_base,
-        PAGE=lay.page_size,
+        PAGE=lay.block_size,
         D=d,
         DP=next_pow2(d),
         FP8=lay.fp8,
@@ -348,7 +348,7 @@ class MlaCacheLayout:
 
     fp8: bool
     num_pages: int
-    page_size: int
+    block_size: int
     nope_dim: int
     rope_dim: int
     cache3: torch.Tensor
@@ -363,8 +363,8 @@ def mla_cache_layout(
     """Validate an MLA latent cache for the given nope/rope split (format from the dtype).
 
     Args:
-        kv_cache: bf16 ``[num_pages, page_size, nope + rope]`` (or ``[..., 1, nope + rope]``,
-            any strides), or uint8 ``[num_pages, page_size, 1, B]`` / ``[num_pages, page_size,
+        kv_cache: bf16 ``[num_pages, block_size, nope + rope]`` (or ``[..., 1, nope + rope]``,
+            any strides), or uint8 ``[num_pages, block_size, 1, B]`` / ``[num_pages, block_size,
             B]`` with ``B = nope + 4 * nope / 128 + 2 * rope`` (656 for V3.2), one token per
             row, bytes contiguous, strides multiples of 4.
     """
@@ -452,11 +452,11 @@ def write_mla_latent(
         kv_c: bf16 ``[T, 512]`` (``[T, nope]``), the compressed latent of each new token
             (any strides; e.g. ``kv[:, :512]`` of a ``[T, 576]`` tensor).
         k_pe: bf16 ``[T, 64]`` (``[T, rope]``), its rope key (e.g. ``kv[:, 512:]``).
-        kv_cache: written in place; bf16 ``[num_pages, page_size, 576]`` (or ``[..., 1, 576]``)
-            or FlashMLA's fp8 format, uint8 ``[num_pages, page_size, 1, 656]`` (or
-            ``[num_pages, page_size, 656]``): per token 512 e4m3 | 4 fp32 power-of-two scales
+        kv_cache: written in place; bf16 ``[num_pages, block_size, 576]`` (or ``[..., 1, 576]``)
+            or FlashMLA's fp8 format, uint8 ``[num_pages, block_size, 1, 656]`` (or
+            ``[num_pages, block_size, 656]``): per token 512 e4m3 | 4 fp32 power-of-two scales
             (one per 128 nope values) | 64 bf16 rope copied unquantised.
-        slot_mapping: int32 or int64 ``[T]``, contiguous, ``page_id * page_size + offset``;
+        slot_mapping: int32 or int64 ``[T]``, contiguous, ``page_id * block_size + offset``;
             ``-1`` skips the token; other out-of-range slots are skipped silently (device data).
 
     Returns:
@@ -493,7 +493,7 @@ def write_mla_latent(
         f32,
         bf,
         num_tokens,
-        lay.num_pages * lay.page_size,
+        lay.num_pages * lay.block_size,
         kv_c.stride(0),
         kv_c.stride(1),
         k_pe.stride(0),
@@ -501,7 +501,7 @@ def write_mla_latent(
         c_s0,
         c_s1,
         c_s2,
-        PAGE=lay.page_size,
+        PAGE=lay.block_size,
         NOPE=nope,
         NOPE_P=next_pow2(nope),
         ROPE=lay.rope_dim,
@@ -525,49 +525,49 @@ def _check_bool(name: str, v: object) -> None:
 
 def new_indexer_k_cache(
     num_pages: int,
-    page_size: int,
+    block_size: int,
     head_dim: int = INDEXER_HEAD_DIM,
     *,
     fp8: bool,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Zeroed indexer K cache: uint8 ``[num_pages, page_size, 1, head_dim + 4]`` (fp8) or bf16
-    ``[num_pages, page_size, head_dim]``, on ``device`` (default: where kernels run). The
+    """Zeroed indexer K cache: uint8 ``[num_pages, block_size, 1, head_dim + 4]`` (fp8) or bf16
+    ``[num_pages, block_size, head_dim]``, on ``device`` (default: where kernels run). The
     fp8 format needs ``head_dim`` a positive multiple of 4 (the scales stay 4-byte aligned)."""
     device = canonical_device(device)
     check_int("num_pages", num_pages, lo=0)
-    check_int("page_size", page_size, lo=1)
+    check_int("block_size", block_size, lo=1)
     check_int("head_dim", head_dim, lo=1)
     _check_bool("fp8", fp8)
     if fp8 and head_dim % 4:
         raise ValueError(f"head_dim must be a multiple of 4 for the fp8 format, got {head_dim}")
     if fp8:
         return torch.zeros(
-            (num_pages, page_size, 1, head_dim + 4), dtype=torch.uint8, device=device
+            (num_pages, block_size, 1, head_dim + 4), dtype=torch.uint8, device=device
         )
-    return torch.zeros((num_pages, page_size, head_dim), dtype=torch.bfloat16, device=device)
+    return torch.zeros((num_pages, block_size, head_dim), dtype=torch.bfloat16, device=device)
 
 
 def new_mla_cache(
     num_pages: int,
-    page_size: int,
+    block_size: int,
     *,
     fp8: bool,
     nope_dim: int = MLA_NOPE_DIM,
     rope_dim: int = MLA_ROPE_DIM,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Zeroed MLA latent cache: uint8 ``[num_pages, page_size, 1, 656]`` (fp8) or bf16
-    ``[num_pages, page_size, 576]``, on ``device`` (default: where kernels run). ``nope_dim``
+    """Zeroed MLA latent cache: uint8 ``[num_pages, block_size, 1, 656]`` (fp8) or bf16
+    ``[num_pages, block_size, 576]``, on ``device`` (default: where kernels run). ``nope_dim``
     is a positive multiple of 128 and ``rope_dim >= 0``, as the writer requires."""
     device = canonical_device(device)
     check_int("num_pages", num_pages, lo=0)
-    check_int("page_size", page_size, lo=1)
+    check_int("block_size", block_size, lo=1)
     _check_bool("fp8", fp8)
     _check_mla_dims(nope_dim, rope_dim)
     if fp8:
         width = mla_fp8_bytes_per_token(nope_dim, rope_dim)
-        return torch.zeros((num_pages, page_size, 1, width), dtype=torch.uint8, device=device)
+        return torch.zeros((num_pages, block_size, 1, width), dtype=torch.uint8, device=device)
     return torch.zeros(
-        (num_pages, page_size, nope_dim + rope_dim), dtype=torch.bfloat16, device=device
+        (num_pages, block_size, nope_dim + rope_dim), dtype=torch.bfloat16, device=device
     )

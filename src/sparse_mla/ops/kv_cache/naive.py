@@ -87,8 +87,8 @@ def write_indexer_k_reference(
         slot_mapping: int ``[T]``; entries outside ``[0, P * page)`` (e.g. -1) are skipped.
     """
     lay = indexer_k_cache_layout(k_cache)
-    tok, slot = _slots(slot_mapping, lay.num_pages * lay.page_size)
-    page, off = slot // lay.page_size, slot % lay.page_size
+    tok, slot = _slots(slot_mapping, lay.num_pages * lay.block_size)
+    page, off = slot // lay.block_size, slot % lay.block_size
     if not lay.fp8:
         lay.cache3[page, off] = k[tok]
         return k_cache
@@ -140,8 +140,8 @@ def write_mla_latent_reference(
     """
     nope, rope = kv_c.shape[1], k_pe.shape[1]
     lay = mla_cache_layout(kv_cache, nope, rope)
-    tok, slot = _slots(slot_mapping, lay.num_pages * lay.page_size)
-    page, off = slot // lay.page_size, slot % lay.page_size
+    tok, slot = _slots(slot_mapping, lay.num_pages * lay.block_size)
+    page, off = slot // lay.block_size, slot % lay.block_size
     if not lay.fp8:
         lay.cache3[page, off] = torch.cat([kv_c[tok], k_pe[tok]], dim=-1)
         return kv_cache
