@@ -33,11 +33,6 @@ import sys
 import time
 import traceback
 
-# benchmarks/profile.py would shadow the standard library's profile (cProfile, which
-# torch._dynamo imports): drop this script's folder from the import path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
 import torch
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)

@@ -23,7 +23,7 @@ for step in "$@"; do
     verify) run verify python3 -m sparse_mla.cli verify --no-progress --jobs 12 ${VERIFY_ARGS:-} ;;
     memcheck) run memcheck compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 python3 -m pytest -q -n 8 ${MEMCHECK_TESTS:-tests/ops} ;;
     gpu_*) run "$step" python3 "benchmarks/$step.py" --out "$W" ;;
-    ncu_*) run "$step" bash -c "$(python3 benchmarks/profile.py "${step#ncu_}" --ncu)" ;;
+    ncu_*) run "$step" bash -c "$(python3 benchmarks/profile_op.py "${step#ncu_}" --ncu)" ;;
     demo) run demo python3 -m sparse_mla.cli demo ;;
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
     tune_topk) run tune_topk python3 benchmarks/tune_topk.py --out "$W" ${TUNE_TOPK_ARGS:-} ;;

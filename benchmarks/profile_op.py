@@ -1,4 +1,4 @@
-"""One kernel's launches on realistic shapes, for Nsight Compute: ``python benchmarks/profile.py
+"""One kernel's launches on realistic shapes, for Nsight Compute: ``python benchmarks/profile_op.py
 OP`` with OP one of the names below; ``--ncu`` prints the ncu command line that reads the
 right launches (the lease step ``ncu_<OP>`` runs it).
 
@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--ncu", action="store_true", help="print the ncu command and exit")
     args = ap.parse_args()
     if args.ncu:
-        print(f"{_NCU} {NCU_ARGS[args.op]} python3 benchmarks/profile.py {args.op}")
+        print(f"{_NCU} {NCU_ARGS[args.op]} python3 benchmarks/profile_op.py {args.op}")
         return
     torch.manual_seed(0)
     PROFILES[args.op]("cuda")
