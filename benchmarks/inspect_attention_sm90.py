@@ -56,7 +56,7 @@ def main() -> int:
     consts = dict(
         PAGE=64, BLOCK_H=args.block_h, BLOCK_N=args.block_n, FP8=args.cache == "fp8",
         FUSED=args.fused, HAS_LEN=False, HAS_SINK=False, SPLIT=args.split,
-        NUM_STAGES=args.stages, SLOTS_AHEAD=True, INTERPRET=False, PDL=1,
+        NUM_STAGES=args.stages, INTERPRET=False, PDL=1,
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
     for i, p in enumerate(fn.params):

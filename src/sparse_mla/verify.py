@@ -737,7 +737,6 @@ def _run_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | N
             num_warps=_rand_choice(g, (4, 8)),
             combine_heads=_rand_choice(g, (1, 4, 8)),
             num_stages=_rand_int(g, 1, 2),
-            slots_ahead=_rand_int(g, 0, 1) == 1,
         )
     ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=0.1352, magnitude=True, **kw)
     dkw = {k: v.to(dev) for k, v in kw.items()}

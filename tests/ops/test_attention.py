@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sparse_mla import convert_req_index_to_global_index
-from sparse_mla._runtime import INTERPRETER, default_device
+from sparse_mla._runtime import default_device
 from sparse_mla.compat import flashmla
 from sparse_mla.ops.attention import (
     AttentionConfig,
@@ -68,8 +68,7 @@ def test_config_choice():
         for t in (1, 2, 8, 300):
             cfg = choose_attention_config(t, h, 2048, "fp8", 132)
             # 64-head blocks unless there would be fewer than four such programs
-            widest = 64 if t * -(-h // 64) >= 4 else 32
-            assert cfg.block_h in (16, 32, 64) and cfg.block_h >= min(h, widest)
+            assert cfg.block_h in (16, 32, 64) and cfg.block_h >= min(h, 64 if t > 1 else 32)
             assert cfg.block_h < 2 * max(h, 16) or cfg.block_h == 16
             assert cfg.head_blocks(h) * cfg.block_h >= h
             sp = cfg.num_splits
@@ -215,31 +214,6 @@ def test_fused_remap_equals_remap_then_attend(seed, fp8):
             q, cache, pos, block_table=bt, req_id=req, block_size=bs, topk_length=lens, config=cfg
         )
         assert torch.equal(two_step[0], fused[0]) and torch.equal(two_step[1], fused[1])
-
-
-@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
-def test_slots_ahead_equals_in_step(seed, fp8):
-    """Reading the next block's slots a step ahead computes the same blocks: within
-    tolerance of the reference and (interpreted) bit-equal to reading them in the step,
-    through hostile ids, valid counts that end mid-block, splits and the fused remap (the
-    look-ahead must stop at each split's end)."""
-    g = _gen(seed)
-    q, cache, idx = _case(g, T=4, h=16, topk=96, fp8=fp8)
-    idx[0] = -1
-    idx[1, 5::3] = ROWS + 7
-    lens = torch.tensor([96, 50, 17, 0], dtype=torch.int32)
-    bt = torch.randperm(PAGES, generator=g).int().view(1, PAGES).repeat(4, 1)
-    req = torch.arange(4, dtype=torch.int32)
-    pos = torch.randint(-1, ROWS, (4, 96), generator=g, dtype=torch.int32)
-    for splits in (1, 3):
-        ahead = AttentionConfig(block_n=16, num_splits=splits)
-        in_step = AttentionConfig(block_n=16, num_splits=splits, slots_ahead=False)
-        for kw in (dict(topk_length=lens), dict(block_table=bt, req_id=req, block_size=PAGE)):
-            ix = pos if "block_table" in kw else idx
-            a = _check(q, cache, ix, config=ahead, **kw)
-            b = _check(q, cache, ix, config=in_step, **kw)
-            if INTERPRETER:  # compiled, the loops may contract multiply-adds differently
-                assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_attention_sink(seed):

@@ -260,8 +260,7 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
         sm_scale * LOG2E,
         PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=lay.fp8,
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
-        SPLIT=split, NUM_STAGES=cfg.num_stages, SLOTS_AHEAD=cfg.slots_ahead,
-        INTERPRET=INTERPRETER,
+        SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,
         # With splits the combine may start launching early (it waits for this kernel).
         **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),

@@ -35,8 +35,6 @@ class AttentionConfig:
         pipelines the row gathers).
     combine_heads: heads per combine program (power of two, 1..16).
     combine_dims: output dims per combine program (power of two dividing 512).
-    slots_ahead: each loop step reads the next block's slot ids (and, fused, their
-        block-table pages) while it gathers and uses its own rows.
     pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
@@ -50,7 +48,6 @@ class AttentionConfig:
     num_stages: int = 2
     combine_heads: int = 8
     combine_dims: int = 128
-    slots_ahead: bool = True
     pdl: bool = True
 
     def head_blocks(self, h_q: int) -> int:

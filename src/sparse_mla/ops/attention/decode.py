@@ -256,7 +256,7 @@ def _sparse_mla_decode_kernel(
     qk_scale,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
-    SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr, SLOTS_AHEAD: tl.constexpr,
+    SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
@@ -295,25 +295,12 @@ def _sparse_mla_decode_kernel(
     c1 = tl.full([], 1.0, tl.float32)
     c2 = tl.full([], 1.0, tl.float32)
     c3 = tl.full([], 1.0, tl.float32)
-    if SLOTS_AHEAD:  # the first block's slots; each step then reads the next block's
-        slot_n, ok_n = _block_slots(
-            idx_row, idx_s1, col_lo + tl.arange(0, BLOCK_N), col_hi, num_rows, bt_row, bt_s1,
-            bt_width, req_ok, block_size, FUSED,
-        )  # fmt: skip
     for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=NUM_STAGES):
-        if SLOTS_AHEAD:
-            # The next block's ids (and block-table pages) are read while this block's rows
-            # are gathered and used, so no step waits on its own id -> page -> row chain.
-            slot, ok = slot_n, ok_n
-            slot_n, ok_n = _block_slots(
-                idx_row, idx_s1, start + BLOCK_N + tl.arange(0, BLOCK_N), col_hi, num_rows,
-                bt_row, bt_s1, bt_width, req_ok, block_size, FUSED,
-            )  # fmt: skip
-        else:
-            slot, ok = _block_slots(
-                idx_row, idx_s1, start + tl.arange(0, BLOCK_N), col_hi, num_rows, bt_row,
-                bt_s1, bt_width, req_ok, block_size, FUSED,
-            )  # fmt: skip
+        cols = start + tl.arange(0, BLOCK_N)
+        slot, ok = _block_slots(
+            idx_row, idx_s1, cols, col_hi, num_rows, bt_row, bt_s1, bt_width, req_ok,
+            block_size, FUSED,
+        )  # fmt: skip
         row = (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1
         k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, FP8)
         k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, FP8)
