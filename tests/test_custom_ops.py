@@ -71,7 +71,7 @@ def test_configs_round_trip():
 
     for kind, cfg in [
         ("topk", TopKConfig(row_warps=4, fallback_side_stream=False)),
-        ("attention", AttentionConfig(block_n=32, slots_ahead=False)),
+        ("attention", AttentionConfig(block_n=32, num_stages=1)),
         ("expand", ExpandConfig(store_evict="")),
         ("logits", IndexLogitsConfig(block_s=32)),
         ("remap", choose_remap_layout(2048, count_valid=True, compact=True, num_rows=64)),
