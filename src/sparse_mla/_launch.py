@@ -41,6 +41,15 @@ def scalars_key(*values: object) -> tuple:
     return (values, tuple(map(type, values)))
 
 
+def value_key(v: object) -> Hashable:
+    """A config or layout (a frozen dataclass) with its fields' types, or any other hashable
+    value with its type: equal keys pass the same checks."""
+    fields = getattr(v, "__dataclass_fields__", None)
+    if fields is None:
+        return (v, type(v))
+    return (v, type(v), tuple(type(getattr(v, f)) for f in fields))
+
+
 class PlanCache:
     """Plans of one wrapper by key, at most ``maxsize`` (emptied when full: shapes that vary
     every step, such as eager token counts, must not grow it without bound)."""

@@ -26,7 +26,15 @@ from ..._checks import (
     check_shape,
     check_tensor,
 )
-from ..._launch import PlanCache, byte_extent, check_disjoint, launch, scalars_key, tensor_meta
+from ..._launch import (
+    PlanCache,
+    byte_extent,
+    check_disjoint,
+    launch,
+    scalars_key,
+    tensor_meta,
+    value_key,
+)
 from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
 from .._common.dcp import dcp_local, dcp_owner
 from .._common.paging import page_slot
@@ -368,7 +376,7 @@ def _launch(
             tensor_meta(valid_counts_out),
             scalars_key(block_size, block_stride_rows, dcp_size, dcp_rank, interleave),
             scalars_key(compact, return_valid_counts, enable_pdl),
-            layout,
+            value_key(layout),
         )
     except AttributeError:  # not a tensor: the checks say what is wrong
         key = None
