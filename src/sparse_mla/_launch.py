@@ -8,12 +8,13 @@ passed them before. What the key does not hold is still checked on every call: t
 addresses (outputs must not overlap inputs: :func:`check_disjoint`).
 
 :func:`launch` runs ``kernel[grid](*args, **kwargs)``. With the fast path on
-(``SPARSE_MLA_FAST_LAUNCH=1``, or :func:`set_fast_launch`; off by default) and a ``key`` that
-fixes every non-tensor argument and keyword, the compiled kernel Triton returned for the
-first launch is kept per (key, current device, tensor dtypes and 16-byte alignment: what
-Triton specialises a pointer on) and later launches call it directly, skipping Triton's
-argument binding and specialisation. Under the interpreter, or when the object Triton returns
-is not a compiled kernel it knows, every launch takes the normal path.
+(``SPARSE_MLA_FAST_LAUNCH=1``, or :func:`set_fast_launch`; off by default) the compiled kernel
+Triton returned for the first launch is kept per specialisation (the values of the non-tensor
+arguments and keywords, or a caller's key that fixes them; the current device; each tensor's
+dtype and 16-byte alignment, what Triton specialises a pointer on) and later launches call it
+directly, skipping Triton's argument binding and specialisation. Under the interpreter, or
+when the object Triton returns is not a compiled kernel it knows, every launch takes the
+normal path.
 """
 
 from __future__ import annotations
@@ -180,20 +181,38 @@ def _entry(kernel: Any, compiled: Any, args: tuple, kwargs: dict) -> _Entry | No
     return _Entry(compiled, tuple(tail))
 
 
+def _values_key(args: tuple, kwargs: dict) -> Hashable:
+    """What Triton specialises a launch on, from every non-tensor argument's value (floats
+    are not specialised: their type only) and every keyword, with their types (a bool is
+    not the int 1 to Triton)."""
+    values = tuple(
+        a if a.__class__ is int else float if a.__class__ is float else (a.__class__, a)
+        for a in args
+        if not isinstance(a, torch.Tensor)
+    )
+    return (values, tuple((k, v, v.__class__) for k, v in kwargs.items()))
+
+
 def launch(
     kernel: Any, grid: tuple, args: tuple, kwargs: dict, key: Hashable | None = None
 ) -> None:
-    """``kernel[grid](*args, **kwargs)``; with the fast path on and a ``key`` that fixes
-    every non-tensor argument and every keyword (for example the caller's launch plan),
-    later launches of the same key call the compiled kernel directly."""
-    if key is None or not _FAST[0] or _runtime.INTERPRETER:
+    """``kernel[grid](*args, **kwargs)``. With the fast path on, later launches of the same
+    specialisation call the compiled kernel directly. ``key``: a hashable value that fixes
+    every non-tensor argument and every keyword of this launch site (for example the
+    caller's cached plan; cheaper), or None to key on their values."""
+    if not _FAST[0] or _runtime.INTERPRETER:
         kernel[grid](*args, **kwargs)
         return
     drv = _driver()
     device = drv.get_current_device()
     tensors = tuple((a.dtype, a.data_ptr() % 16 == 0) for a in args if isinstance(a, torch.Tensor))
+    if key is None:
+        key = _values_key(args, kwargs)
     full_key = (kernel, key, device, tensors)
-    entry = _LAUNCHES.get(full_key, False)
+    try:
+        entry = _LAUNCHES.get(full_key, False)
+    except TypeError:  # an unhashable argument: Triton takes it or says why
+        entry = None
     if entry is False:
         compiled = kernel[grid](*args, **kwargs)
         if len(_LAUNCHES) >= _MAX_LAUNCHES:
