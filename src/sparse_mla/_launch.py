@@ -29,11 +29,13 @@ from . import _runtime
 
 
 def tensor_meta(t: object) -> Hashable:
-    """What the checks read of a tensor argument (None stays None); raises AttributeError
-    for objects that are not tensors (callers then take the uncached path)."""
+    """What the checks read of a tensor argument (None stays None): its class, dtype, shape,
+    strides, storage offset and device. Raises AttributeError for objects that are not
+    tensors (callers then take the uncached path). Checks of the address itself (alignment)
+    must run on every call."""
     if t is None:
         return None
-    return (t.__class__, t.dtype, t.shape, t.stride(), t.device)
+    return (t.__class__, t.dtype, t.shape, t.stride(), t.storage_offset(), t.device)
 
 
 def scalars_key(*values: object) -> tuple:

@@ -166,6 +166,8 @@ def select_topk(
         check_disjoint("valid_counts_out", valid_counts_out, ext[5], (ws_in, *inputs))
     if workspace is not None:
         check_disjoint("workspace", workspace, ext[6], inputs)
+        if workspace.data_ptr() % 8:  # the address: not in the key
+            check_workspace(workspace, call.out_shape[0])
     counts = valid_counts_out
     if call.want_counts and counts is None:
         counts = torch.empty(call.out_shape[0], dtype=torch.int32, device=device)
