@@ -13,9 +13,11 @@ then run nowhere, so results are garbage).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -206,10 +208,10 @@ def measure_host_costs(
     cases = host_cases(device, topk_cols)
     results: list[HostCost] = []
     for name, fn in cases.items():
-        with count_launches() as n:
-            fn()
-        _sync(device)
         with stub_launches() if stub else contextlib.nullcontext():
+            with count_launches() as n:
+                fn()
+            _sync(device)
             us = host_us(fn, calls, device)
         results.append(HostCost(name, n[0], us))
     bare = results[0].us
@@ -217,6 +219,106 @@ def measure_host_costs(
         if r.launches and not r.name.startswith("bare"):
             r.budget_us = BUDGET_PER_LAUNCH * bare * r.launches
     return results
+
+
+def _snapshot(r: object) -> list[torch.Tensor]:
+    """The tensors a call returned, copied (the next call writes the same buffers)."""
+    if isinstance(r, torch.Tensor):
+        return [r.clone()]
+    if isinstance(r, tuple | list):
+        return [t for x in r for t in _snapshot(x)]
+    if hasattr(r, "__dataclass_fields__"):
+        return [t for f in r.__dataclass_fields__ for t in _snapshot(getattr(r, f))]
+    return []
+
+
+def fast_launch_mismatches(device: torch.device, topk_cols: int = 16384) -> list[str]:
+    """Cases whose outputs differ between the normal launch path and the cached one (same
+    inputs; every kernel here is deterministic). Needs a GPU to mean anything."""
+    from .. import _launch
+
+    bad = []
+    for name, fn in host_cases(device, topk_cols).items():
+        prev = _launch.set_fast_launch(False)
+        try:
+            want = _snapshot(fn())
+            _launch.set_fast_launch(True)
+            fn()  # the first call goes the normal way and keeps the compiled kernel
+            got = _snapshot(fn())
+        finally:
+            _launch.set_fast_launch(prev)
+        _sync(device)
+        same = len(want) == len(got) and all(
+            torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, equal_nan=True))
+            for a, b in zip(want, got, strict=False)
+        )
+        if not same:
+            bad.append(name)
+    return bad
+
+
+def eager_topk(
+    device: torch.device, ns=(4096, 16384, 65536, 131072), batches=(1, 8, 64), k: int = 2048,
+    calls: int = 200,
+) -> list[dict]:  # fmt: skip
+    """Eager per-call time (host and device together: back-to-back calls, synchronised at
+    the end) of ``select_topk`` (auto path; and the one-program-per-row kernel) against
+    ``torch.topk`` at the bench's shapes, all with pre-sized outputs."""
+    rows = []
+    for n in ns:
+        for b in batches:
+            fns = _topk_calls(device, n, b, k)
+            row = {"n": n, "batch": b}
+            for name, fn in fns.items():
+                with count_launches() as launches:
+                    fn()
+                row[name] = _wall_us(fn, calls, device)
+                row[name + " launches"] = launches[0]
+            rows.append(row)
+    return rows
+
+
+def _topk_calls(device: torch.device, n: int, b: int, k: int) -> dict[str, Callable]:
+    import sparse_mla as sm
+
+    x = torch.randn(b, n, device=device)
+    lens = torch.full((b,), n, dtype=torch.int32, device=device)
+    out, ws = torch.empty(b, k, dtype=torch.int32, device=device), sm.topk_workspace(b, device)
+    vals = torch.empty(b, k, device=device)
+    idx = torch.empty(b, k, dtype=torch.int64, device=device)
+    return {
+        "select_topk": lambda: sm.select_topk(x, lens, k=k, out=out, workspace=ws),
+        "select_topk row kernel": lambda: sm.select_topk(
+            x, lens, k=k, out=out, workspace=ws, num_splits=1
+        ),
+        "torch.topk": lambda: torch.topk(x, k, dim=1, out=(vals, idx)),
+    }
+
+
+def _wall_us(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Median of 3: wall microseconds per call over ``calls`` calls, synchronised at the end."""
+    fn()
+    _sync(device)
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        runs.append((time.perf_counter() - t0) * 1e6 / calls)
+    return sorted(runs)[1]
+
+
+def render_topk(rows: list[dict]) -> str:
+    head = ("N", "batch", "select_topk", "(launches)", "row kernel", "torch.topk", "ours/torch")
+    lines = ["eager top-k, k=2048, us per call (host and GPU, back to back)"]
+    lines.append("".join(h.rjust(12) for h in head))
+    for r in rows:
+        cells = (r["n"], r["batch"], f"{r['select_topk']:.1f}", r["select_topk launches"],
+                 f"{r['select_topk row kernel']:.1f}", f"{r['torch.topk']:.1f}",
+                 f"{r['select_topk'] / r['torch.topk']:.2f}")  # fmt: skip
+        lines.append("".join(str(c).rjust(12) for c in cells))
+    return "\n".join(lines)
 
 
 def render(results: list[HostCost], title: str) -> str:
@@ -243,5 +345,39 @@ def to_json(results: list[HostCost]) -> list[dict]:
     return [dict(asdict(r), ratio=r.ratio) for r in results]
 
 
-def default_device() -> torch.device:
-    return _runtime.default_device()
+def run(out_dir: Path, *, calls: int = 2000, fast: bool = True, topk: bool = True) -> dict:
+    """Measure, print the tables and write ``out_dir/host.json``: the host cost of every
+    call with Triton's normal launch path, and (``fast``, on a GPU) with the cached one
+    (its outputs checked against the normal path's first), and (``topk``) eager top-k."""
+    from .. import _launch
+
+    device = _runtime.default_device()
+    cuda = device.type == "cuda"
+    doc: dict = {"info": _runtime.info(), "calls": calls, "budget_per_launch": BUDGET_PER_LAUNCH}
+    texts = []
+    prev = _launch.set_fast_launch(False)
+    try:
+        res = measure_host_costs(device, calls=calls)
+        doc["normal"] = to_json(res)
+        texts.append(render(res, f"host us per call, Triton's launch path ({calls} calls)"))
+        if fast and cuda:
+            doc["fast_launch_mismatches"] = bad = fast_launch_mismatches(device)
+            _launch.set_fast_launch(True)
+            res = measure_host_costs(device, calls=calls)
+            doc["fast"] = to_json(res)
+            title = "host us per call, cached launch (SPARSE_MLA_FAST_LAUNCH=1)"
+            texts.append(render(res, title) + f"\noutputs differing from the normal path: {bad}")
+    finally:
+        _launch.set_fast_launch(prev)
+    if not cuda:
+        texts.append("(CPU interpreter: the times mean nothing)")
+    if topk:
+        shapes = {} if cuda else dict(ns=(512,), batches=(2,), k=64, calls=2)
+        doc["eager_topk"] = rows = eager_topk(device, **shapes)
+        texts.append(render_topk(rows))
+    text = "\n\n".join(texts)
+    print(text)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "host.json").write_text(json.dumps(doc, indent=1))
+    (out_dir / "host.txt").write_text(text + "\n")
+    return doc
