@@ -223,3 +223,42 @@ def test_fast_launch_falls_back(fast, monkeypatch):
     for _ in range(2):
         _launch.launch(k, (1,), (x, 32), dict(A=1))
     assert kinds(k) == ["slow"] * 4
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="the cached launch needs a GPU")
+def test_fast_launch_on_the_gpu_matches_and_captures(seed):
+    # Real compiled kernels: shapes whose integers Triton specialises differently (1, 16,
+    # odd), PDL launches (Hopper), a misaligned view, and a CUDA-graph capture of the path.
+    prev = _launch.set_fast_launch(True)
+    try:
+        for t, k in ((1, 64), (16, 128), (5, 40)):
+            req, bt, ti = remap_inputs(t, k, seed)
+            for view in (ti, torch.cat([ti.flatten(), ti.new_zeros(1)])[1:].view(t, k)):
+                want = remap_ref(req, bt, view, block_size=16)
+                for _ in range(3):  # normal path, then the cached one
+                    got = sparse_mla.convert_req_index_to_global_index(req, bt, view, block_size=16)
+                    assert torch.equal(got, want)
+        assert any(e is not None for e in _launch._LAUNCHES.values()), "fast path never taken"
+        lens = torch.full((4,), 3000, dtype=torch.int32, device=DEV)
+        x = torch.randn(4, 4096, device=DEV)
+        out = torch.empty(4, 256, dtype=torch.int32, device=DEV)
+        ws = sparse_mla.topk_workspace(4, DEV)
+        for splits in (None, 1):  # split path (six launches) and the row kernel
+            for _ in range(2):
+                got = sparse_mla.select_topk(x, lens, k=256, out=out, workspace=ws,
+                                             num_splits=splits)  # fmt: skip
+                assert torch.equal(got, select_topk_reference(x, lens, 256))
+        req, bt, ti = remap_inputs(8, 64, seed)
+        out = torch.empty(8, 64, dtype=torch.int32, device=DEV)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            sparse_mla.convert_req_index_to_global_index(req, bt, ti, block_size=16, out=out)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                sparse_mla.convert_req_index_to_global_index(req, bt, ti, block_size=16, out=out)
+        ti.copy_(remap_inputs(8, 64, seed + 1)[2])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, remap_ref(req, bt, ti, block_size=16))
+    finally:
+        _launch.set_fast_launch(prev)
