@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -302,6 +303,7 @@ def _dcp_local_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=1024)  # pure, and on every launch
 def _copy_layout(
     num_reqs: int, width: int, offsets: bool = False, config: ExpandConfig = DEFAULT_EXPAND_CONFIG
 ) -> tuple[int, int]:
