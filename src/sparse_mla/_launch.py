@@ -145,16 +145,22 @@ _LAUNCHES: dict[Hashable, _Entry | None] = {}
 _MAX_LAUNCHES = 4096
 
 
-def _driver() -> Any:
-    from triton.runtime.driver import driver
+_TRITON: list = []  # (driver, knobs), imported on the first cached launch
 
-    return driver.active
+
+def _driver() -> Any:
+    if not _TRITON:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        _TRITON[:] = [driver, knobs]
+    return _TRITON[0].active
 
 
 def _hooks() -> tuple[Any, Any]:
-    from triton import knobs
-
-    return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    _driver()
+    runtime = _TRITON[1].runtime
+    return runtime.launch_enter_hook, runtime.launch_exit_hook
 
 
 def _entry(kernel: Any, compiled: Any, args: tuple, kwargs: dict) -> _Entry | None:
