@@ -168,8 +168,8 @@ def _entry(kernel: Any, compiled: Any, args: tuple, kwargs: dict) -> _Entry | No
     kind of object, a keyword that is not a trailing constexpr, ...)."""
     if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
         return None
-    if hasattr(compiled, "result"):  # an async compile still in flight
-        return None
+    if hasattr(compiled, "result") or getattr(kernel, "pre_run_hooks", None):
+        return None  # an async compile still in flight; hooks the normal path runs
     params = getattr(kernel, "params", None)
     names = getattr(kernel, "arg_names", None)
     if params is None or names is None or len(args) > len(names):
