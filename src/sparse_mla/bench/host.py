@@ -192,7 +192,7 @@ def host_cases(device: torch.device, topk_cols: int = 16384) -> dict[str, Callab
     hq, topk = 16, 128
     qa = randn(t, hq, 576)
     ind = ints(num_pages * page, t, topk)
-    o, lse = torch.empty(t, hq, 512, dtype=torch.bfloat16, device=device), None
+    o = torch.empty(t, hq, 512, dtype=torch.bfloat16, device=device)
     lse = torch.empty(t, hq, device=device)
     aws = sm.attention_workspace(t, hq, topk, cache_format="fp8", device=device)
     cases["sparse_mla_decode (fp8)"] = lambda: sm.sparse_mla_decode(
