@@ -127,10 +127,6 @@ def set_fast_launch(on: bool) -> bool:
     return prev
 
 
-def fast_launch_enabled() -> bool:
-    return _FAST[0] and not _runtime.INTERPRETER
-
-
 class _Entry:
     """A compiled kernel and how to call it: its positional arguments are the launch's,
     then every constexpr keyword in signature order."""
