@@ -262,3 +262,29 @@ def test_fast_launch_on_the_gpu_matches_and_captures(seed):
         assert torch.equal(out, remap_ref(req, bt, ti, block_size=16))
     finally:
         _launch.set_fast_launch(prev)
+
+
+def test_expand_and_logits_check_overlap_on_a_cache_hit():
+    i32 = dict(dtype=torch.int32, device=DEV)
+    seq, bt = torch.tensor([5, 9], **i32), torch.zeros(2, 3, **i32)
+
+    def out(req_id=None):
+        bufs = [torch.empty(4, **i32), torch.empty(4, 3, **i32), torch.empty(4, **i32)]
+        return sparse_mla.ExpandedDecodeTokens(
+            bufs[0], bufs[1], bufs[2], bufs[2] if req_id is None else req_id
+        )
+
+    fresh = out(torch.empty(4, **i32))
+    sparse_mla.expand_decode_tokens(seq, bt, 2, max_decode_len=2, out=fresh)
+    aliased = out()  # the same metadata as `fresh`, but req_id is decode_lens
+    with pytest.raises(ValueError, match="out.decode_lens overlaps out.req_id"):
+        sparse_mla.expand_decode_tokens(seq, bt, 2, max_decode_len=2, out=aliased)
+
+    cache = sparse_mla.new_indexer_k_cache(2, 16, 32, fp8=False, device=DEV)
+    q = torch.randn(2, 4, 32).to(DEV, torch.bfloat16)
+    lens, table = torch.tensor([10, 20], **i32), torch.tensor([[0, 1], [1, 0]], **i32)
+    logits = torch.empty(2, 32, device=DEV)
+    w = torch.empty(2, 32, device=DEV)[:, :4].fill_(1.0)  # strides (32, 1) like out's
+    sparse_mla.index_logits(q, w, cache, lens, table, out=logits)
+    with pytest.raises(ValueError, match="out overlaps weights"):
+        sparse_mla.index_logits(q, logits[:, :4], cache, lens, table, out=logits)
