@@ -558,3 +558,27 @@ def test_smoke_topk_indexer(tmp_path, capsys, monkeypatch):
     text = (out / "PERF.md").read_text()
     assert "indexer side per layer" in text and "% copy" in text and "fp64" in text
     assert bench_indexer.POOL._caches == {}  # the shared caches are freed after the run
+
+
+def test_host_cost_table_with_stubbed_launches():
+    # The wrappers' own cost (kernels stubbed out): every public call is timed and counted.
+    from sparse_mla.bench import host
+
+    res = host.measure_host_costs(torch.device("cpu"), calls=2, stub=True, topk_cols=4096)
+    by = {r.name: r for r in res}
+    assert res[0].name.startswith("bare") and by["torch.add_"].launches == 0
+    assert by["convert_req_index_to_global_index"].launches == 1
+    assert all(r.launches >= 1 and r.budget_us for r in res if r.name.split()[0] in (
+        "select_topk", "sparse_mla_decode", "index_logits", "write_mla_latent"))  # fmt: skip
+    text = host.render(res, "t")
+    assert "x budget" in text and "DecodeMetadataBuilder.build (ragged)" in text
+
+
+def test_bench_host_op_is_its_own_table(monkeypatch, tmp_path):
+    from sparse_mla.bench import host
+
+    seen = {}
+    monkeypatch.setattr(host, "run", lambda out, **kw: seen.update(out=out, **kw) or {})
+    assert runner.main(["--allow-cpu", "--ops", "host", "--out", str(tmp_path)]) == 0
+    assert seen["out"] == tmp_path and seen["fast"] is False
+    assert runner.main(["--ops", "host"]) == 2  # no GPU, no --allow-cpu

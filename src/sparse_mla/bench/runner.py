@@ -259,6 +259,24 @@ def _method(cfg: RunConfig, cuda: bool) -> list[str]:
     ]
 
 
+def _run_host(args: argparse.Namespace) -> int:
+    """``--ops host``: host microseconds per public call beside a bare Triton launch and
+    ``torch.add_`` (``bench/host.py``), into OUT/host.json and OUT/host.txt."""
+    from . import host
+
+    backend = select_backend(args.allow_cpu)
+    if backend is None:
+        print(NO_CUDA_MESSAGE, file=sys.stderr)
+        return 2
+    cuda = backend.name == "cuda"
+    now = _dt.datetime.now()
+    out_dir = args.out or Path("results") / f"bench-{now:%Y%m%d-%H%M%S}"
+    if not cuda:
+        print("** CPU interpreter smoke run (--allow-cpu): the times mean nothing **")
+    doc = host.run(out_dir, calls=2000 if cuda else 2, fast=cuda, topk=cuda and not args.quick)
+    return 1 if doc.get("fast_launch_mismatches") else 0
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="sparse-mla bench",
@@ -269,7 +287,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--ops",
         default=",".join(DEFAULT_OPS),
         help=f"comma-separated ops, or 'all' (available: {', '.join(OP_MODULES)}; "
-        f"default {','.join(DEFAULT_OPS)})",
+        f"default {','.join(DEFAULT_OPS)}); 'host': the host cost of each public call",
     )
     p.add_argument("--quick", action="store_true", help="a small subset of the grid")
     p.add_argument(
@@ -318,6 +336,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {page} from {len(runs)} op(s): {', '.join(r.meta['ops'][0] for r in runs)}")
         return 0
     ops = resolve_ops(args.ops)
+    if "host" in ops:  # its own table (bench/host.py), not a case grid
+        ops.remove("host")
+        status = _run_host(args)
+        if status or not ops:
+            return status
     unknown = [o for o in ops if o not in OP_MODULES]
     if unknown or not ops:
         print(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
+from ..._launch import PlanCache, launch, scalars_key, tensor_meta, value_key
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
 from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
@@ -146,6 +147,59 @@ def sparse_mla_decode(
             req_id=req_id, block_size=block_size, topk_length=topk_length,
             attn_sink=attn_sink, out=out, lse=lse, workspace=workspace, config=config
         )  # fmt: skip
+    try:  # the checks and the choices depend on this key only
+        ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
+        tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
+        key = (
+            *map(tensor_meta, (*tensors, *ws)),
+            type(workspace),
+            scalars_key(type(sm_scale), block_size),
+            value_key(config),
+        )
+    except AttributeError:  # not a tensor (or not a workspace): the checks say what is wrong
+        key = None
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _plan(q, kv_cache, indices, sm_scale, block_table, req_id,
+                                     block_size, topk_length, attn_sink, out, lse, workspace,
+                                     config))  # fmt: skip
+    num_tokens, h_q, _ = q.shape
+    dev = q.device
+    if out is None:
+        out = torch.empty((num_tokens, h_q, NOPE), dtype=torch.bfloat16, device=dev)
+    if lse is None:
+        lse = torch.empty((num_tokens, h_q), dtype=torch.float32, device=dev)
+    if num_tokens == 0:
+        return out, lse
+    cfg = plan.config
+    if plan.splits > 1 and workspace is None:
+        workspace = attention_workspace(
+            num_tokens, h_q, indices.shape[1], cache_format=plan.fmt, config=cfg, device=dev
+        )
+    c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
+    _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
+            workspace, float(sm_scale))  # fmt: skip
+    return out, lse
+
+
+_PLANS = PlanCache()
+
+
+@dataclass(frozen=True)
+class _AttnPlan:
+    """What a decode call decides from its arguments' metadata."""
+
+    config: AttentionConfig
+    splits: int
+    block_size: int | None  # fused remap's page size, None without it
+    fmt: str
+    num_pages: int
+    cache_block_size: int  # rows per cache page
+
+
+def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
+          attn_sink, out, lse, workspace, config) -> _AttnPlan:  # fmt: skip
+    """Checks every argument of :func:`sparse_mla_decode` and picks its launch shape."""
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     num_tokens, h_q, dim = q.shape
     if dim != HEAD_DIM:
@@ -169,30 +223,19 @@ def sparse_mla_decode(
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1, device=dev)
         check_shape("attn_sink", attn_sink, (h_q,))
-    if out is None:
-        out = torch.empty((num_tokens, h_q, NOPE), dtype=torch.bfloat16, device=dev)
-    check_tensor("out", out, dtype=torch.bfloat16, device=dev)
-    check_output("out", out, (num_tokens, h_q, NOPE))
-    if lse is None:
-        lse = torch.empty((num_tokens, h_q), dtype=torch.float32, device=dev)
-    check_tensor("lse", lse, dtype=torch.float32, device=dev)
-    check_output("lse", lse, (num_tokens, h_q))
+    if out is not None:
+        check_tensor("out", out, dtype=torch.bfloat16, device=dev)
+        check_output("out", out, (num_tokens, h_q, NOPE))
+    if lse is not None:
+        check_tensor("lse", lse, dtype=torch.float32, device=dev)
+        check_output("lse", lse, (num_tokens, h_q))
     fmt = "fp8" if lay.fp8 else "bf16"
     cfg = config or choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
     _check_config(cfg, fmt)
-    if num_tokens == 0:
-        return out, lse
-
     splits = cfg.effective_splits(topk)
-    if splits > 1:
-        if workspace is None:
-            workspace = attention_workspace(
-                num_tokens, h_q, topk, cache_format=fmt, config=cfg, device=dev
-            )
+    if num_tokens and splits > 1 and workspace is not None:
         _check_workspace(workspace, num_tokens * splits, h_q, dev)
-    _launch(q, lay, indices, block_table, req_id, bs, topk_length, attn_sink, out, lse,
-            workspace, cfg, splits, float(sm_scale))  # fmt: skip
-    return out, lse
+    return _AttnPlan(cfg, splits, bs, fmt, lay.num_pages, lay.block_size)
 
 
 def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
@@ -228,12 +271,13 @@ def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.dev
         )
 
 
-def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_sink, out, lse,
-            workspace, cfg, splits, sm_scale):  # fmt: skip
+def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
+            workspace, sm_scale):  # fmt: skip
     num_tokens, h_q, _ = q.shape
     topk = indices.shape[1]
-    c3 = lay.cache3
-    if lay.fp8:
+    cfg, splits, block_size = plan.config, plan.splits, plan.block_size
+    fp8 = plan.fmt == "fp8"
+    if fp8:
         kv_u8, kv_f32, kv_bf16 = c3, c3.view(torch.float32), c3.view(torch.bfloat16)
         kv_s = (c3.stride(0), c3.stride(1), 1)  # bytes
     else:
@@ -245,37 +289,44 @@ def _launch(q, lay, indices, block_table, req_id, block_size, topk_length, attn_
     part_out = workspace.partial_out if split else out
     part_lse = workspace.partial_lse if split else lse
     head_blocks = cfg.head_blocks(h_q)
-    decode._sparse_mla_decode_kernel[(num_tokens * splits * head_blocks,)](
+    args = (
         q, kv_u8, kv_f32, kv_bf16, indices,
         topk_length if topk_length is not None else indices,
         bt, req_id if fused else indices,
         attn_sink if attn_sink is not None else lse,
         out, lse, part_out, part_lse,
-        h_q, topk, min(lay.num_pages * lay.block_size, INT32_MAX), cfg.split_cols(topk), splits,
+        h_q, topk, min(plan.num_pages * plan.cache_block_size, INT32_MAX), cfg.split_cols(topk),
+        splits,
         head_blocks, *q.stride(), *kv_s, *indices.stride(),
         bt.stride(0) if fused else 0, bt.stride(1) if fused else 0,
         bt.shape[1] if fused else 0, bt.shape[0] if fused else 0,
         block_size if fused else 1,
         *out.stride(), *lse.stride(),
         sm_scale * LOG2E,
-        PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=lay.fp8,
+    )  # fmt: skip
+    kwargs = dict(
+        PAGE=plan.cache_block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,
         # With splits the combine may start launching early (it waits for this kernel).
         **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
     )  # fmt: skip
+    launch(decode._sparse_mla_decode_kernel, (num_tokens * splits * head_blocks,), args, kwargs)
     if not split:
         return
     block_h = min(cfg.combine_heads, next_pow2(h_q))
     head_blocks = -(-h_q // block_h)
     dim_blocks = NOPE // cfg.combine_dims
-    combine._combine_kernel[(num_tokens * head_blocks * dim_blocks,)](
+    args = (
         workspace.partial_out, workspace.partial_lse,
         attn_sink if attn_sink is not None else lse, out, lse,
         h_q, splits, head_blocks, dim_blocks, *out.stride(), *lse.stride(),
+    )  # fmt: skip
+    kwargs = dict(
         BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
         CHUNK=min(next_pow2(splits), max(1, COMBINE_TILE // (block_h * cfg.combine_dims))),
         HAS_SINK=attn_sink is not None, INTERPRET=INTERPRETER, num_warps=4,
         **pdl_launch(q.device, 2 if cfg.pdl else 0),
     )  # fmt: skip
+    launch(combine._combine_kernel, (num_tokens * head_blocks * dim_blocks,), args, kwargs)

@@ -24,6 +24,7 @@ from .expand import (
 # Pinned staging slots for the host->device copy of ragged row offsets. A slot is reused
 # only after the copy issued from it two builds earlier has completed (checked by an event).
 _STAGING_SLOTS = 2
+_MAX_VIEWS = 256  # cached buffer views per builder (shapes vary with the batch)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,40 @@ class DecodeMetadataBuilder:
         ]
         self._staging_events: list[torch.cuda.Event | None] = [None] * _STAGING_SLOTS
         self._slot = 0
+        self._views: dict[tuple, tuple] = {}  # buffer views by shape (_native/_flat_views)
+
+    def _native_views(self, num_reqs: int, n: int) -> tuple[torch.Tensor, ...]:
+        """(seq_lens ``[B, n]``, decode_lens ``[B]``, req_id ``[B]``): views of the buffers,
+        made once per shape (slicing costs host time every step)."""
+        key = ("native", num_reqs, n)
+        views = self._views.get(key)
+        if views is None:
+            views = (
+                self._native_seq_lens[: num_reqs * n].view(num_reqs, n),
+                self._req_decode_lens[:num_reqs],
+                self._arange[:num_reqs],
+            )
+            self._keep_view(key, views)
+        return views
+
+    def _flat_views(self, num_tokens: int, width: int) -> ExpandedDecodeTokens:
+        """The flattened outputs' views for ``num_tokens`` rows of ``width`` columns."""
+        key = ("flat", num_tokens, width)
+        views = self._views.get(key)
+        if views is None:
+            views = ExpandedDecodeTokens(
+                seq_lens=self._seq_lens[:num_tokens],
+                block_table=self._block_table[:num_tokens, :width],
+                decode_lens=self._tok_decode_lens[:num_tokens],
+                req_id=self._req_id[:num_tokens],
+            )
+            self._keep_view(key, views)
+        return views
+
+    def _keep_view(self, key: tuple, views: tuple) -> None:
+        if len(self._views) >= _MAX_VIEWS:
+            self._views.clear()
+        self._views[key] = views
 
     def _stage_starts(
         self, decode_lens: Sequence[int] | torch.Tensor, num_reqs: int
@@ -243,8 +278,7 @@ class DecodeMetadataBuilder:
 
         if len(distinct) == 1 and host[0] in self.native_decode_lens:
             n = host[0]
-            lens = self._native_seq_lens[: num_reqs * n].view(num_reqs, n)
-            dl = self._req_decode_lens[:num_reqs]
+            lens, dl, req_id = self._native_views(num_reqs, n)
             launch_native(seq_lens, lens, dl, next_n=n, **kw)
             return DecodeMetadata(
                 flattened=False,
@@ -254,16 +288,11 @@ class DecodeMetadataBuilder:
                 seq_lens=lens,
                 block_table=block_table,
                 decode_lens=dl,
-                req_id=self._arange[:num_reqs],
+                req_id=req_id,
                 num_requests=num_reqs,
             )
 
-        out = ExpandedDecodeTokens(
-            seq_lens=self._seq_lens[:num_tokens],
-            block_table=self._block_table[:num_tokens, :width],
-            decode_lens=self._tok_decode_lens[:num_tokens],
-            req_id=self._req_id[:num_tokens],
-        )
+        out = self._flat_views(num_tokens, width)
         if requires_padding:
             launch_expand(
                 seq_lens,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -33,6 +34,7 @@ from ..._checks import (
     check_shape,
     check_tensor,
 )
+from ..._launch import PlanCache, byte_extent, check_disjoint, launch, tensor_meta
 from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
 from .._common.dcp import dcp_local_count
 
@@ -301,6 +303,7 @@ def _dcp_local_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=1024)  # pure, and on every launch
 def _copy_layout(
     num_reqs: int, width: int, offsets: bool = False, config: ExpandConfig = DEFAULT_EXPAND_CONFIG
 ) -> tuple[int, int]:
@@ -318,9 +321,23 @@ def _copy_layout(
     return block_w, col_programs
 
 
+_PLANS = PlanCache()
+
+
 def _check_seq_lens_block_table(
     seq_lens: object, block_table: object
 ) -> tuple[torch.Tensor, torch.Tensor, torch.device]:
+    try:  # the checks read metadata only: done once per key
+        key = ("inputs", tensor_meta(seq_lens), tensor_meta(block_table))
+    except AttributeError:
+        key = None
+    device = _PLANS.get(key)
+    if device is None:
+        device = _PLANS.put(key, _check_inputs(seq_lens, block_table))
+    return seq_lens, block_table, device
+
+
+def _check_inputs(seq_lens: object, block_table: object) -> torch.device:
     seq_lens = check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
     block_table = check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
     device = check_same_device(seq_lens=seq_lens, block_table=block_table)
@@ -331,7 +348,7 @@ def _check_seq_lens_block_table(
         )
     for offsets in (False, True):  # a grid the launch can take, whichever form it is
         _copy_layout(*block_table.shape, offsets)
-    return seq_lens, block_table, device
+    return device
 
 
 def _host_decode_lens(decode_lens: object, num_reqs: int, max_decode_len: int) -> list[int]:
@@ -378,17 +395,43 @@ def _check_expanded_out(
     other or with ``inputs``."""
     if not isinstance(out, ExpandedDecodeTokens):
         raise TypeError(f"out must be an ExpandedDecodeTokens, got {type(out).__name__}")
+    try:
+        key = ("out", *map(tensor_meta, out), num_tokens, width, device)
+        key += tuple(map(tensor_meta, inputs.values()))
+    except AttributeError:
+        key = None
+    extents = _PLANS.get(key)
+    if extents is None:
+        extents = _PLANS.put(key, _check_out_buffers(out, num_tokens, width, device, inputs))
+    named = [(k, v, e) for (k, v), e in zip(inputs.items(), extents[4:], strict=True)]
+    fields = list(zip(("out.seq_lens", "out.block_table", "out.decode_lens", "out.req_id"),
+                      out, extents[:4], strict=True))  # fmt: skip
+    for i, (name, t, extent) in enumerate(fields):
+        check_disjoint(name, t, extent, named + fields[i + 1 :])
+    return out
+
+
+def _check_out_buffers(
+    out: ExpandedDecodeTokens, num_tokens: int, width: int, device: torch.device, inputs: dict
+) -> tuple[int, ...]:
+    """The metadata checks of ``out``; returns the byte extents of its fields, then of the
+    inputs (for the overlap checks of every call)."""
     _check_out_1d("out.seq_lens", out.seq_lens, num_tokens, device)
     bt = check_tensor("out.block_table", out.block_table, dtype=torch.int32, ndim=2, device=device)
     check_output("out.block_table", bt, (num_tokens, width), wide_dims=(0, 1))
     _check_out_1d("out.decode_lens", out.decode_lens, num_tokens, device)
     _check_out_1d("out.req_id", out.req_id, num_tokens, device)
-    fields = {f"out.{k}": v for k, v in out._asdict().items()}
-    names = list(fields)
-    for i, name in enumerate(names):
-        later = {k: fields[k] for k in names[i + 1 :]}
-        check_no_overlap(name, fields[name], **inputs, **later)
-    return out
+    return tuple(map(byte_extent, (*out, *inputs.values())))
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int32 ``values`` on ``device``. To a GPU through pinned memory without waiting for the
+    copy (PyTorch's pinned allocator keeps the block until the copy is done); under graph
+    capture the plain copy, which a capture rejects (replays would read a freed buffer)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.tensor(values, dtype=torch.int32, device=device)
+    staged = torch.tensor(values, dtype=torch.int32, pin_memory=True)
+    return staged.to(device, non_blocking=True)
 
 
 def _empty_expanded(num_tokens: int, width: int, device: torch.device) -> ExpandedDecodeTokens:
@@ -432,7 +475,7 @@ def _launch_expand(
     assert dl is not None and uniform + qsl + (device_decode_lens is not None) == 1
     block_w, col_programs = _copy_layout(num_reqs, width, qsl, config)
     grid = max(num_reqs, 1)
-    _expand_kernel[(grid, col_programs)](
+    args = (
         seq_lens,
         seq_lens.stride(0),
         block_table,
@@ -458,6 +501,8 @@ def _launch_expand(
         dcp_size,
         dcp_rank,
         dcp_interleave,
+    )
+    kwargs = dict(
         UNIFORM=uniform,
         QSL=qsl,
         DCP=dcp_size > 1,
@@ -468,6 +513,7 @@ def _launch_expand(
         num_warps=4,
         **pdl_launch(seq_lens.device, config.pdl, enable_pdl),
     )
+    launch(_expand_kernel, (grid, col_programs), args, kwargs)
 
 
 def _launch_native(
@@ -488,7 +534,7 @@ def _launch_native(
     block_n = next_pow2(next_n)
     block_r = max(1, min(next_pow2(num_reqs), 1024 // block_n))
     dl = decode_lens_out if decode_lens_out is not None else seq_lens
-    _native_lens_kernel[(cdiv(num_reqs, block_r),)](
+    args = (
         seq_lens,
         seq_lens.stride(0),
         out,
@@ -501,6 +547,8 @@ def _launch_native(
         dcp_size,
         dcp_rank,
         dcp_interleave,
+    )
+    kwargs = dict(
         WRITE_DL=decode_lens_out is not None,
         DCP=dcp_size > 1,
         BLOCK_R=block_r,
@@ -508,6 +556,7 @@ def _launch_native(
         num_warps=4,
         **pdl_launch(seq_lens.device, config.pdl, enable_pdl),
     )
+    launch(_native_lens_kernel, (cdiv(num_reqs, block_r),), args, kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -646,9 +695,7 @@ def expand_decode_tokens(
         )
     if not use_uniform and host is not None:
         # Ragged (or forced ragged) with host-known lengths: their offsets go to the device.
-        query_start_loc = torch.tensor(
-            list(accumulate(host, initial=0)), dtype=torch.int32, device=device
-        )
+        query_start_loc = _to_device(list(accumulate(host, initial=0)), device)
 
     if out is None:
         out = _empty_expanded(num_tokens, width, device)

@@ -30,7 +30,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import check_int, check_no_overlap, check_output, check_same_device, check_tensor
+from ..._checks import check_int, check_output, check_same_device, check_tensor
+from ..._launch import (
+    PlanCache,
+    byte_extent,
+    check_disjoint,
+    launch,
+    scalars_key,
+    tensor_meta,
+    value_key,
+)
 from ..._runtime import INTERPRETER, cdiv, next_pow2, num_sms
 from ..kv_cache.kv_cache import indexer_k_cache_layout
 
@@ -337,6 +346,52 @@ def index_logits(
             q, weights, k_cache, seq_lens, block_table, next_n=next_n, max_len=max_len,
             out=out, config=config
         )  # fmt: skip
+    try:  # the checks and the launch depend on this key only (plus addresses)
+        key = (
+            *map(tensor_meta, (q, weights, k_cache, seq_lens, block_table, out)),
+            scalars_key(next_n, max_len),
+            value_key(config),
+        )
+    except AttributeError:
+        key = None
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _plan(q, weights, k_cache, seq_lens, block_table, next_n,
+                                     max_len, out, config))  # fmt: skip
+    ext = plan.extents
+    if out is None:
+        out = torch.empty(plan.out_shape, dtype=torch.float32, device=q.device)
+    else:
+        names = ("q", "weights", "k_cache", "seq_lens", "block_table")
+        inputs = (q, weights, k_cache, seq_lens, block_table)
+        check_disjoint("out", out, ext[-1], tuple(zip(names, inputs, ext, strict=False)))
+    if plan.grid is None:
+        return out
+    c3 = k_cache[:, :, 0, :] if k_cache.dim() == 4 else k_cache
+    if plan.fp8:
+        k_arg, ks_arg = c3.view(torch.float8_e4m3fn), c3.view(torch.float32)
+    else:
+        k_arg, ks_arg = c3, c3  # scale pointer unused
+    args = (q, weights, k_arg, ks_arg, seq_lens, block_table, out, *plan.ints)
+    launch(_index_logits_kernel, plan.grid, args, plan.kwargs, plan)
+    return out
+
+
+_PLANS = PlanCache()
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key
+class _LogitsPlan:
+    grid: tuple | None  # None: nothing to launch
+    ints: tuple
+    kwargs: dict
+    out_shape: tuple
+    fp8: bool
+    extents: tuple  # bytes q, weights, k_cache, seq_lens, block_table, out reach
+
+
+def _plan(q, weights, k_cache, seq_lens, block_table, next_n, max_len, out, config) -> _LogitsPlan:
+    """Checks every argument of :func:`index_logits` and picks its launch (no data read)."""
     check_tensor("q", q, dtype=(torch.bfloat16, torch.float8_e4m3fn), ndim=3)
     check_tensor("weights", weights, dtype=torch.float32, ndim=2)
     check_tensor("seq_lens", seq_lens, dtype=(torch.int32, torch.int64))
@@ -393,22 +448,12 @@ def index_logits(
         block_table=block_table,
         out=out,
     )
-    if out is None:
-        out = torch.empty((rows, max_len), dtype=torch.float32, device=device)
-    else:
+    if out is not None:
         check_tensor("out", out, dtype=torch.float32, ndim=2)
         check_output("out", out, (rows, max_len), wide_dims=(0,))  # rows: 64-bit offsets
-        check_no_overlap(
-            "out",
-            out,
-            q=q,
-            weights=weights,
-            k_cache=k_cache,
-            seq_lens=seq_lens,
-            block_table=block_table,
-        )
+    extents = tuple(map(byte_extent, (q, weights, k_cache, seq_lens, block_table, out)))
     if rows == 0 or max_len == 0:
-        return out
+        return _LogitsPlan(None, (), {}, (rows, max_len), lay.fp8, extents)
 
     cfg = config or choose_index_logits_config(num_req, n, heads, dim, max_len, device=device)
     check_int("config.block_s", cfg.block_s, lo=16)
@@ -427,11 +472,9 @@ def index_logits(
 
     c3 = lay.cache3
     if lay.fp8:
-        k_arg, ks_arg = lay.values, lay.scales
         k_s = (c3.stride(0), dim, 1)
         ks_page, ks_base = c3.stride(0) // 4, lay.block_size * dim // 4
     else:
-        k_arg, ks_arg = c3, c3  # scale pointer unused
         k_s = c3.stride()
         ks_page = ks_base = 0
     chunk_pages = chunk_page_slots(lay.block_size, cfg.block_s, chunk)
@@ -442,14 +485,7 @@ def index_logits(
     len_s1 = seq_lens.stride(1) if lens_2d else 0
 
     grid = (num_req * groups, cdiv(max_len, chunk))
-    _index_logits_kernel[grid](
-        q,
-        weights,
-        k_arg,
-        ks_arg,
-        seq_lens,
-        block_table,
-        out,
+    ints = (
         *q.stride(),
         *weights.stride(),
         *k_s,
@@ -458,11 +494,13 @@ def index_logits(
         len_s0,
         len_s1,
         *block_table.stride(),
-        *out.stride(),
+        *(out.stride() if out is not None else (max_len, 1)),
         lay.num_pages,
         capacity,
         max_len,
         tiles,
+    )
+    kwargs = dict(
         N=n,
         NG=group,
         GROUPS=groups,
@@ -479,4 +517,4 @@ def index_logits(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return out
+    return _LogitsPlan(grid, ints, kwargs, (rows, max_len), lay.fp8, extents)

@@ -35,7 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import check_int, check_no_overlap, check_same_device, check_tensor
+from ..._checks import check_int, check_same_device, check_tensor
+from ..._launch import PlanCache, byte_extent, check_disjoint, launch, tensor_meta
 from ..._runtime import INTERPRETER, canonical_device, cdiv, next_pow2
 
 FP8_MAX = 448.0
@@ -288,6 +289,39 @@ def write_indexer_k(
         from ... import library
 
         return library.write_indexer_k(k, k_cache, slot_mapping)
+    try:  # the checks read metadata only: done once per key
+        key = (tensor_meta(k), tensor_meta(k_cache), tensor_meta(slot_mapping))
+    except AttributeError:
+        key = None
+    plan = _PLANS.get(key) or _PLANS.put(key, _indexer_plan(k, k_cache, slot_mapping))
+    ext = plan.extents
+    check_disjoint(
+        "k_cache", k_cache, ext[0], (("k", k, ext[1]), ("slot_mapping", slot_mapping, ext[2]))
+    )
+    if plan.grid is not None:
+        c3 = k_cache[:, :, 0, :] if plan.squeeze else k_cache
+        scale = c3.view(torch.float32) if plan.fp8 else c3  # bf16: scale pointer unused
+        args = (k, slot_mapping, c3, scale, *plan.ints)
+        launch(_write_indexer_k_kernel, plan.grid, args, plan.kwargs, plan)
+    return k_cache
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key
+class _WritePlan:
+    """A cache write's launch, decided from its arguments' metadata."""
+
+    grid: tuple | None  # None: nothing to write
+    ints: tuple
+    kwargs: dict
+    extents: tuple  # bytes the cache, then each input, reach
+    fp8: bool
+    squeeze: bool  # a 4-D cache: drop its size-1 head dim
+
+
+_PLANS = PlanCache()
+
+
+def _indexer_plan(k, k_cache, slot_mapping) -> _WritePlan:
     check_tensor("k", k, dtype=torch.bfloat16, ndim=2)
     lay = indexer_k_cache_layout(k_cache)
     num_tokens, d = k.shape
@@ -295,41 +329,34 @@ def write_indexer_k(
         raise ValueError(f"k has head dim {d} but k_cache holds {lay.head_dim}-dim keys")
     _check_slots(slot_mapping, num_tokens)
     check_same_device(k=k, k_cache=k_cache, slot_mapping=slot_mapping)
-    check_no_overlap("k_cache", k_cache, k=k, slot_mapping=slot_mapping)
-    if num_tokens == 0 or lay.num_pages == 0:
-        return k_cache
     block_t = 64 if INTERPRETER else 8  # the interpreter pays per program, not per element
     c3 = lay.cache3
     if lay.fp8:
-        val, scale = c3, lay.scales
         c_s0, c_s1, c_s2 = c3.stride(0), d, 1
         scale_s0, scale_base = c3.stride(0) // 4, lay.block_size * d // 4
     else:
-        val, scale = c3, c3  # scale pointer unused
         c_s0, c_s1, c_s2 = c3.stride()
         scale_s0, scale_base = 0, 0
-    _write_indexer_k_kernel[(cdiv(num_tokens, block_t),)](
-        k,
-        slot_mapping,
-        val,
-        scale,
-        num_tokens,
-        lay.num_pages * lay.block_size,
-        k.stride(0),
-        k.stride(1),
-        c_s0,
-        c_s1,
-        c_s2,
-        scale_s0,
-        scale_base,
-        PAGE=lay.block_size,
-        D=d,
-        DP=next_pow2(d),
-        FP8=lay.fp8,
-        BLOCK_T=block_t,
-        num_warps=4,
+    empty = num_tokens == 0 or lay.num_pages == 0
+    return _WritePlan(
+        grid=None if empty else (cdiv(num_tokens, block_t),),
+        ints=(
+            num_tokens,
+            lay.num_pages * lay.block_size,
+            *k.stride(),
+            c_s0,
+            c_s1,
+            c_s2,
+            scale_s0,
+            scale_base,
+        ),  # fmt: skip
+        kwargs=dict(
+            PAGE=lay.block_size, D=d, DP=next_pow2(d), FP8=lay.fp8, BLOCK_T=block_t, num_warps=4
+        ),  # fmt: skip
+        extents=tuple(map(byte_extent, (k_cache, k, slot_mapping))),
+        fp8=lay.fp8,
+        squeeze=k_cache.dim() == 4,
     )
-    return k_cache
 
 
 # ---- MLA latent writer ----------------------------------------------------------------------
@@ -466,6 +493,30 @@ def write_mla_latent(
         from ... import library
 
         return library.write_mla_latent(kv_c, k_pe, kv_cache, slot_mapping)
+    try:  # the checks read metadata only: done once per key
+        key = tuple(map(tensor_meta, (kv_c, k_pe, kv_cache, slot_mapping)))
+    except AttributeError:
+        key = None
+    plan = _PLANS.get(key) or _PLANS.put(key, _mla_plan(kv_c, k_pe, kv_cache, slot_mapping))
+    ext = plan.extents
+    inputs = (
+        ("kv_c", kv_c, ext[1]),
+        ("k_pe", k_pe, ext[2]),
+        ("slot_mapping", slot_mapping, ext[3]),
+    )
+    check_disjoint("kv_cache", kv_cache, ext[0], inputs)
+    if plan.grid is not None:
+        c3 = kv_cache[:, :, 0, :] if plan.squeeze else kv_cache
+        if plan.fp8:
+            u8, f32, bf = c3, c3.view(torch.float32), c3.view(torch.bfloat16)
+        else:
+            u8 = f32 = bf = c3
+        args = (kv_c, k_pe, slot_mapping, u8, f32, bf, *plan.ints)
+        launch(_write_mla_kernel, plan.grid, args, plan.kwargs, plan)
+    return kv_cache
+
+
+def _mla_plan(kv_c, k_pe, kv_cache, slot_mapping) -> _WritePlan:
     check_tensor("kv_c", kv_c, dtype=torch.bfloat16, ndim=2)
     check_tensor("k_pe", k_pe, dtype=torch.bfloat16, ndim=2)
     num_tokens, nope = kv_c.shape
@@ -474,33 +525,14 @@ def write_mla_latent(
     lay = mla_cache_layout(kv_cache, nope, k_pe.shape[1])
     _check_slots(slot_mapping, num_tokens)
     check_same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping)
-    check_no_overlap("kv_cache", kv_cache, kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping)
-    if num_tokens == 0 or lay.num_pages == 0:
-        return kv_cache
     c3 = lay.cache3
     if lay.fp8:
-        u8, f32, bf = c3, c3.view(torch.float32), c3.view(torch.bfloat16)
         c_s0, c_s1, c_s2 = c3.stride(0), c3.stride(1), 1  # bytes
     else:
-        u8 = f32 = bf = c3
         c_s0, c_s1, c_s2 = c3.stride()
     block_t = 16 if INTERPRETER else 4
-    _write_mla_kernel[(cdiv(num_tokens, block_t),)](
-        kv_c,
-        k_pe,
-        slot_mapping,
-        u8,
-        f32,
-        bf,
-        num_tokens,
-        lay.num_pages * lay.block_size,
-        kv_c.stride(0),
-        kv_c.stride(1),
-        k_pe.stride(0),
-        k_pe.stride(1),
-        c_s0,
-        c_s1,
-        c_s2,
+    empty = num_tokens == 0 or lay.num_pages == 0
+    kwargs = dict(
         PAGE=lay.block_size,
         NOPE=nope,
         NOPE_P=next_pow2(nope),
@@ -512,7 +544,22 @@ def write_mla_latent(
         BLOCK_T=block_t,
         num_warps=4,
     )
-    return kv_cache
+    return _WritePlan(
+        grid=None if empty else (cdiv(num_tokens, block_t),),
+        ints=(
+            num_tokens,
+            lay.num_pages * lay.block_size,
+            *kv_c.stride(),
+            *k_pe.stride(),
+            c_s0,
+            c_s1,
+            c_s2,
+        ),  # fmt: skip
+        kwargs=kwargs,
+        extents=tuple(map(byte_extent, (kv_cache, kv_c, k_pe, slot_mapping))),
+        fp8=lay.fp8,
+        squeeze=kv_cache.dim() == 4,
+    )
 
 
 # ---- allocation helpers ---------------------------------------------------------------------

@@ -9,6 +9,9 @@ first keeps only the positions this rank owns and localises them
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -17,14 +20,22 @@ from ..._checks import (
     INT32_MAX,
     check_dcp,
     check_int,
-    check_no_overlap,
     check_offsets_fit_int32,
     check_output,
     check_same_device,
     check_shape,
     check_tensor,
 )
-from ..._runtime import next_pow2, pdl_launch, pdl_prologue
+from ..._launch import (
+    PlanCache,
+    byte_extent,
+    check_disjoint,
+    launch,
+    scalars_key,
+    tensor_meta,
+    value_key,
+)
+from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
 from .._common.dcp import dcp_local, dcp_owner
 from .._common.paging import page_slot
 from .layout import RemapLayout, choose_remap_layout, validate_layout
@@ -311,6 +322,33 @@ def _flat_vec(num_cols: int, ti_strides: tuple, out_strides: tuple) -> int:
     return 4 if aligned and ti_strides[1] == out_strides[1] == 1 else 1
 
 
+_PLANS = PlanCache()
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key
+class _RemapPlan:
+    """Everything a remap call decides from its arguments' metadata (see ``_launch``)."""
+
+    kernel: Any
+    grid: tuple
+    ints: tuple  # the kernel's integer arguments
+    kwargs: dict
+    out_shape: tuple
+    count: bool
+    zero_counts: bool
+    fill_out: bool
+    extents: tuple  # bytes each tensor reaches: inputs..., out, valid_counts_out
+
+
+_INPUT_NAMES = (
+    "req_id",
+    "block_table",
+    "token_indices",
+    "prefill_request_ids",
+    "prefill_workspace_starts",
+)
+
+
 def _launch(
     req_id: torch.Tensor,
     block_table: torch.Tensor,
@@ -330,6 +368,57 @@ def _launch(
     layout: str | RemapLayout,
     enable_pdl: bool | None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    inputs = (req_id, block_table, token_indices, prefill_request_ids, prefill_workspace_starts)
+    try:  # every check and choice below depends on this key only (plus addresses)
+        key = (
+            *map(tensor_meta, inputs),
+            tensor_meta(out),
+            tensor_meta(valid_counts_out),
+            scalars_key(block_size, block_stride_rows, dcp_size, dcp_rank, interleave),
+            scalars_key(compact, return_valid_counts, enable_pdl),
+            value_key(layout),
+        )
+    except AttributeError:  # not a tensor: the checks say what is wrong
+        key = None
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _plan(*inputs, out, valid_counts_out, block_size,
+                                     block_stride_rows, dcp_size, dcp_rank, interleave, compact,
+                                     return_valid_counts, layout, enable_pdl))  # fmt: skip
+    *in_ext, out_ext, cnt_ext = plan.extents
+    named = tuple(zip(_INPUT_NAMES, inputs, in_ext, strict=True))
+    if out is None:
+        out = torch.empty(plan.out_shape, dtype=torch.int32, device=token_indices.device)
+    else:
+        check_disjoint(
+            "out", out, out_ext, (*named, ("valid_counts_out", valid_counts_out, cnt_ext))
+        )
+    counts = None
+    if plan.count:
+        if valid_counts_out is None:
+            counts = torch.empty(plan.out_shape[0], dtype=torch.int32, device=out.device)
+        else:
+            check_disjoint("valid_counts_out", valid_counts_out, cnt_ext, named)
+            counts = valid_counts_out
+        if plan.zero_counts:
+            counts.zero_()
+    if plan.fill_out:
+        out.fill_(-1)
+    if plan.grid[0] > 0:
+        args = (req_id, block_table, token_indices, out, counts, prefill_request_ids,
+                prefill_workspace_starts, *plan.ints)  # fmt: skip
+        launch(plan.kernel, plan.grid, args, plan.kwargs, plan)
+    if return_valid_counts:
+        return out, counts
+    return out
+
+
+def _plan(
+    req_id, block_table, token_indices, prefill_request_ids, prefill_workspace_starts, out,
+    valid_counts_out, block_size, block_stride_rows, dcp_size, dcp_rank, interleave, compact,
+    return_valid_counts, layout, enable_pdl,
+) -> _RemapPlan:  # fmt: skip
+    """Checks every argument of a remap call and picks its launch (no data is read)."""
     check_tensor("req_id", req_id, dtype=torch.int32, ndim=1)
     check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
     check_tensor("token_indices", token_indices, dtype=torch.int32, ndim=2)
@@ -398,84 +487,72 @@ def _launch(
     for name, t in inputs.items():
         if t is not None:  # token rows are indexed in 64 bits, everything else in 32
             check_offsets_fit_int32(name, t, wide_dims=(0,) if name == "token_indices" else ())
-    if out is None:
-        out = torch.empty((num_tokens, num_cols), dtype=torch.int32, device=device)
-    else:
+    if out is not None:
         check_tensor("out", out, dtype=torch.int32, ndim=2)
         check_output("out", out, (num_tokens, num_cols), wide_dims=(0,))
-        check_no_overlap("out", out, **inputs, valid_counts_out=valid_counts_out)
-    counts = None
-    if count:
-        if valid_counts_out is None:
-            counts = torch.empty(num_tokens, dtype=torch.int32, device=device)
-        else:
-            check_tensor("valid_counts_out", valid_counts_out, dtype=torch.int32, ndim=1)
-            check_output("valid_counts_out", valid_counts_out, (num_tokens,))
-            check_no_overlap("valid_counts_out", valid_counts_out, **inputs)
-            counts = valid_counts_out
-        if layout.atomic:
-            counts.zero_()
-    if compact and not layout.tail_in_kernel:
-        out.fill_(-1)
-
-    if num_tokens > 0:
-        grid = (triton.cdiv(num_tokens, layout.rows_per_program), layout.col_tiles)
-        (ti_s0, ti_s1), (out_s0, out_s1) = token_indices.stride(), out.stride()
-        args = (
-            req_id,
-            block_table,
-            token_indices,
-            out,
-            counts,
-            prefill_request_ids,
-            prefill_workspace_starts,
-            num_tokens,
-            block_table.shape[0],
-            block_table.shape[1],
-            prefill_workspace_starts.shape[0] if has_prefill else 0,
-            block_stride_rows,
-            dcp_rank,
-            req_id.stride(0),
-            prefill_request_ids.stride(0) if has_prefill else 0,
-            prefill_workspace_starts.stride(0) if has_prefill else 0,
-            counts.stride(0) if count else 0,
-            block_table.stride(0),
-            block_table.stride(1),
-            ti_s0,
-            ti_s1,
-            out_s0,
-            out_s1,
+    if count and valid_counts_out is not None:
+        check_tensor("valid_counts_out", valid_counts_out, dtype=torch.int32, ndim=1)
+        check_output("valid_counts_out", valid_counts_out, (num_tokens,))
+    # Output strides: the given buffer's, or those of the contiguous one the call makes.
+    out_s0, out_s1 = out.stride() if out is not None else (num_cols, 1)
+    ti_s0, ti_s1 = token_indices.stride()
+    ints = (
+        num_tokens,
+        block_table.shape[0],
+        block_table.shape[1],
+        prefill_workspace_starts.shape[0] if has_prefill else 0,
+        block_stride_rows,
+        dcp_rank,
+        req_id.stride(0),
+        prefill_request_ids.stride(0) if has_prefill else 0,
+        prefill_workspace_starts.stride(0) if has_prefill else 0,
+        (valid_counts_out.stride(0) if valid_counts_out is not None else 1) if count else 0,
+        block_table.stride(0),
+        block_table.stride(1),
+        ti_s0,
+        ti_s1,
+        out_s0,
+        out_s1,
+    )
+    kwargs = dict(
+        K=num_cols,
+        BLOCK_SIZE=block_size,
+        DCP_SIZE=dcp_size,
+        INTERLEAVE=interleave,
+        HAS_PREFILL=has_prefill,
+        COUNT=count,
+        ROWS=layout.rows_per_program,
+        BLOCK_COLS=layout.block_cols,
+        NUM_CHUNKS=layout.num_chunks,
+        EVICT="evict_first" if layout.evict_first else "",
+        num_warps=layout.num_warps,
+        **pdl_launch(device, layout.pdl, enable_pdl),
+    )
+    if layout.flat:
+        kernel = _remap_flat_kernel
+        kwargs.update(
+            VEC=_flat_vec(num_cols, (ti_s0, ti_s1), (out_s0, out_s1)),
+            STAGE_PAGES=next_pow2(block_table.shape[1]) if layout.stage_row else 0,
         )
-        common = dict(
-            K=num_cols,
-            BLOCK_SIZE=block_size,
-            DCP_SIZE=dcp_size,
-            INTERLEAVE=interleave,
-            HAS_PREFILL=has_prefill,
-            COUNT=count,
-            ROWS=layout.rows_per_program,
-            BLOCK_COLS=layout.block_cols,
-            NUM_CHUNKS=layout.num_chunks,
-            EVICT="evict_first" if layout.evict_first else "",
-            num_warps=layout.num_warps,
-            **pdl_launch(device, layout.pdl, enable_pdl),
+    else:
+        kernel = _remap_kernel
+        kwargs.update(
+            COMPACT=compact,
+            ATOMIC=layout.atomic,
+            TAIL_IN_KERNEL=layout.tail_in_kernel,
+            STAGE_PAGES=next_pow2(block_table.shape[1]) if layout.stage_pages else 0,
         )
-        if layout.flat:
-            vec = _flat_vec(num_cols, (ti_s0, ti_s1), (out_s0, out_s1))
-            stage = next_pow2(block_table.shape[1]) if layout.stage_row else 0
-            _remap_flat_kernel[grid](*args, VEC=vec, STAGE_PAGES=stage, **common)
-        else:
-            _remap_kernel[grid](
-                *args,
-                COMPACT=compact,
-                ATOMIC=layout.atomic,
-                TAIL_IN_KERNEL=layout.tail_in_kernel,
-                STAGE_PAGES=next_pow2(block_table.shape[1]) if layout.stage_pages else 0,
-                **common,
-            )
-    if return_valid_counts:
-        return out, counts
-    return out
+    return _RemapPlan(
+        kernel=kernel,
+        grid=(cdiv(num_tokens, layout.rows_per_program), layout.col_tiles),
+        ints=ints,
+        kwargs=kwargs,
+        out_shape=(num_tokens, num_cols),
+        count=count,
+        zero_counts=count and layout.atomic,
+        fill_out=compact and not layout.tail_in_kernel,
+        extents=tuple(map(byte_extent, (*inputs.values(), out, valid_counts_out))),
+    )
 
 
 def convert_req_index_to_global_index(

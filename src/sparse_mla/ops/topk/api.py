@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
 from ..._checks import (
     check_int,
-    check_no_overlap,
     check_output,
     check_same_device,
     check_shape,
     check_tensor,
+)
+from ..._launch import (
+    PlanCache,
+    byte_extent,
+    check_disjoint,
+    scalars_key,
+    tensor_meta,
+    value_key,
 )
 from ..._runtime import num_sms, pdl_launch
 from . import prefilter, radix
@@ -132,17 +140,84 @@ def select_topk(
             config=config, enable_pdl=enable_pdl
         )  # fmt: skip
     cfg = DEFAULT_CONFIG if config is None else config
+    try:  # the checks and the plan depend on this key only (plus addresses)
+        key = (
+            tensor_meta(logits),
+            tensor_meta(seq_lens),
+            tensor_meta(out),
+            tensor_meta(block_table),
+            tensor_meta(req_id),
+            tensor_meta(valid_counts_out),
+            tensor_meta(workspace),
+            scalars_key(k, block_size, block_stride_rows, return_valid_counts, num_splits),
+            scalars_key(prefilter, enable_pdl),
+            value_key(cfg),
+        )
+    except AttributeError:  # not a tensor: the checks say what is wrong
+        key = None
+    call = _PLANS.get(key)
+    if call is None:
+        call = _PLANS.put(key, _plan_call(
+            logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
+            valid_counts_out, workspace, num_splits, prefilter, cfg, return_valid_counts,
+            enable_pdl,
+        ))  # fmt: skip
+    device = logits.device
+    ext = call.extents
+    inputs = (("logits", logits, ext[0]), ("seq_lens", seq_lens, ext[1]),
+              ("block_table", block_table, ext[2]), ("req_id", req_id, ext[3]))  # fmt: skip
+    ws_in = ("workspace", workspace, ext[6])
+    if out is None:
+        out = torch.empty(call.out_shape, dtype=torch.int32, device=device)
+    else:
+        check_disjoint("out", out, ext[4], (("valid_counts_out", valid_counts_out, ext[5]),
+                                            ws_in, *inputs))  # fmt: skip
+    if valid_counts_out is not None:
+        check_disjoint("valid_counts_out", valid_counts_out, ext[5], (ws_in, *inputs))
+    if workspace is not None:
+        check_disjoint("workspace", workspace, ext[6], inputs)
+        if workspace.data_ptr() % 8:  # the address: not in the key
+            check_workspace(workspace, call.out_shape[0])
+    counts = valid_counts_out
+    if call.want_counts and counts is None:
+        counts = torch.empty(call.out_shape[0], dtype=torch.int32, device=device)
+    if call.plan is not None:
+        src = (logits, *call.src_ints[:2], seq_lens, *call.src_ints[2:])
+        cnt = counts if counts is not None else out
+        dst = _destination(out, cnt, block_table, req_id, call)
+        _launch(call, cfg, src, dst, cnt, workspace, k)
+    return (out, counts) if return_valid_counts else out
+
+
+_PLANS = PlanCache()
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key
+class _TopKCall:
+    """What a ``select_topk`` call decides from its arguments' metadata."""
+
+    plan: TopKPlan | None  # None: no rows
+    fused: bool
+    want_counts: bool
+    pdl: dict
+    out_shape: tuple
+    src_ints: tuple  # logits strides, seq_lens stride, N
+    dst_ints: tuple  # out strides, counts stride (as given, or of the buffer made), paging
+    extents: tuple  # bytes: logits, seq_lens, block_table, req_id, out, counts, workspace
+
+
+def _plan_call(
+    logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
+    valid_counts_out, workspace, num_splits, prefilter, cfg, return_valid_counts, enable_pdl,
+) -> _TopKCall:  # fmt: skip
+    """Checks every argument of :func:`select_topk` and plans its launches (no data read)."""
     device, fused, stride_rows = _check_args(
         logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
         valid_counts_out, workspace, num_splits, prefilter, cfg,
     )  # fmt: skip
     rows, n = logits.shape
-    if out is None:
-        out = torch.empty((rows, k), dtype=torch.int32, device=device)
     want_counts = return_valid_counts or valid_counts_out is not None
-    counts = valid_counts_out
-    if want_counts and counts is None:
-        counts = torch.empty(rows, dtype=torch.int32, device=device)
+    plan = None
     if rows > 0:
         if not fused:
             block_size = stride_rows = 1  # unused; one compiled variant
@@ -150,12 +225,26 @@ def select_topk(
             rows, n, k, num_sms=num_sms(device, interpreter=8), fused=fused,
             block_size=block_size, num_splits=num_splits, prefilter=prefilter, config=cfg,
         )  # fmt: skip
-        pdl = pdl_launch(device, plan.pdl, enable_pdl)
-        src = (logits, *logits.stride(), seq_lens, seq_lens.stride(0), n)
-        cnt = counts if counts is not None else out
-        dst = _destination(out, cnt, block_table, req_id, block_size, stride_rows)
-        _launch(plan, cfg, src, dst, cnt, workspace, k, fused, want_counts, pdl)
-    return (out, counts) if return_valid_counts else out
+    out_strides = out.stride() if out is not None else (k, 1)
+    if valid_counts_out is not None:
+        cnt_stride = valid_counts_out.stride(0)
+    else:
+        cnt_stride = 1 if want_counts else out_strides[0]  # no counts: out stands in
+    if fused:
+        paging = (*block_table.stride(), req_id.stride(0), *block_table.shape)
+    else:
+        paging = (0, 0, 0, 0, 0)
+    tensors = (logits, seq_lens, block_table, req_id, out, valid_counts_out, workspace)
+    return _TopKCall(
+        plan=plan,
+        fused=fused,
+        want_counts=want_counts,
+        pdl=pdl_launch(device, plan.pdl if plan else 0, enable_pdl),
+        out_shape=(rows, k),
+        src_ints=(*logits.stride(), seq_lens.stride(0), n),
+        dst_ints=(*out_strides, cnt_stride, *paging, block_size, stride_rows),
+        extents=tuple(map(byte_extent, tensors)),
+    )
 
 
 def _check_args(
@@ -213,40 +302,27 @@ def _check_args(
         valid_counts_out=valid_counts_out,
         workspace=workspace,
     )
-    # Outputs (the workspace too) must not alias what the kernels read, nor each other.
-    inputs = dict(logits=logits, seq_lens=seq_lens, block_table=block_table, req_id=req_id)
-    if out is not None:
-        check_no_overlap(
-            "out", out, valid_counts_out=valid_counts_out, workspace=workspace, **inputs
-        )
-    if valid_counts_out is not None:
-        check_no_overlap("valid_counts_out", valid_counts_out, workspace=workspace, **inputs)
-    if workspace is not None:
-        check_no_overlap("workspace", workspace, **inputs)
     return device, fused, stride_rows
 
 
-def _destination(out, cnt, block_table, req_id, block_size, stride_rows) -> tuple:
+def _destination(out, cnt, block_table, req_id, call: _TopKCall) -> tuple:
     """The kernels' arguments that say where and how results are written: out, its strides,
-    the counts and their stride, then the block table, req_id and paging (any int32 tensor
-    and zeros when not fused)."""
-    if block_table is not None:
-        n_req, n_pages = block_table.shape
-        bt, req, s_req = block_table, req_id, req_id.stride(0)
-        s_btr, s_btc = block_table.stride()
-    else:
-        bt, req, s_req, n_req, n_pages, s_btr, s_btc = out, out, 0, 0, 0, 0, 0
-    dst = (out, *out.stride(), cnt, cnt.stride(0), bt, s_btr, s_btc, req, s_req, n_req)
-    return (*dst, n_pages, block_size, stride_rows)
+    the counts and their stride, then the block table, req_id and paging (out stands in for
+    the tables and zeros for the paging when not fused)."""
+    s_or, s_oc, s_cnt, s_btr, s_btc, s_req, n_req, n_pages, bs, stride_rows = call.dst_ints
+    bt, req = (block_table, req_id) if call.fused else (out, out)
+    return (out, s_or, s_oc, cnt, s_cnt, bt, s_btr, s_btc, req, s_req, n_req, n_pages, bs,
+            stride_rows)  # fmt: skip
 
 
 def _launch(
-    plan: TopKPlan, cfg: TopKConfig, src: tuple, dst: tuple, cnt: torch.Tensor,
-    workspace: torch.Tensor | None, k: int, fused: bool, counts: bool, pdl: dict,
+    call: _TopKCall, cfg: TopKConfig, src: tuple, dst: tuple, cnt: torch.Tensor,
+    workspace: torch.Tensor | None, k: int,
 ) -> None:  # fmt: skip
     """The plan's launches: the row kernel; or the radix passes, behind the prefilter when
     the plan runs it (radix launches on a side stream beside its finish on a GPU)."""
-    kw = dict(k=k, fused=fused, counts=counts, pdl=pdl)
+    plan = call.plan
+    kw = dict(k=k, fused=call.fused, counts=call.want_counts, pdl=call.pdl, key=call)
     if plan.path == "row":
         radix.launch_row(plan, cfg, src, dst, **kw)
         return
@@ -258,7 +334,7 @@ def _launch(
     side = None
     try:  # once forked, always joined (an open fork would break a capture)
         if plan.path == "prefilter":
-            prefilter.launch_collect(plan, cfg, src, ws, fb, k=k, pdl=pdl)
+            prefilter.launch_collect(plan, cfg, src, ws, fb, k=k, pdl=call.pdl, key=call)
             if plan.side_stream and ws.device.type == "cuda":
                 # Triton launches on the current device's current stream: fork from it. The
                 # radix launches need the list only, not the finish.

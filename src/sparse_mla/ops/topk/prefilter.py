@@ -20,10 +20,13 @@ GPU those launches run on a side stream beside it.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 import triton
 import triton.language as tl
 
+from ..._launch import launch
 from ..._runtime import pdl_prologue
 from .config import TopKConfig, TopKPlan
 from .digits import finish_threshold, popcount, tile_select, to_keys
@@ -394,14 +397,13 @@ def _prefilter_finish_kernel(
 
 def launch_collect(
     plan: TopKPlan, config: TopKConfig, src: tuple, ws: torch.Tensor, fb: torch.Tensor, *,
-    k: int, pdl: dict,
+    k: int, pdl: dict, key: Hashable | None = None,
 ) -> None:  # fmt: skip
-    """The sample and the pass (``src``: logits, its strides, seq_lens, its stride, N)."""
+    """The sample and the pass (``src``: logits, its strides, seq_lens, its stride, N).
+    ``key``: fixes every non-tensor argument (``_launch.launch``), or None."""
     rows = src[0].shape[0]
     common = (*src, ws, WS_ROW_STRIDE)
-    _prefilter_sample_kernel[(rows,)](
-        *common,
-        fb,
+    sample = dict(
         K=k,
         TARGET=plan.target,
         SAMPLE=plan.sample,
@@ -412,10 +414,8 @@ def launch_collect(
         num_warps=config.prefilter_warps,
         **pdl,
     )
-    _prefilter_pass_kernel[(rows, plan.splits)](
-        *common,
-        plan.slice_len,
-        fb,
+    launch(_prefilter_sample_kernel, (rows,), (*common, fb), sample, key)
+    kw = dict(
         K=k,
         TILE=plan.tile,
         BLOCK=config.split_block,
@@ -423,18 +423,15 @@ def launch_collect(
         num_warps=config.split_warps,
         **pdl,
     )
+    launch(_prefilter_pass_kernel, (rows, plan.splits), (*common, plan.slice_len, fb), kw, key)
 
 
 def launch_finish(
     plan: TopKPlan, config: TopKConfig, src: tuple, ws: torch.Tensor, dst: tuple, *,
-    k: int, fused: bool, counts: bool, pdl: dict,
+    k: int, fused: bool, counts: bool, pdl: dict, key: Hashable | None = None,
 ) -> None:  # fmt: skip
     """The finish (``dst``: where and how the results are written, see ``api``)."""
-    _prefilter_finish_kernel[(src[0].shape[0],)](
-        *src,
-        ws,
-        WS_ROW_STRIDE,
-        *dst,
+    kw = dict(
         K=k,
         TILE=plan.tile,
         LOG_WORDS=plan.log_words,
@@ -446,3 +443,5 @@ def launch_finish(
         num_warps=config.prefilter_warps,
         **pdl,
     )
+    args = (*src, ws, WS_ROW_STRIDE, *dst)
+    launch(_prefilter_finish_kernel, (src[0].shape[0],), args, kw, key)

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 import triton
 import triton.language as tl
 
+from ..._launch import launch
 from ..._runtime import pdl_prologue
 from .config import TopKConfig, TopKPlan
 from .digits import (
@@ -635,12 +638,11 @@ def _split_write_kernel(
 
 def launch_row(
     plan: TopKPlan, config: TopKConfig, src: tuple, dst: tuple, *,
-    k: int, fused: bool, counts: bool, pdl: dict,
+    k: int, fused: bool, counts: bool, pdl: dict, key: Hashable | None = None,
 ) -> None:  # fmt: skip
-    """The one-program-per-row kernel."""
-    _topk_row_kernel[(src[0].shape[0],)](
-        *src,
-        *dst,
+    """The one-program-per-row kernel. ``key``: fixes every non-tensor argument
+    (``_launch.launch``), or None."""
+    kw = dict(
         K=k,
         BLOCK=plan.row_block,
         BLOCK_K=plan.block_k,
@@ -652,11 +654,13 @@ def launch_row(
         num_warps=config.row_warps,
         **pdl,
     )
+    launch(_topk_row_kernel, (src[0].shape[0],), (*src, *dst), kw, key)
 
 
 def launch_radix(
     plan: TopKPlan, config: TopKConfig, src: tuple, ws: torch.Tensor, fb: torch.Tensor,
     dst: tuple, cnt: torch.Tensor, *, k: int, fused: bool, counts: bool, pdl: dict,
+    key: Hashable | None = None,
 ) -> None:  # fmt: skip
     """The split path's six radix launches (over the prefilter's list ``fb`` when the plan
     runs the prefilter)."""
@@ -665,22 +669,11 @@ def launch_radix(
     common = (*src, ws, WS_ROW_STRIDE, plan.radix_slice, fb)
     blk, warps = config.split_block, config.split_warps
     for p in range(NUM_PASSES):
-        _split_hist_kernel[grid](*common, K=k, P=p, BLOCK=blk, PF=pf, num_warps=warps, **pdl)
-    _split_count_kernel[grid](
-        *common,
-        cnt,
-        cnt.stride(0),
-        K=k,
-        BLOCK=blk,
-        ZERO_COUNTS=counts and fused,
-        PF=pf,
-        num_warps=warps,
-        **pdl,
-    )
-    _split_write_kernel[grid](
-        *common,
-        plan.radix_splits,
-        *dst,
+        kw = dict(K=k, P=p, BLOCK=blk, PF=pf, num_warps=warps, **pdl)
+        launch(_split_hist_kernel, grid, common, kw, key and (key, p))  # P: one key a pass
+    kw = dict(K=k, BLOCK=blk, ZERO_COUNTS=counts and fused, PF=pf, num_warps=warps, **pdl)
+    launch(_split_count_kernel, grid, (*common, cnt, cnt.stride(0)), kw, key)
+    kw = dict(
         K=k,
         BLOCK=blk,
         BLOCK_K=plan.block_k,
@@ -692,3 +685,4 @@ def launch_radix(
         num_warps=warps,
         **pdl,
     )
+    launch(_split_write_kernel, grid, (*common, plan.radix_splits, *dst), kw, key)
