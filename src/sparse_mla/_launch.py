@@ -55,11 +55,16 @@ def value_key(v: object) -> Hashable:
 
 class PlanCache:
     """Plans of one wrapper by key, at most ``maxsize`` (emptied when full: shapes that vary
-    every step, such as eager token counts, must not grow it without bound)."""
+    every step, such as eager token counts, must not grow it without bound). Keys hold no
+    process state: :func:`clear_plans` empties every cache when that changes (tests that
+    switch the interpreter flag)."""
+
+    _all: list[PlanCache] = []
 
     def __init__(self, maxsize: int = 1024) -> None:
         self.maxsize = maxsize
         self._plans: dict[Hashable, Any] = {}
+        PlanCache._all.append(self)
 
     def get(self, key: Hashable | None) -> Any:
         if key is None:
@@ -84,6 +89,12 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._plans)
+
+
+def clear_plans() -> None:
+    """Empty every wrapper's :class:`PlanCache`."""
+    for cache in PlanCache._all:
+        cache.clear()
 
 
 def byte_extent(t: torch.Tensor | None) -> int:

@@ -68,7 +68,8 @@ def test_config_choice():
         for t in (1, 2, 8, 300):
             cfg = choose_attention_config(t, h, 2048, "fp8", 132)
             # 64-head blocks unless there would be fewer than four such programs
-            assert cfg.block_h in (16, 32, 64) and cfg.block_h >= min(h, 64 if t > 1 else 32)
+            widest = 64 if t * -(-h // 64) >= 4 else 32
+            assert cfg.block_h in (16, 32, 64) and cfg.block_h >= min(h, widest)
             assert cfg.block_h < 2 * max(h, 16) or cfg.block_h == 16
             assert cfg.head_blocks(h) * cfg.block_h >= h
             sp = cfg.num_splits

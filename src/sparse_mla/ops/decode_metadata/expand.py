@@ -327,6 +327,8 @@ _PLANS = PlanCache()
 def _check_seq_lens_block_table(
     seq_lens: object, block_table: object
 ) -> tuple[torch.Tensor, torch.Tensor, torch.device]:
+    if torch.compiler.is_compiling():  # the builder, traced: Dynamo cannot trace the key
+        return seq_lens, block_table, _check_inputs(seq_lens, block_table)
     try:  # the checks read metadata only: done once per key
         key = ("inputs", tensor_meta(seq_lens), tensor_meta(block_table))
     except AttributeError:
