@@ -2,7 +2,7 @@
 
 Run on the H200 from the repository root (torch 2.11, triton 3.6):
 
-    PYTHONPATH=src python benchmarks/gpu_custom_ops.py --out DIR
+    PYTHONPATH=src python benchmarks/gpu_custom_ops.py --out DIR   # several minutes: Inductor
 
 1. ``torch.library.opcheck`` of every op on CUDA tensors (``decode.cases.custom_op_cases``).
 2. Each op path (``sparse_mla.library.X``: the adapter, then the op) equal to the public
@@ -55,14 +55,19 @@ FAILURES: list[str] = []
 
 
 def record(section: str, name: str, fn) -> object:
-    """Run ``fn``; store its result (or the error) under ``RESULTS[section][name]``."""
+    """Run ``fn``; store its result (or the error) under ``RESULTS[section][name]`` and
+    print one line as it goes (Inductor compiles take a while: a cut-off run still shows
+    how far it got)."""
+    t0 = time.perf_counter()
     try:
         value = fn()
         RESULTS[section][name] = "ok" if value is None else value
+        print(f"{section:8s} {name:40s} ok ({time.perf_counter() - t0:.1f} s)", flush=True)
         return value
     except Exception as e:  # noqa: BLE001  (every check runs, failures are reported)
         RESULTS[section][name] = f"FAIL {type(e).__name__}: {str(e)[:300]}"
         FAILURES.append(f"{section}/{name}")
+        print(f"{section:8s} {name:40s} FAIL {type(e).__name__}", flush=True)
         traceback.print_exc(limit=4)
         return None
 

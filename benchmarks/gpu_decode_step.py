@@ -16,7 +16,8 @@ Run on the H200 (triton >= 3.6; put the FlashMLA anchor on the path to time it t
    batched torch attention), where it fits in memory.
 3. HF end to end: a random DeepSeek-V3.2-shaped model (real attention dims, 128 heads,
    ``--hf-layers`` layers) prefilled to 8K / 32K tokens in chunks, then greedy decode timed
-   per token, HF's own (sdpa) attention vs sparse-mla; the two token streams are compared.
+   per token, HF's own (sdpa) attention vs sparse-mla; the two token streams are compared
+   and, where they part, each side's logit gap between the two tokens.
 
 ``--dry-run`` runs tiny shapes anywhere (on the CPU eagerly, through the interpreter) to
 check the script itself. Prints compact tables and writes ``decode_step.json`` to ``--out``.
@@ -286,7 +287,7 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
     torch.manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (1, ctx), device=DEV)
     row = {"context": ctx, "layers": layers, "decode steps": steps}
-    streams = {}
+    streams, step_logits = {}, {}
     for impl in ("hf", "sparse-mla"):
         m = model if impl == "hf" else hf.enable(copy.deepcopy(model), prefill_chunk=chunk)
         cache = DynamicCache(config=cfg)
@@ -295,7 +296,8 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
                 for s0 in range(0, ctx, chunk):  # chunked prefill (HF's dense masks are O(S x T))
                     logits = m(prompt[:, s0 : s0 + chunk], cache=cache, use_cache=True).logits
                 tok = logits[:, -1:].argmax(-1)
-                out, times = [], []
+                # out[i] is the argmax of kept[i] (the prefill's token first)
+                out, times, kept = [int(tok)], [], [logits[0, -1].float().cpu()]
                 for _ in range(steps):
                     sync()
                     t0 = time.perf_counter()
@@ -304,6 +306,7 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
                     sync()
                     times.append(time.perf_counter() - t0)
                     out.append(int(tok))
+                    kept.append(logits[0, -1].float().cpu())
         except torch.OutOfMemoryError as e:
             row[f"{impl} note"] = f"out of memory: {str(e)[:80]}"
             torch.cuda.empty_cache()
@@ -311,14 +314,18 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
         times = sorted(times[1:]) or times
         row[f"{impl} ms/token"] = 1e3 * times[len(times) // 2]
         streams[impl] = out
+        step_logits[impl] = kept
         del m, cache
         torch.cuda.empty_cache()
     if len(streams) == 2:
         a, b = streams["hf"], streams["sparse-mla"]
         row["same tokens"] = sum(x == y for x, y in zip(a, b, strict=True))
-        row["first difference"] = next(
-            (i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None
-        )
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+        row["first difference"] = first
+        if first is not None:  # how close the two tokens were where the streams parted
+            for impl in ("hf", "sparse-mla"):
+                lg = step_logits[impl][first]
+                row[f"{impl} logit gap"] = float(lg[a[first]] - lg[b[first]])
     return row
 
 
