@@ -55,7 +55,7 @@ from sparse_mla.ops.attention import (
     sparse_mla_decode_reference,
 )
 from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
-from sparse_mla.testing import attention_error, attention_max_errors
+from sparse_mla.testing import attention_error, attention_max_errors, poison
 
 ROOT = Path(__file__).resolve().parents[1]
 BW, PEAK = 4.3e12, 790e12
@@ -241,6 +241,7 @@ def time_shape(h, t, fmt, caches, dev, anchors, eager, results) -> bool:
     def ours(ix):
         return sparse_mla_decode(q, cache, ix, sm_scale=SCALE, out=out, lse=lse, workspace=ws)
 
+    poison(out, lse)  # the checked rows must all have been written
     ours(idxs[0])
     torch.cuda.synchronize()
     row = dict(h_q=h, T=t, cache=fmt, config=str(cfg), floor_us=floor_us(h, t, fp8))

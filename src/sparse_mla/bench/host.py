@@ -90,8 +90,12 @@ class HostCost:
         return self.us / self.budget_us if self.budget_us else None
 
 
-def host_us(fn: Callable[[], object], calls: int, device: torch.device) -> float:
-    """Median over 3 runs of ``calls`` back-to-back calls: host microseconds per call."""
+def host_us(
+    fn: Callable[[], object], calls: int, device: torch.device, *, wall: bool = False
+) -> float:
+    """Median over 3 runs of ``calls`` back-to-back calls, microseconds per call: host time
+    (the clock stops before the device catches up), or with ``wall`` the time until the
+    device has finished too."""
     fn()
     _sync(device)
     runs = []
@@ -99,6 +103,8 @@ def host_us(fn: Callable[[], object], calls: int, device: torch.device) -> float
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
+        if wall:
+            _sync(device)
         runs.append((time.perf_counter() - t0) * 1e6 / calls)
         _sync(device)
     return sorted(runs)[1]
@@ -272,7 +278,7 @@ def eager_topk(
             for name, fn in fns.items():
                 with count_launches() as launches:
                     fn()
-                row[name] = _wall_us(fn, calls, device)
+                row[name] = host_us(fn, calls, device, wall=True)
                 row[name + " launches"] = launches[0]
             rows.append(row)
     return rows
@@ -293,20 +299,6 @@ def _topk_calls(device: torch.device, n: int, b: int, k: int) -> dict[str, Calla
         ),
         "torch.topk": lambda: torch.topk(x, k, dim=1, out=(vals, idx)),
     }
-
-
-def _wall_us(fn: Callable[[], object], calls: int, device: torch.device) -> float:
-    """Median of 3: wall microseconds per call over ``calls`` calls, synchronised at the end."""
-    fn()
-    _sync(device)
-    runs = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        _sync(device)
-        runs.append((time.perf_counter() - t0) * 1e6 / calls)
-    return sorted(runs)[1]
 
 
 def render_topk(rows: list[dict]) -> str:
