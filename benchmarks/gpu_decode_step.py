@@ -351,6 +351,9 @@ def main() -> int:
     p.add_argument("--hf-layers", type=int, default=4)
     p.add_argument("--hf-steps", type=int, default=16)
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--heads", default="16,128", help="h_q values of the step grid (comma list)")
+    p.add_argument("--skip-grid", action="store_true", help="no step grid (correctness, HF)")
+    p.add_argument("--hf-contexts", default="8192,32768", help="HF prompt lengths (comma list)")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes anywhere (CPU: eager)")
     args = p.parse_args()
     global TOPK
@@ -367,12 +370,15 @@ def main() -> int:
     result["failures"] = failures
 
     print("2. one layer's step, fp8 caches, CUDA-graph replay (us per layer; x61 in ms)")
-    grid = [(b, c, n, h) for h in (16, 128) for n in (1, 2) for c in (8192, 32768, 131072)
+    heads = [int(h) for h in args.heads.split(",")]
+    grid = [(b, c, n, h) for h in heads for n in (1, 2) for c in (8192, 32768, 131072)
             for b in (1, 32, 128)]  # fmt: skip
     if args.quick:
         grid = [(1, 8192, 1, 16), (32, 32768, 2, 128), (128, 131072, 1, 16)]
     if args.dry_run:
         grid = [(1, 256, 1, 16), (2, 200, 2, 16)]
+    if args.skip_grid:
+        grid = []
     rows = []
     for b, c, n, h in grid:
         try:
@@ -392,7 +398,8 @@ def main() -> int:
     if not args.skip_hf:
         print(f"3. HF end to end ({args.hf_layers} layers), ms per generated token")
         hf_rows = []
-        ctxs = (160,) if args.dry_run else (8192,) if args.quick else (8192, 32768)
+        ctxs = [int(c) for c in args.hf_contexts.split(",")]
+        ctxs = (160,) if args.dry_run else ctxs[:1] if args.quick else ctxs
         for ctx in ctxs:
             try:
                 row = hf_end_to_end(ctx, args.hf_steps, args.hf_layers, 1024, dry=args.dry_run)
