@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device-tool lease: run the named steps, log each under $OUT, print a short summary.
 #   bash benchmarks/gpu_lease.sh tests verify tune tune_logits bench ...
+# Per-step overrides: TIMEOUT_<step>=seconds, ARGS_<gpu_script>="--flags" (gpu_* steps).
 set -u
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 # The device tool returns at most 8 files: logs go to a work folder packed into one archive.
 W=$OUT/work; mkdir -p "$W"
@@ -20,9 +21,10 @@ for step in "$@"; do
   case $step in
     env) run env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -m sparse_mla.cli info; date -u' ;;
     tests) run tests python3 -m pytest -q -n 8 ${TESTS:-tests} ;;
+    fast_tests) run fast_tests env SPARSE_MLA_FAST_LAUNCH=1 python3 -m pytest -q -n 8 ${FAST_TESTS:-tests/ops} ;;
     verify) run verify python3 -m sparse_mla.cli verify --no-progress --jobs 12 ${VERIFY_ARGS:-} ;;
     memcheck) run memcheck compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 python3 -m pytest -q -n 8 ${MEMCHECK_TESTS:-tests/ops} ;;
-    gpu_*) run "$step" python3 "benchmarks/$step.py" --out "$W" ;;
+    gpu_*) avar=ARGS_$step; run "$step" python3 "benchmarks/$step.py" --out "$W" ${!avar:-} ;;
     ncu_*) run "$step" bash -c "$(python3 benchmarks/profile_op.py "${step#ncu_}" --ncu)" ;;
     demo) run demo python3 -m sparse_mla.cli demo ;;
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
