@@ -712,6 +712,8 @@ def test_smoke_attention(tmp_path, capsys, monkeypatch):
     assert set(ours.speedup_graph) == {"FlashMLA"}  # the anchor is the case's baseline
     (t,) = summ
     assert t.title.startswith("attention: ours") and len(t.rows) == 2
+    assert bench_attention.summaries(_sample_results()) == []  # other ops' results: no table
+    assert bench_attention.summaries([*_sample_results(), *rs]) == summ
     row = dict(zip(t.headers, t.rows[0], strict=True))
     assert row["cache"] == "fp8" and row["anchor"] == "FlashMLA" and row["anchor/ours"] != "n/a"
     assert row["ours TFLOPS"] != "n/a"

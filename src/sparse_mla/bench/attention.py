@@ -296,8 +296,11 @@ def build(grid: str, device: torch.device) -> list[Case]:
 
 def summaries(results: list[Result]) -> list[Table]:
     """Per (cache, h_q, T): ours, the fused form, floor, TFLOPS and the anchor beside it."""
-    rs = {(r.params["cache"], r.params["h_q"], r.x, r.variant): r for r in results}
-    rs = {k: r for k, r in rs.items() if r.op == "attention"}
+    rs = {
+        (r.params["cache"], r.params["h_q"], r.x, r.variant): r
+        for r in results
+        if r.op == "attention"
+    }
     keys = sorted({k[:3] for k in rs}, key=lambda k: (k[0] != "fp8", k[1], k[2]))
     rows = []
     for fmt, h, t in keys:
