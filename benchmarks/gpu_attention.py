@@ -34,18 +34,24 @@ One failing shape never stops the rest (its error is recorded). Writes
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
 import time
 import traceback
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from sparse_mla import convert_req_index_to_global_index
+from sparse_mla.bench.attention import (
+    flashmla_launch,
+    flashmla_outputs,
+    import_flashmla,
+    import_vllm,
+    vllm_launch,
+)
+from sparse_mla.bench.floor import PEAK_FLOPS, attention_bytes, attention_flops
 from sparse_mla.compat import flashmla as compat_flashmla
 from sparse_mla.ops.attention import (
     AttentionConfig,
@@ -57,8 +63,7 @@ from sparse_mla.ops.attention import (
 from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
 from sparse_mla.testing import attention_error, attention_max_errors, poison
 
-ROOT = Path(__file__).resolve().parents[1]
-BW, PEAK = 4.3e12, 790e12
+BW = 4.3e12  # the H200's stated HBM bandwidth (the bench's floor uses the measured copy)
 TOPK, PAGE, NKV = 2048, 64, 1 << 20
 SCALE = 0.1352
 N_GRAPH = 10
@@ -69,33 +74,6 @@ BUDGET_S = float(os.environ.get("GPU_ATTENTION_BUDGET_S", "330"))
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
-
-
-# ---- anchors ----------------------------------------------------------------------------------
-
-
-def _import_flashmla():
-    cands = [os.environ.get("FLASHMLA_PATH"), ROOT / ".anchors/flashmla"]
-    cands += [ROOT / "shared/anchors/flashmla", ROOT.parent / "shared/anchors/flashmla"]
-    for c in cands:
-        if c and (Path(c) / "flash_mla").is_dir():
-            sys.path.insert(0, str(c))
-            try:
-                return importlib.import_module("flash_mla"), None
-            except Exception as e:  # noqa: BLE001
-                return None, f"flash_mla at {c} did not import: {e}"
-    return None, "FlashMLA not found ($FLASHMLA_PATH, .anchors/flashmla)"
-
-
-def _import_vllm():
-    for c in (ROOT / ".anchors", ROOT / "shared/anchors", ROOT.parent / "shared/anchors"):
-        if (c / "vllm_triton_sparse_mla.py").is_file():
-            sys.path.insert(0, str(c))
-            try:
-                return importlib.import_module("vllm_triton_sparse_mla"), None
-            except Exception as e:  # noqa: BLE001
-                return None, f"vllm_triton_sparse_mla did not import: {e}"
-    return None, "vllm_triton_sparse_mla.py not found (.anchors/)"
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -127,13 +105,12 @@ def eager_us(fn) -> float:
 
 
 def floor_us(h: int, t: int, fp8: bool) -> float:
-    rows = t * TOPK * (656 if fp8 else 1152)
-    flops = 2 * h * t * TOPK * (576 + 512)
-    return max(rows / BW, flops / PEAK) * 1e6
+    rows = attention_bytes(t, TOPK, "fp8" if fp8 else "bf16")
+    return max(rows / BW, attention_flops(h, t, TOPK) / PEAK_FLOPS) * 1e6
 
 
 def tflops(h: int, t: int, us: float) -> float:
-    return 2 * h * t * TOPK * (576 + 512) / us / 1e6
+    return attention_flops(h, t, TOPK) / us / 1e6
 
 
 # ---- inputs -------------------------------------------------------------------------------------
@@ -254,31 +231,20 @@ def time_shape(h, t, fmt, caches, dev, anchors, eager, results) -> bool:
     fm, vl = anchors
     if fm is not None and fp8 and h in (16, 64, 128):
         try:
-            hk = 64 if h == 16 else h
-            qpad = torch.zeros(1, t, hk, 576, dtype=torch.bfloat16, device=dev)
-            k4 = cache.view(torch.float8_e4m3fn)
-            meta, _ = fm.get_mla_metadata()
-
-            def anchor(ix):
-                qpad[0, :, :h].copy_(q)
-                return fm.flash_mla_with_kvcache(
-                    qpad, k4, None, None, 512, meta, softmax_scale=SCALE,
-                    is_fp8_kvcache=True, indices=ix.view(1, t, TOPK),
-                )  # fmt: skip
-
+            # h < 64: q copied into a 64-head buffer on every call (timed with it).
+            anchor, qpad = flashmla_launch(fm, q, cache, SCALE)
             o, lf = anchor(idxs[0])
             # Our FlashMLA-shaped entry, same call: same shapes and +inf convention.
             cm, _ = compat_flashmla.get_mla_metadata()
             co, cl = compat_flashmla.flash_mla_with_kvcache(
-                qpad, k4, None, None, 512, cm, softmax_scale=SCALE, is_fp8_kvcache=True,
-                indices=idxs[0].view(1, t, TOPK),
+                qpad, cache.view(torch.float8_e4m3fn), None, None, 512, cm, softmax_scale=SCALE,
+                is_fp8_kvcache=True, indices=idxs[0].view(1, t, TOPK),
             )  # fmt: skip
             same_inf = torch.equal(torch.isposinf(cl), torch.isposinf(lf))
             row["compat_shapes_ok"] = co.shape == o.shape and cl.shape == lf.shape and same_inf
             row["compat_out_diff"] = (co.float() - o.float()).abs().max().item()
-            lf = lf[0, :h].t()
-            lf = torch.where(torch.isposinf(lf), float("-inf"), lf)
-            row["flashmla_out_diff"] = (o[0, :, :h].float() - ref_out.float()).abs().max().item()
+            o, lf = flashmla_outputs(o, lf, h)
+            row["flashmla_out_diff"] = (o.float() - ref_out.float()).abs().max().item()
             fin = torch.isfinite(ref_lse)
             row["flashmla_lse_diff"] = (lf[fin] - ref_lse[fin]).abs().max().item()
             row["flashmla_us"] = graph_us(
@@ -288,11 +254,7 @@ def time_shape(h, t, fmt, caches, dev, anchors, eager, results) -> bool:
             row["flashmla_error"] = repr(e)
     if vl is not None and not fp8 and h in (16, 64, 128):
         try:
-            kv3 = cache.view(NKV, 1, 576)
-
-            def anchor_v(ix):
-                return vl.triton_sparse_mla_attention(q, kv3, ix.view(t, 1, TOPK), SCALE)
-
+            anchor_v = vllm_launch(vl, q, cache, SCALE)
             o = anchor_v(idxs[0])
             row["vllm_out_diff"] = (o.float() - ref_out.float()).abs().max().item()
             row["vllm_us"] = graph_us(
@@ -464,8 +426,8 @@ def main() -> int:
 
     _log(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
          f"triton {triton.__version__}, CUDA {torch.version.cuda}")  # fmt: skip
-    fm, fm_note = _import_flashmla()
-    vl, vl_note = _import_vllm()
+    fm, fm_note = import_flashmla()
+    vl, vl_note = import_vllm()
     for note in (fm_note, vl_note):
         if note:
             _log(f"# note: {note}")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sparse_mla import _runtime
+from sparse_mla.bench import attention as bench_attention
 from sparse_mla.bench import cases, floor, page, report, runner, timing
 from sparse_mla.bench import indexer as bench_indexer
 from sparse_mla.bench import remap as bench_remap
@@ -182,6 +184,12 @@ def test_floor_and_byte_counts():
     b4 = floor.indexer_bytes(64, 4, 32768, 64, 128, fp8=False)
     assert b4 - b1 == 3 * 64 * (32768 * 4 + 64 * 128 * 2 + 64 * 4)
     assert [floor.kfmt(v) for v in (512, 1536, 4096, 131072)] == ["512", "1536", "4K", "128K"]
+    # attention: T*topk gathered rows; 2 FLOPs per MAC over 576 (scores) + 512 (output) dims
+    assert floor.attention_bytes(2, 128, "fp8") == 2 * 128 * 656
+    assert floor.attention_bytes(2, 128, "bf16") == 2 * 128 * 1152
+    assert floor.attention_flops(16, 2, 128) == 2 * 16 * 2 * 128 * 1088
+    assert floor.floor_us(0.6, 4.3e6, bw, flops=int(1.58e9)) == pytest.approx(2.0)  # compute
+    assert floor.floor_us(0.6, 4.3e6, bw, flops=790) == pytest.approx(1.0)
     req_id = torch.tensor([0, 0, 1], dtype=torch.int32)
     idx = torch.tensor([[0, 63, 64, -1], [65, 200, -1, -1], [0, 5000, 64, 70]], dtype=torch.int32)
     # request 0: pages {0, 1, 3}; request 1: {0, 1} (page 78 is outside the 4-page table)
@@ -338,6 +346,15 @@ def test_gpu_grids_build_lazily_and_cache_pool():
     assert b.dtype == torch.bfloat16 and pool.builds == 3
     pool.clear()
     assert pool.get(fp8=False, pages=1, page=64, dim=32, device=dev) is not b
+    # attention: 2 formats x h_q {16, 128} x T {1, 8, 128}; no anchors without CUDA
+    full = bench_attention.build("full", cpu)
+    assert len(full) == 12 and len(bench_attention.build("quick", cpu)) == 8
+    assert {(c.params["topk"], c.params["cache_tokens"]) for c in full} == {(2048, 1 << 20)}
+    assert all([v.name for v in c.variants] == ["ours", "ours fused"] for c in full)
+    big = next(c for c in full if (c.params["cache"], c.params["h_q"], c.x) == ("bf16", 128, 128))
+    assert big.flops == 2 * 128 * 128 * 2048 * 1088 and big.set_bytes > 128 * 2048 * 1152
+    assert bench_attention.POOL._caches == {}
+    assert "anchors: not run (no CUDA device)" in bench_attention.SPEC.notes
 
 
 def test_topk_checker_catches_wrong_selections():
@@ -369,6 +386,109 @@ def test_topk_checker_catches_wrong_selections():
     other[0, 0] = slots[1, 0]  # another request's slot
     assert chk.snapshot((other, counts), s)["self"]
     assert "valid counts" in chk.snapshot((slots, counts - 1), s)["self"]
+
+
+def _fake_anchors():
+    """Stand-ins for FlashMLA and vLLM's kernel with their calling conventions and output
+    shapes (FlashMLA: 64 or 128 heads, lse [1, h, T] with +inf for empty rows; vLLM: out only),
+    computed by the reference."""
+    from sparse_mla.ops.attention import sparse_mla_decode_reference as ref
+
+    def flash(q, k, block_table, seqlens, dv, sched, *, softmax_scale, is_fp8_kvcache, indices):
+        assert q.shape[2] in (64, 128) and k.dtype == torch.float8_e4m3fn and is_fp8_kvcache
+        assert block_table is None and dv == 512 and sched == "sched"
+        kw = dict(sm_scale=softmax_scale, dtype=torch.float32)
+        out, lse = ref(q[0], k.view(torch.uint8), indices[0], **kw)
+        lse = torch.where(torch.isneginf(lse), float("inf"), lse)
+        return out.bfloat16()[None], lse.t()[None]
+
+    def vllm(q, kv, indices, sm_scale):
+        assert kv.shape[1:] == (1, 576) and indices.shape[1] == 1
+        return ref(q, kv, indices[:, 0], sm_scale=sm_scale, dtype=torch.float32)[0].bfloat16()
+
+    fm = SimpleNamespace(get_mla_metadata=lambda: ("sched", None), flash_mla_with_kvcache=flash)
+    return fm, SimpleNamespace(triton_sparse_mla_attention=vllm)
+
+
+def test_attention_checker_and_anchor_launches():
+    from sparse_mla.ops.attention import sparse_mla_decode, sparse_mla_decode_reference
+
+    dev = _runtime.default_device()  # the cache writer and our kernel really run
+    fill = bench_attention._filled_mla_cache
+    caches = {f: fill(4, 64, 576, fp8=f == "fp8", device=dev) for f in ("fp8", "bf16")}
+    fm, vl = _fake_anchors()
+    for fmt, cache in caches.items():
+        s = bench_attention.make_attention_set(
+            cache, tokens=3, heads=16, topk=64, invalid_tail=8, workspace=None
+        )
+        pos, slots, bt = s["positions"], s["slots"], s["block_table"]
+        assert ((pos == -1) == (slots == -1)).all() and (slots[:, -8:] == -1).all()
+        assert (slots[:, :-8] >= 0).all() and int(slots.max()) < 4 * 64
+        assert torch.equal(bt.sort(dim=1).values, torch.arange(4, dtype=torch.int32).expand(3, 4))
+        chk = bench_attention._Checker(sparse_mla_decode_reference, rows=2)
+        kw = dict(sm_scale=bench_attention.SM_SCALE)
+        ours = sparse_mla_decode(s["q"], cache, slots, **kw)
+        ref = chk.snapshot(ours, s)
+        assert ref["self"] == "" and ref["exact"]
+        fused = sparse_mla_decode(s["q"], cache, pos, block_table=bt, req_id=s["req_id"], **kw)
+        assert chk.compare(chk.snapshot(fused, s), ref) == ""
+        # one ulp off in a row past the checked ones: within tolerance, but not bit-equal
+        off = (ours[0].clone(), ours[1].clone())
+        off[0].view(torch.int16)[2, 0, 0] += 1  # the next bf16 value
+        snap = chk.snapshot(off, s)
+        assert snap["self"] == "" and chk.compare(snap, ref).startswith("mismatch: out not bit")
+        bad = (ours[0].clone(), ours[1].clone())
+        bad[0][1, 3] += 1.0
+        assert chk.snapshot(bad, s)["self"].startswith("out: max err")
+        bad = (ours[0].clone(), ours[1].clone())
+        bad[1][0, 5] += 0.01
+        assert chk.snapshot(bad, s)["self"].startswith("lse: max err")
+        bad = (ours[0].clone(), ours[1].clone())
+        bad[0][0, :, :7] = float("nan")  # poison left
+        assert "NaN in out" in chk.snapshot(bad, s)["self"]
+        if fmt == "fp8":  # h_q 16: padded to 64 heads, q copied in on every call
+            launch, q4 = bench_attention.flashmla_launch(fm, s["q"], cache, kw["sm_scale"])
+            ret = launch(slots)
+            assert q4.shape == (1, 3, 64, 576) and torch.equal(q4[0, :, :16], s["q"])
+            assert ret[0].shape == (1, 3, 64, 512) and ret[1].shape == (1, 64, 3)
+            snap = chk.snapshot(ret, s)
+            assert snap["self"] == "" and not snap["exact"] and chk.compare(snap, ref) == ""
+            s["q"].mul_(2)
+            launch(slots)
+            assert torch.equal(q4[0, :, :16], s["q"]) and not q4[0, :, 16:].any()
+        else:  # vLLM returns out only: out alone is checked
+            out = bench_attention.vllm_launch(vl, s["q"], cache, kw["sm_scale"])(slots)
+            assert chk.snapshot(out, s)["self"] == ""
+            out[0, 0] += 1.0
+            assert chk.snapshot(out, s)["self"].startswith("out: max err")
+    # 128 heads: FlashMLA takes q as it is (no copy), and an empty row's +inf lse maps to -inf
+    q = torch.randn(2, 128, 576, device=dev).bfloat16()
+    ix = torch.full((2, 64), -1, dtype=torch.int32, device=dev)
+    ix[1, :5] = torch.arange(5)
+    launch, q4 = bench_attention.flashmla_launch(fm, q, caches["fp8"], 0.1)
+    assert q4.data_ptr() == q.data_ptr()
+    out, lse = bench_attention.flashmla_outputs(*launch(ix), 128)
+    assert out.shape == (2, 128, 512) and torch.isneginf(lse[0]).all() and lse[1].isfinite().all()
+
+
+def test_anchor_imports(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the importers prepend their folders
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench_attention, "ROOT", tmp_path / "repo")
+    monkeypatch.setenv("FLASHMLA_PATH", str(tmp_path / "nowhere"))
+    for mod, why in (bench_attention.import_flashmla(), bench_attention.import_vllm()):
+        assert mod is None and "not found" in why
+    (tmp_path / ".anchors").mkdir()
+    (tmp_path / ".anchors" / "vllm_triton_sparse_mla.py").write_text("raise ImportError('x')\n")
+    mod, why = bench_attention.import_vllm()
+    assert mod is None and "did not import: x" in why
+    (tmp_path / "fm" / "flash_mla").mkdir(parents=True)
+    (tmp_path / "fm" / "flash_mla" / "__init__.py").write_text("ANCHOR = 1\n")
+    monkeypatch.setenv("FLASHMLA_PATH", str(tmp_path / "fm"))
+    monkeypatch.setitem(sys.modules, "flash_mla", None)  # removed again after the test
+    del sys.modules["flash_mla"]
+    mod, why = bench_attention.import_flashmla()
+    assert why is None and mod.ANCHOR == 1
 
 
 def test_layer_check_helpers():
@@ -461,8 +581,8 @@ def _planted(module, name: str, when, monkeypatch) -> None:
     """Wrap ``module._ops().<name>``: one output entry off by one where ``when(args, kw)``."""
     real = module._ops
 
-    def ops():
-        o = real()
+    def ops(*a):
+        o = real(*a)
         fn = getattr(o, name)
 
         def wrapped(*args, **kw):
@@ -478,7 +598,7 @@ def _planted(module, name: str, when, monkeypatch) -> None:
 
 @cpu_only
 def test_cli_usage_errors(capsys):
-    assert runner.resolve_ops("all") == ["remap", "expand", "topk", "indexer"]
+    assert runner.resolve_ops("all") == ["remap", "expand", "topk", "indexer", "attention"]
     assert runner.resolve_ops("topk, indexer,topk") == ["topk", "indexer"]
     assert runner.parse_args([]).ops == "remap,expand"  # the default set is unchanged
     assert all(runner.load_op(name).name == name for name in runner.OP_MODULES)
@@ -558,6 +678,48 @@ def test_smoke_topk_indexer(tmp_path, capsys, monkeypatch):
     text = (out / "PERF.md").read_text()
     assert "indexer side per layer" in text and "% copy" in text and "fp64" in text
     assert bench_indexer.POOL._caches == {}  # the shared caches are freed after the run
+
+
+@cpu_only
+def test_smoke_attention(tmp_path, capsys, monkeypatch):
+    # stand-in anchors, and a planted bug in the fused call on the fp8 cache only
+    fm, vl = _fake_anchors()
+    real = bench_attention._ops
+    anchors = dict(flashmla=fm, vllm=vl, notes=["stand-in anchors"])
+    monkeypatch.setattr(
+        bench_attention, "_ops", lambda d: SimpleNamespace(**dict(vars(real(d)), **anchors))
+    )
+    when = lambda args, kw: "block_table" in kw and args[1].dtype == torch.uint8  # noqa: E731
+    _planted(bench_attention, "decode", when, monkeypatch)
+    out = tmp_path / "att"
+    argv = ["--allow-cpu", "--ops", "attention", "--out", str(out), "--seed", "7", "--no-plots"]
+    argv += ["--graph-calls", "1"]
+    assert runner.main(argv) == 1, capsys.readouterr().err
+    meta, rs, summ = _load(out)
+    assert meta["ops"] == ["attention"] and "stand-in anchors" in meta["op_notes"]["attention"]
+    bad = {(r.group, r.variant) for r in rs if r.check.startswith("mismatch")}
+    assert bad == {("attention fp8 h_q=16", "ours fused")}
+    others = [r for r in rs if (r.group, r.variant) not in bad]
+    assert all(r.check in ("ok", "reference") and not r.note for r in others)
+    want = {("fp8", v) for v in ("ours", "ours fused", "FlashMLA")}
+    want |= {("bf16", v) for v in ("ours", "ours fused", "vLLM Triton")}
+    assert {(r.params["cache"], r.variant) for r in rs} == want
+    for r in rs:
+        assert r.graph_us and r.eager_us and r.flops == 2 * 16 * 2 * 128 * 1088
+        assert r.bytes_moved == 2 * 128 * floor.MLA_ROW_BYTES[r.params["cache"]]
+        assert r.floor_us >= r.flops / floor.PEAK_FLOPS * 1e6
+    ours = next(r for r in rs if r.variant == "ours" and r.params["cache"] == "fp8")
+    assert set(ours.speedup_graph) == {"FlashMLA"}  # the anchor is the case's baseline
+    (t,) = summ
+    assert t.title.startswith("attention: ours") and len(t.rows) == 2
+    assert bench_attention.summaries(_sample_results()) == []  # other ops' results: no table
+    assert bench_attention.summaries([*_sample_results(), *rs]) == summ
+    row = dict(zip(t.headers, t.rows[0], strict=True))
+    assert row["cache"] == "fp8" and row["anchor"] == "FlashMLA" and row["anchor/ours"] != "n/a"
+    assert row["ours TFLOPS"] != "n/a"
+    text = (out / "PERF.md").read_text()
+    assert "## attention" in text and "anchor/ours" in text and "790 TFLOPS" in text
+    assert bench_attention.POOL._caches == {}
 
 
 def test_host_cost_table_with_stubbed_launches():

@@ -5,7 +5,7 @@ back-to-back calls and eagerly, beside the floor ``max(empty-kernel launch, byte
 bandwidth)`` measured in that run. Modules: ``timing`` (graph/eager timing, launch floor, copy
 bandwidth), ``floor`` (byte counts, floor arithmetic), ``report`` (records, tables, plots),
 ``page`` (PERF.md and its JSON record), ``cases`` (the op registry), one module per op
-(``remap``, ``expand``, ``topk``, ``indexer``) and ``runner`` (the command).
+(``remap``, ``expand``, ``topk``, ``indexer``, ``attention``) and ``runner`` (the command).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ class Case:
     ``compare(a, ref)`` returns "" when equal else a short reason; ``reference`` names the
     variant others are checked against; ``self_check(snapshot)`` (optional) returns "" or a
     reason for any variant, the reference included (e.g. against an fp64 reference on a
-    subset of rows). ``budget_ms`` (optional) lowers the per-variant time budget."""
+    subset of rows). ``budget_ms`` (optional) lowers the per-variant time budget. ``flops``
+    (optional) is one call's arithmetic, which adds ``flops / PEAK_FLOPS`` to the floor."""
 
     op: str
     group: str  # table grouping and plot panel, e.g. "remap K=2048"
@@ -66,6 +67,7 @@ class Case:
     series_tag: str = ""  # appended to variant names in plots, e.g. " [ragged]"
     self_check: Callable[[Any], str] | None = None
     budget_ms: float | None = None
+    flops: int = 0
 
 
 @dataclass

@@ -6,7 +6,8 @@ copy's (bytes read + written) / time, both measured in the same run. Max, not th
 term alone is a hard lower bound, while the sum assumes a kernel's fixed cost never overlaps
 data movement, false inside a graph. Both terms are stored in the results. Bytes are the
 fewest a kernel must move through device memory: each input read once, each output written
-once (4-byte ints everywhere).
+once (4-byte ints everywhere). An op that also counts its FLOPs (attention) adds the term
+``FLOPs / PEAK_FLOPS``, a stated peak rather than a measured one.
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ import torch
 
 from ..ops._common.dcp import dcp_local_reference, dcp_owner_reference
 
-FLOOR_RULE = "floor = max(empty-kernel launch in graph, bytes / copy bandwidth)"
+FLOOR_RULE = (
+    "floor = max(empty-kernel launch in graph, bytes / copy bandwidth, and FLOPs / a stated "
+    "peak for ops that count FLOPs)"
+)
 INT = 4  # bytes per int32
+#: Dense bf16 tensor-core peak of an H200 SXM (FLOP/s): the compute term of the attention floor.
+PEAK_FLOPS = 790e12
+#: Bytes of one MLA latent cache row: fp8 (512 e4m3 + 4 fp32 scales + 64 bf16 rope), bf16.
+MLA_ROW_BYTES = {"fp8": 656, "bf16": 1152}
 
 REMAP_BYTES_RULE = (
     "remap bytes = token_indices read (T*K*4) + out written (T*K*4) + req_id (T*4) "
@@ -46,6 +54,12 @@ INDEXER_BYTES_RULE = (
     "flattened form is held to the same floor (it reads the keys n times). % copy = achieved "
     "GB/s over the copy bandwidth measured in the run."
 )
+ATTENTION_BYTES_RULE = (
+    "attention bytes = the cache rows gathered, T*topk*row bytes (656 fp8, 1152 bf16; the -1 "
+    "entries counted too, q, out and lse left out); FLOPs = 2*h_q*T*topk*(576 + 512) (scores "
+    "over 576 dims, output over 512); floor = max(launch, bytes / copy bandwidth, FLOPs / "
+    f"{PEAK_FLOPS / 1e12:.0f} TFLOPS, the H200's dense bf16 peak); TFLOPS = FLOPs / time."
+)
 LAYER_BYTES_RULE = (
     "per-layer chain bytes = expansion (n > 1) + logits + top-k + remap bytes (each by its own "
     "rule); every intermediate is written by one kernel and read by the next, so it counts "
@@ -58,9 +72,22 @@ def kfmt(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def floor_us(launch_us: float, nbytes: int, bw_bytes_per_s: float) -> float:
-    """``max(launch_us, nbytes / bw)`` in microseconds; see the module docstring for why max."""
-    return max(launch_us, nbytes / bw_bytes_per_s * 1e6)
+def floor_us(
+    launch_us: float, nbytes: int, bw_bytes_per_s: float, flops: int = 0, peak: float = PEAK_FLOPS
+) -> float:
+    """``max(launch_us, nbytes / bw, flops / peak)`` in microseconds; see the module docstring
+    for why max."""
+    return max(launch_us, nbytes / bw_bytes_per_s * 1e6, flops / peak * 1e6)
+
+
+def attention_bytes(tokens: int, topk: int, cache_format: str) -> int:
+    """Cache bytes one attention call gathers: ``tokens * topk`` rows of the format."""
+    return tokens * topk * MLA_ROW_BYTES[cache_format]
+
+
+def attention_flops(heads: int, tokens: int, topk: int) -> int:
+    """FLOPs of one attention call: scores (576-dim dots) and output (512 dims), 2 per MAC."""
+    return 2 * heads * tokens * topk * (576 + 512)
 
 
 def remap_bytes(tokens: int, k: int, touched_pages: int) -> int:

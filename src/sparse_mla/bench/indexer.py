@@ -106,11 +106,13 @@ def _ops() -> SimpleNamespace:
 
 
 class CachePool:
-    """One filled K cache per (format, page, dim, device), built on first use at the size the
-    whole grid needs and shared by every case; :meth:`clear` frees them after the run."""
+    """One filled cache per (format, page, dim, device), built on first use at the size the
+    whole grid needs and shared by every case; :meth:`clear` frees them after the run.
+    ``fill(pages, page, dim, fp8=, device=)`` builds one (default: an indexer K cache)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fill: Any = filled_indexer_cache) -> None:
         self._caches: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._fill = fill
         self.builds = 0
 
     def get(self, *, fp8: bool, pages: int, page: int, dim: int, device: Any) -> torch.Tensor:
@@ -119,7 +121,7 @@ class CachePool:
         if cache is None or cache.shape[0] < pages:
             self._caches.pop(key, None)
             del cache
-            cache = filled_indexer_cache(pages, page, dim, fp8=fp8, device=device)
+            cache = self._fill(pages, page, dim, fp8=fp8, device=device)
             self._caches[key] = cache
             self.builds += 1
         return cache

@@ -23,9 +23,9 @@ from .report import (
 )
 
 #: Page order: the order the ops run in one decode step.
-OP_ORDER = ("expand", "indexer", "topk", "remap")
+OP_ORDER = ("expand", "indexer", "topk", "remap", "attention")
 #: The plots the page shows, one or two per op (the JSON holds every group).
-PAGE_PLOTS = ("remap_K2048", "remap_dcp", "expand", "topk", "indexer")
+PAGE_PLOTS = ("remap_K2048", "remap_dcp", "expand", "topk", "indexer", "attention_decode")
 
 
 @dataclass
@@ -71,7 +71,9 @@ def load_runs(path: Path) -> list[Run]:
 
 def _summary_op(title: str) -> str:
     """The op a summary table belongs to, from its title (summaries carry no op field)."""
-    for prefix, op in (("remap", "remap"), ("top-k", "topk"), ("expansion", "expand")):
+    prefixes = (("remap", "remap"), ("top-k", "topk"), ("expansion", "expand"))
+    prefixes += (("attention", "attention"),)
+    for prefix, op in prefixes:
         if title.startswith(prefix):
             return op
     return "indexer" if title.startswith("indexer") else ""

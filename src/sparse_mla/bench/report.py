@@ -48,6 +48,7 @@ class Result:
     speedup_eager: dict[str, float] = field(default_factory=dict)
     check: str = ""
     note: str = ""
+    flops: int = 0  # per call, where the op counts them (its floor then has a FLOPs term)
 
     @property
     def best_us(self) -> float | None:
@@ -191,6 +192,12 @@ def ratio_cell(a: Result | None, base: Result | None) -> str:
     """``a``'s time over ``base``'s, in the same mode (see :func:`paired_us`)."""
     pair = paired_us(a, base)
     return fmt_ratio(pair[0] / pair[1]) if pair else "n/a"
+
+
+def tflops_of(r: Result | None) -> str:
+    """``r``'s FLOPs per call over its best time, in TFLOPS ("n/a" without either)."""
+    t = us_of(r)
+    return f"{r.flops / t / 1e6:.1f}" if r is not None and r.flops and t else "n/a"
 
 
 def copy_pct(r: Result) -> str:

@@ -44,6 +44,7 @@ OP_MODULES: dict[str, str] = {
     "expand": "sparse_mla.bench.expand",
     "topk": "sparse_mla.bench.topk",
     "indexer": "sparse_mla.bench.indexer",
+    "attention": "sparse_mla.bench.attention",
 }
 DEFAULT_OPS = ("remap", "expand")
 PAGE_RECORD = Path("docs/perf/results.json")
@@ -166,7 +167,7 @@ def run_case(
                 x=case.x,
                 params=dict(case.params),
                 bytes_moved=nbytes,
-                floor_us=floor_us(launch_us, nbytes, bw),
+                floor_us=floor_us(launch_us, nbytes, bw, case.flops),
                 launch_us=launch_us,
                 copy_gbs=bw / 1e9,
                 n_sets=n_sets,
@@ -176,6 +177,7 @@ def run_case(
                 **_timing_fields("eager", ev),
                 check=check,
                 note=note,
+                flops=case.flops,
             )
         )
     del sets, snaps
@@ -247,9 +249,11 @@ def _method(cfg: RunConfig, cuda: bool) -> list[str]:
         else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
         "Eager: events around the same number of back-to-back calls, same repetitions.",
         "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
-        f"poisoned ({POISON}), then checked against the reference variant before timing: bit "
-        "for bit (compacted DCP rows compared as sorted rows) unless the op's notes below "
-        "say otherwise (top-k: as sets of scores; logits: against fp64 on a subset).",
+        f"poisoned ({POISON}; NaN for float outputs), then checked against the reference "
+        "variant before timing: bit for bit (compacted DCP rows compared as sorted rows) "
+        "unless the op's notes below say otherwise (top-k: as sets of scores; logits: "
+        "against fp64 on a subset; attention: against fp32 on the first rows, within the "
+        "kit's tolerance).",
         "Rotation: calls cycle through independent input sets, enough for their working "
         "set to reach 2x L2 (at most one set per captured call, 2 GiB in all); cases whose "
         "sets still fit in L2 are flagged with * (cache-resident, as after the producing "
