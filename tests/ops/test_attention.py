@@ -1,9 +1,12 @@
 """Sparse MLA decode attention against the fp64 reference (tolerance in sparse_mla.testing):
 both cache formats, head counts without padding, splits, hostile indices, valid counts, the
 fused remap, the attention sink, strides, poisoned outputs, determinism, bad input, and the
-FlashMLA-shaped entry."""
+FlashMLA-shaped entry. The fp8 cache's cases run under both of its maths
+(``AttentionConfig.fp8_math``)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from sparse_mla.ops.attention import (
     sparse_mla_decode_reference,
     workspace_rows,
 )
+from sparse_mla.ops.attention.attention import _sms
 from sparse_mla.testing import (
     attention_error,
     poison,
@@ -30,6 +34,13 @@ DEV = default_device()
 PAGES, PAGE = 6, 16
 ROWS = PAGES * PAGE
 SCALE = 0.1352
+# The fp8 cache's two maths, and every cache format with them (the bf16 cache has one).
+FP8_MATHS = pytest.mark.parametrize("fp8_math", ["fold", "bf16"])
+FORMATS = pytest.mark.parametrize(
+    "fp8,fp8_math",
+    [(True, "fold"), (True, "bf16"), (False, "fold")],
+    ids=["fp8", "fp8-bf16", "bf16"],
+)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -43,8 +54,30 @@ def _case(g, *, T=2, h=16, topk=128, fp8=True, arbitrary=False, q_scale=1.0):
     return q, cache, idx
 
 
-def _check(q, cache, idx, *, config=None, **kw):
-    """Run ours on poisoned outputs and compare with the reference; returns (out, lse)."""
+def _with_math(config, q, idx, fp8_math):
+    """``config`` (None: the default choice for an fp8 cache) with ``fp8_math``; "fold", the
+    default's own, leaves it as it is."""
+    if fp8_math == "fold":
+        return config
+    T, h, _ = q.shape
+    base = config or choose_attention_config(T, h, idx.shape[1], "fp8", _sms(torch.device(DEV)))
+    return replace(base, fp8_math=fp8_math)
+
+
+def _dequantised(cache):
+    """The bf16 cache fp8_math="bf16" computes with: each e4m3 value times its group's fp32
+    scale in fp32, rounded to bf16 (torch rounds to nearest even); the rope as it is."""
+    c3 = cache.view(cache.shape[0], cache.shape[1], -1)
+    nope = c3[..., :512].contiguous().view(torch.float8_e4m3fn).float()
+    scales = c3[..., 512:528].contiguous().view(torch.float32)
+    nope = (nope.unflatten(-1, (4, 128)) * scales[..., None]).flatten(-2).bfloat16()
+    return torch.cat([nope, c3[..., 528:].contiguous().view(torch.bfloat16)], dim=-1)
+
+
+def _check(q, cache, idx, *, config=None, fp8_math="fold", ref_cache=None, **kw):
+    """Run ours (``config`` with ``fp8_math``) on poisoned outputs and compare with the
+    reference (over ``ref_cache`` when given); returns (out, lse)."""
+    config = _with_math(config, q, idx, fp8_math)
     out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=DEV)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=DEV)
     poison(out, lse)
@@ -54,7 +87,8 @@ def _check(q, cache, idx, *, config=None, **kw):
         config=config, **dev_kw,
     )  # fmt: skip
     assert got[0] is out and got[1] is lse
-    ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=SCALE, magnitude=True, **kw)
+    ref_cache = cache if ref_cache is None else ref_cache
+    ref = sparse_mla_decode_reference(q, ref_cache, idx, sm_scale=SCALE, magnitude=True, **kw)
     err = attention_error(out, lse, *ref)
     assert err is None, err
     return out.cpu(), lse.cpu()
@@ -90,6 +124,7 @@ def test_config_choice():
         choose_attention_config(1, 16, 2048, "fp16", 132)
     with pytest.raises(ValueError, match="h_q"):
         choose_attention_config(1, 129, 2048, "fp8", 132)
+    assert choose_attention_config(1, 16, 2048, "fp8", 132).fp8_math == "fold"
 
 
 def test_workspace_rows_cover_every_call():
@@ -104,30 +139,55 @@ def test_workspace_rows_cover_every_call():
 # ---- numerics -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+@FORMATS
 @pytest.mark.parametrize("h", [1, 8, 16, 20, 128])
-def test_matches_reference(seed, fp8, h):
+def test_matches_reference(seed, fp8, fp8_math, h):
     g = _gen(seed)
     q, cache, idx = _case(g, T=2 if h < 128 else 1, h=h, fp8=fp8)
-    _check(q, cache, idx)
+    _check(q, cache, idx, fp8_math=fp8_math)
 
 
-def test_arbitrary_fp8_scales(seed):
+@FP8_MATHS
+def test_arbitrary_fp8_scales(seed, fp8_math):
+    """Scales that are not powers of two. fp8_math="bf16" rounds e4m3 * scale to bf16 (an
+    lse error of about 1e-2 against the exact reference here, beyond its tolerance), so it is
+    held to the reference over the dequantised bf16 cache, and to the bf16 cache's kernel on
+    that cache, bit for bit (the same math after the load)."""
     g = _gen(seed)
     q, cache, idx = _case(g, T=2, h=16, arbitrary=True)
-    _check(q, cache, idx)
+    if fp8_math == "fold":
+        _check(q, cache, idx)
+        return
+    deq = _dequantised(cache)
+    for cfg in (AttentionConfig(block_n=32, num_splits=1), AttentionConfig(num_splits=3)):
+        out, lse = _check(q, cache, idx, config=cfg, fp8_math=fp8_math, ref_cache=deq)
+        same = sparse_mla_decode(q.to(DEV), deq.to(DEV), idx.to(DEV), sm_scale=SCALE, config=cfg)
+        assert torch.equal(same[0].cpu(), out) and torch.equal(same[1].cpu(), lse)
+
+
+def test_fp8_math_ignored_for_bf16_cache(seed):
+    g = _gen(seed)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16, fp8=False))
+    a, b = (
+        sparse_mla_decode(q, cache, idx, sm_scale=SCALE, config=AttentionConfig(fp8_math=m))
+        for m in ("fold", "bf16")
+    )
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 @pytest.mark.parametrize(
-    "splits,combine_heads,combine_dims", [(1, 8, 128), (2, 1, 64), (3, 16, 512), (8, 2, 128)]
-)
-def test_forced_splits(seed, splits, combine_heads, combine_dims):
+    "splits,combine_heads,combine_dims,fp8_math",
+    [(1, 8, 128, "fold"), (2, 1, 64, "fold"), (3, 16, 512, "fold"), (8, 2, 128, "fold"),
+     (1, 8, 128, "bf16"), (2, 1, 64, "bf16")],
+)  # fmt: skip
+def test_forced_splits(seed, splits, combine_heads, combine_dims, fp8_math):
+    """Odd splits on the bf16 cache, even ones and fp8_math="bf16" on the fp8 cache."""
     g = _gen(seed)
-    q, cache, idx = _case(g, T=2, h=16, topk=128, fp8=splits % 2 == 0)
+    q, cache, idx = _case(g, T=2, h=16, topk=128, fp8=splits % 2 == 0 or fp8_math == "bf16")
     cfg = AttentionConfig(
         block_n=16, num_splits=splits, combine_heads=combine_heads, combine_dims=combine_dims
     )
-    _check(q, cache, idx, config=cfg)
+    _check(q, cache, idx, config=cfg, fp8_math=fp8_math)
 
 
 def test_deterministic_and_workspace_reuse(seed):
@@ -141,8 +201,8 @@ def test_deterministic_and_workspace_reuse(seed):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
-def test_hostile_indices(seed, fp8):
+@FORMATS
+def test_hostile_indices(seed, fp8, fp8_math):
     """All -1 rows, one valid entry, duplicates, the last cache row, out-of-range and
     negative slots (never read: the cache is surrounded by nothing), across splits."""
     g = _gen(seed)
@@ -156,16 +216,19 @@ def test_hostile_indices(seed, fp8):
     idx[4] = bad[torch.randint(0, len(bad), (64,), generator=g)]
     idx[4, 63] = ROWS - 1
     idx[5, ::2] = bad[torch.randint(0, len(bad), (32,), generator=g)]
-    out, lse = _check(q, cache, idx, config=AttentionConfig(block_n=16, num_splits=3))
+    cfg = AttentionConfig(block_n=16, num_splits=3)
+    out, lse = _check(q, cache, idx, config=cfg, fp8_math=fp8_math)
     assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
-    _check(q, cache, idx)
+    _check(q, cache, idx, fp8_math=fp8_math)
 
 
-def test_topk_length(seed):
+@FP8_MATHS
+def test_topk_length(seed, fp8_math):
     g = _gen(seed)
     q, cache, idx = _case(g, T=7, h=8, topk=128)
     lens = torch.tensor([0, 1, 63, 64, 128, 200, -3], dtype=torch.int32)
-    out, lse = _check(q, cache, idx, topk_length=lens, config=AttentionConfig(num_splits=2))
+    cfg = AttentionConfig(num_splits=2)
+    out, lse = _check(q, cache, idx, topk_length=lens, config=cfg, fp8_math=fp8_math)
     assert torch.all(torch.isneginf(lse[0])) and torch.all(torch.isneginf(lse[6]))
 
 
@@ -194,8 +257,8 @@ def test_strided_q_and_out(seed):
     assert torch.isnan(out_full[:, :, 1::2].float()).all()  # the gaps were not written
 
 
-@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
-def test_fused_remap_equals_remap_then_attend(seed, fp8):
+@FORMATS
+def test_fused_remap_equals_remap_then_attend(seed, fp8, fp8_math):
     g = _gen(seed)
     q, cache, _ = _case(g, T=5, h=16, topk=64, fp8=fp8)
     num_req, width, bs = 3, 4, 16
@@ -210,20 +273,23 @@ def test_fused_remap_equals_remap_then_attend(seed, fp8):
     bt, req, pos = bt.cpu(), req.cpu(), pos.cpu()  # _check moves the kernel's copies
     lens = torch.tensor([64, 30, 64, 64, 3], dtype=torch.int32)
     for cfg in (None, AttentionConfig(block_n=16, num_splits=3)):
-        two_step = _check(q, cache, slots, topk_length=lens, config=cfg)
+        two_step = _check(q, cache, slots, topk_length=lens, config=cfg, fp8_math=fp8_math)
         fused = _check(
-            q, cache, pos, block_table=bt, req_id=req, block_size=bs, topk_length=lens, config=cfg
-        )
+            q, cache, pos, block_table=bt, req_id=req, block_size=bs, topk_length=lens,
+            config=cfg, fp8_math=fp8_math,
+        )  # fmt: skip
         assert torch.equal(two_step[0], fused[0]) and torch.equal(two_step[1], fused[1])
 
 
-def test_attention_sink(seed):
+@FP8_MATHS
+def test_attention_sink(seed, fp8_math):
     g = _gen(seed)
     q, cache, idx = _case(g, T=3, h=16)
     idx[2] = -1
     sink = torch.randn(16, generator=g) * 3
     sink[0], sink[1] = float("inf"), float("-inf")
     for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=32, num_splits=3)):
+        cfg = _with_math(cfg, q, idx, fp8_math)
         out, lse = _check(q, cache, idx, attn_sink=sink, config=cfg)
         assert torch.all(out[:, 0] == 0) and torch.all(out[2] == 0)
         plain = sparse_mla_decode(q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=SCALE, config=cfg)
@@ -269,6 +335,10 @@ def test_bad_arguments():
         sparse_mla_decode(q, cache, idx, config=AttentionConfig(block_h=8), **call)
     with pytest.raises(ValueError, match="num_warps must be 4 or 8"):
         sparse_mla_decode(q, cache, idx, config=AttentionConfig(num_warps=2), **call)
+    bf16_cache = random_mla_cache(PAGES, PAGE, fp8=False, g=g).to(DEV)
+    for c in (cache, bf16_cache):  # checked for either format (only the fp8 one uses it)
+        with pytest.raises(ValueError, match="config.fp8_math must be one of"):
+            sparse_mla_decode(q, c, idx, config=AttentionConfig(fp8_math="fp16"), **call)
 
 
 # ---- FlashMLA-shaped entry ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..._runtime import cdiv, next_pow2
 
 CACHE_FORMATS = ("bf16", "fp8")
+FP8_MATHS = ("fold", "bf16")
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
 # warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
@@ -39,6 +40,10 @@ class AttentionConfig:
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
         attribute must wait before reading our outputs (the CUDA contract, README).
+    fp8_math: how the fp8 cache's rows enter the math (ignored for the bf16 cache):
+        ``"fold"``: e4m3 -> fp16 exactly, the group scales folded into the scores and the
+        probabilities; ``"bf16"``: each row dequantised to bf16 (``e4m3 * scale`` in fp32,
+        rounded to nearest even; FlashMLA's way), then the bf16 cache's math.
     """
 
     block_h: int = 16
@@ -49,6 +54,7 @@ class AttentionConfig:
     combine_heads: int = 8
     combine_dims: int = 128
     pdl: bool = True
+    fp8_math: str = "fold"
 
     def head_blocks(self, h_q: int) -> int:
         return cdiv(h_q, self.block_h)

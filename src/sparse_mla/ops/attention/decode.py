@@ -11,14 +11,17 @@ Heads are the MMA's M (``S [H, N]``, ``O [H, 512]``; 64 heads fill a Hopper warp
 block, fewer run Ampere-style MMAs). The cache rows as M instead (``S^T = K Q^T``) was
 measured slower at every shape on the H200 and removed (docs/PERF.md).
 
-fp8 cache (FlashMLA's 656-byte rows: 512 e4m3 | 4 fp32 scales | 64 bf16 rope): the e4m3
-values convert exactly to fp16 (one hardware instruction per pair, where bf16 takes three)
-and the per-row, per-128-group scales are folded into the math instead of multiplied into
-every value: ``S = sum_g (Q_g . K8_g) * scale_g`` and ``O_g += (P * scale_g) @ V8_g``. So the
-nope dots run in fp16: the queries are brought into fp16 range by a power of two per head
-(exact), and ``P * scale_g`` is divided by the block's largest scale of the group (values in
-[0, 1]), a factor the running accumulator carries (``_group_probs``). Any finite positive fp32
-scales work, not only powers of two.
+fp8 cache (FlashMLA's 656-byte rows: 512 e4m3 | 4 fp32 scales | 64 bf16 rope), two ways
+(``AttentionConfig.fp8_math``). "fold": the e4m3 values convert exactly to fp16 (one hardware
+instruction per pair, where bf16 takes three) and the per-row, per-128-group scales are
+folded into the math instead of multiplied into every value: ``S = sum_g (Q_g . K8_g) *
+scale_g`` and ``O_g += (P * scale_g) @ V8_g``. So the nope dots run in fp16: the queries are
+brought into fp16 range by a power of two per head (exact), and ``P * scale_g`` is divided by
+the block's largest scale of the group (values in [0, 1]), a factor the running accumulator
+carries (``_group_probs``). "bf16" (``DEQUANT``, FlashMLA's way): each gathered row is
+dequantised in registers, ``e4m3 * scale_g`` in fp32 rounded to bf16 (exact for power-of-two
+scales), and the block then runs the bf16 cache's math. Any finite positive fp32 scales work,
+not only powers of two.
 
 Untrusted indices: a slot outside ``[0, rows)``, a position whose page lies past the block
 table or has a negative page id, and a ``req_id`` outside the table are invalid entries
@@ -92,13 +95,21 @@ def _block_slots(
 
 
 @triton.jit
-def _load_nope(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
-    """Nope values ``[g*128, g*128 + 128)`` of the block's rows: fp16 (fp8 cache, exact) or
-    bf16, zeros where not valid."""
+def _load_nope(
+    kv_u8, kv_bf16, row, ok, g, kv_s2, scale,
+    FP8: tl.constexpr, DEQUANT: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """Nope values ``[g*128, g*128 + 128)`` of the block's rows: bf16 (bf16 cache; fp8 cache
+    with ``DEQUANT``: times the rows' group ``scale``, rounded) or fp16 (fp8 cache, exact),
+    zeros where not valid."""
     d = g * 128 + tl.arange(0, 128)
     if FP8:
         raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None], other=0)
-        vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        if DEQUANT:
+            x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]
+            vals = to_bf16(x, INTERPRET)
+        else:
+            vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         # A no-op for the values, but it keeps the conversion in the load's layout: without
         # it Triton converts in each dot's operand layout (twice per value, both copies in
         # registers) and does not pipeline the byte gathers (benchmarks/inspect_attention_sm90.py).
@@ -106,6 +117,17 @@ def _load_nope(kv_u8, kv_bf16, row, ok, g, kv_s2, FP8: tl.constexpr):
     else:
         vals = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
     return vals
+
+
+@triton.jit
+def _load_scales(kv_f32, row, ok):
+    """The fp8 rows' four fp32 group scales (0 where not valid)."""
+    words = row // 4 + K_SCALE_WORD
+    s0 = tl.load(kv_f32 + words, mask=ok, other=0.0)
+    s1 = tl.load(kv_f32 + words + 1, mask=ok, other=0.0)
+    s2 = tl.load(kv_f32 + words + 2, mask=ok, other=0.0)
+    s3 = tl.load(kv_f32 + words + 3, mask=ok, other=0.0)
+    return s0, s1, s2, s3
 
 
 @triton.jit
@@ -145,12 +167,13 @@ def _group_probs(p, scale, ok, c_run):
 def _step(
     q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
     m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FOLD: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """One block: ``S [H, N] = Q K^T`` (four nope groups, the rope part), the online softmax,
-    ``O_g [H, 128] += P V_g``."""
+    ``O_g [H, 128] += P V_g``; ``FOLD``: fp16 fp8 values with the group scales folded in,
+    else bf16 values (the scales and ``c_g`` unused)."""
     zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
-    if FP8:
+    if FOLD:
         s = _mma(q0, tl.trans(k0), zero, INTERPRET) * s0[None, :]
         s += _mma(q1, tl.trans(k1), zero, INTERPRET) * s1[None, :]
         s += _mma(q2, tl.trans(k2), zero, INTERPRET) * s2[None, :]
@@ -164,7 +187,7 @@ def _step(
     s = _mma(qr, tl.trans(kr), s, INTERPRET)
     s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
     p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i)
-    if FP8:
+    if FOLD:
         pg, m0 = _group_probs(p, s0, ok, c0)
         acc0 = _mma(pg, k0, acc0 * (alpha * (c0 / m0))[:, None], INTERPRET)
         pg, m1 = _group_probs(p, s1, ok, c1)
@@ -184,10 +207,11 @@ def _step(
 
 
 @triton.jit
-def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
-    """The program's queries, loaded once: four 128-wide nope groups (fp8 cache: in fp16,
-    scaled per head by a power of two into fp16's top binade) and the bf16 rope part, with
-    ``q_inv`` [H], the factor that undoes the scaling (1 for the bf16 cache)."""
+def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FOLD: tl.constexpr):
+    """The program's queries, loaded once: four 128-wide nope groups (``FOLD``: in fp16,
+    scaled per head by a power of two into fp16's top binade; else bf16 as given) and the
+    bf16 rope part, with ``q_inv`` [H], the factor that undoes the scaling (1 unless
+    ``FOLD``)."""
     d = tl.arange(0, 128)
     q0 = tl.load(q_row + d[None, :] * q_s2, mask=hmask[:, None], other=0.0)
     q1 = tl.load(q_row + (128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
@@ -196,7 +220,7 @@ def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
     r = tl.arange(0, 64)
     qr = tl.load(q_row + (512 + r)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
     q_inv = tl.full([BLOCK_H], 1.0, tl.float32)
-    if FP8:
+    if FOLD:
         amax = tl.maximum(
             tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), 1), tl.max(tl.abs(q1.to(tl.float32)), 1)),
             tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), 1), tl.max(tl.abs(q3.to(tl.float32)), 1)),
@@ -255,11 +279,14 @@ def _sparse_mla_decode_kernel(
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     qk_scale,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
+    FP8: tl.constexpr, DEQUANT: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
+    # fp8 math (AttentionConfig.fp8_math): DEQUANT ("bf16") or the folded scales
+    FOLD: tl.constexpr = FP8 and not DEQUANT
     pid = tl.program_id(0)
     hb = pid % head_blocks
     split = (pid // head_blocks) % num_splits
@@ -282,7 +309,7 @@ def _sparse_mla_decode_kernel(
     idx_row = idx_ptr + t64 * idx_s0
 
     q0, q1, q2, q3, qr, q_inv = _load_queries(
-        q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1, hmask, q_s2, BLOCK_H, FP8
+        q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1, hmask, q_s2, BLOCK_H, FOLD
     )
     r = tl.arange(0, 64)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -302,32 +329,31 @@ def _sparse_mla_decode_kernel(
             block_size, FUSED,
         )  # fmt: skip
         row = (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1
-        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, FP8)
-        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, FP8)
-        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, FP8)
-        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, FP8)
+        s0 = 1.0
+        s1 = 1.0
+        s2 = 1.0
+        s3 = 1.0
+        if DEQUANT:  # the group scales first: they are multiplied into the values
+            s0, s1, s2, s3 = _load_scales(kv_f32, row, ok)
+        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, s0, FP8, DEQUANT, INTERPRET)
+        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, s1, FP8, DEQUANT, INTERPRET)
+        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, s2, FP8, DEQUANT, INTERPRET)
+        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, s3, FP8, DEQUANT, INTERPRET)
         if FP8:
-            words = row // 4 + K_SCALE_WORD
-            s0 = tl.load(kv_f32 + words, mask=ok, other=0.0)
-            s1 = tl.load(kv_f32 + words + 1, mask=ok, other=0.0)
-            s2 = tl.load(kv_f32 + words + 2, mask=ok, other=0.0)
-            s3 = tl.load(kv_f32 + words + 3, mask=ok, other=0.0)
+            if not DEQUANT:  # after the values, as before DEQUANT (same fold kernel, sm_90)
+                s0, s1, s2, s3 = _load_scales(kv_f32, row, ok)
             kr = tl.load(
                 kv_bf16 + (row // 2 + K_ROPE_HALF)[:, None] + r[None, :],
                 mask=ok[:, None], other=0.0,
             )  # fmt: skip
         else:
-            s0 = 1.0
-            s1 = 1.0
-            s2 = 1.0
-            s3 = 1.0
             kr = tl.load(
                 kv_bf16 + row[:, None] + (512 + r)[None, :] * kv_s2, mask=ok[:, None], other=0.0
             )
         m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
             q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
             m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-            BLOCK_H, BLOCK_N, FP8, INTERPRET,
+            BLOCK_H, BLOCK_N, FOLD, INTERPRET,
         )  # fmt: skip
 
     _store_result(
