@@ -22,6 +22,9 @@ MIN_BLOCK_H, MAX_BLOCK_H = 16, 64
 # one above, where the larger partial outputs make the combine costlier).
 TARGET_PROGRAMS_PER_SM = 2
 MAX_SPLITS_MULTI_ROW = 16
+# fp8 cache, up to 32 heads: "few rows" (8 warps, one stage) while the unsplit programs would
+# fill less than this fraction of the SMs.
+FEW_ROWS_FRACTION = 4
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,12 @@ def choose_attention_config(
     docs/PERF.md). Heads: the next power of two of ``h_q`` (at least 16, the smallest MMA
     block), at most 64 per program (one warpgroup MMA block; 128 heads run as two programs,
     which read the same rows at about the same time, so the second read mostly hits L2), and
-    32 when there are fewer than four 64-head programs (one query row). fp8
-    cache: 32 rows a step and one pipeline stage (shared-memory stages do not pay for byte
-    gathers); bf16 cache: 64 rows a step, two stages; 4 warps, 8 for 64-head blocks. Splits:
+    32 when there are fewer than four 64-head programs (one query row). bf16 cache: 64
+    rows a step, two stages. fp8 cache: rows dequantised to bf16 (``fp8_math="bf16"``, faster
+    than "fold" at every swept shape); 64-head blocks 64 rows a step, one stage; smaller
+    blocks with few rows (the unsplit programs fill under a quarter of the SMs) 8 warps, one
+    stage, 64 rows a step (32 for one row), else 32 rows, two stages. 4 warps, 8 for 64-head
+    blocks. Splits:
     a power of two giving about ``TARGET_PROGRAMS_PER_SM`` programs per SM, each split at
     least one block, at most ``MAX_SPLITS_MULTI_ROW`` for more than one row; none once the
     rows fill the chip.
@@ -94,8 +100,15 @@ def choose_attention_config(
     block_h = min(MAX_BLOCK_H, max(MIN_BLOCK_H, next_pow2(h_q)))
     if block_h == MAX_BLOCK_H and tokens * cdiv(h_q, MAX_BLOCK_H) < 4:
         block_h = 32
-    block_n, num_stages = (32, 1) if cache_format == "fp8" else (64, 2)
     num_warps = 8 if block_h == MAX_BLOCK_H else 4
+    if cache_format == "bf16":
+        block_n, num_stages = 64, 2
+    elif block_h == MAX_BLOCK_H:
+        block_n, num_stages = 64, 1
+    elif tokens * cdiv(h_q, block_h) * FEW_ROWS_FRACTION < num_sms:  # few rows: split wide
+        block_n, num_stages, num_warps = (32 if tokens == 1 else 64), 1, 8
+    else:
+        block_n, num_stages = 32, 2
     per_sm = TARGET_PROGRAMS_PER_SM if h_q <= 32 else 1
     splits = max(1, per_sm * num_sms // (tokens * cdiv(h_q, block_h)))
     if tokens > 1:  # several rows: the combine's partial traffic grows with T * splits
@@ -105,7 +118,9 @@ def choose_attention_config(
     combine_heads = min(8, next_pow2(h_q))
     while combine_heads > 1 and tokens * cdiv(h_q, combine_heads) * 4 < num_sms:
         combine_heads //= 2
-    return AttentionConfig(block_h, block_n, splits, num_warps, num_stages, combine_heads, 128)
+    return AttentionConfig(
+        block_h, block_n, splits, num_warps, num_stages, combine_heads, 128, fp8_math="bf16"
+    )
 
 
 def workspace_rows(num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int) -> int:
