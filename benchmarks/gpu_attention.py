@@ -9,8 +9,7 @@ Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
 1. Correctness (PASS/FAIL, max errors): every timed shape's first rows against the fp32
    reference (``sparse_mla_decode_reference``, tolerance of ``sparse_mla.testing``), plus
    fused remap (bit-equal to remap-then-attend), ``topk_length`` and sink at h_q 8, 32 and 128
-   (one per head-block size) and forced splits of the heads-major variant at 16, both formats
-   (fp8: under both ``fp8_math`` values).
+   (one per head-block size) and forced splits of the heads-major variant at 16, both formats.
 2. Anchors fed the same inputs, skipped with a note when they do not import: FlashMLA
    (``$FLASHMLA_PATH`` or ``.anchors/flashmla``, ``shared/anchors/flashmla``: a folder holding
    ``flash_mla/``), fp8 only, h_q 64/128 natively and h_q 16 padded to 64 (q copied into a
@@ -24,8 +23,7 @@ Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
    figure its floor ``max(gathered bytes / 4.3 TB/s, FLOPs / 790 TFLOPS)`` with FLOPs
    ``2 h_q T topk (576 + 512)``, and TFLOPS. Fused remap vs global slots at T = 1, 128, 1024.
 4. A launch-config sweep (``AttentionConfig``: head block, rows per step, stages, warps,
-   splits; on fp8 each of ``--sweep-fp8-math``, default both ``fp8_math`` values) at
-   ``--sweep-shapes`` (h_q:T:format,...), each config checked
+   splits) at ``--sweep-shapes`` (h_q:T:format,...), each config checked
    against the reference; after the rest only while the time budget lasts (``--no-sweep``
    skips it, ``--sweep-only`` runs just it).
 
@@ -179,12 +177,6 @@ def correctness(caches, dev, results: dict) -> bool:
                 cfgs = [("auto", None)] if h != 16 else []
                 if h == 16:
                     cfgs.append(("splits=5", AttentionConfig(num_splits=5)))
-                if fmt == "fp8":  # the same launch shapes with the rows dequantised to bf16
-                    auto = choose_attention_config(
-                        t, h, TOPK, fmt, torch.cuda.get_device_properties(0).multi_processor_count
-                    )
-                    cfgs += [(f"{label} fp8_math=bf16", replace(cfg or auto, fp8_math="bf16"))
-                             for label, cfg in cfgs]  # fmt: skip
                 for label, cfg in cfgs:
                     kw = dict(sm_scale=SCALE, topk_length=lens, attn_sink=sink, config=cfg)
                     two = sparse_mla_decode(q, cache, slots, **kw)
@@ -317,37 +309,28 @@ def fused_ratio(caches, dev, results: dict, tokens) -> None:
             _log(f"fused remap T={t}: error {e!r}")
 
 
-FP8_MATHS = ("fold", "bf16")  # AttentionConfig.fp8_math values the sweep tries on fp8
 SWEEP_SHAPES = (
     "16:1:fp8,16:8:fp8,16:32:fp8,16:128:fp8,16:512:fp8,128:1:fp8,128:8:fp8,128:128:fp8,"
     "16:1:bf16,16:8:bf16,16:128:bf16,128:128:bf16"
 )
 
 
-def _sweep_configs(h: int, t: int, fmt: str, fp8_maths=FP8_MATHS):
-    """Launch shapes to try at one shape: head blocks x rows per step x warps x stages x
-    splits (the heuristic's neighbours); the combine as the heuristic sets it. fp8 cache:
-    each of ``fp8_maths``; "bf16" (dequantised rows) tries 32 and 64 rows a step with each
-    head block and warp count of "fold"'s list."""
+def _sweep_configs(h: int, t: int, fmt: str):
+    """Launch shapes to try at one shape: head blocks x rows per step (32, 64) x warps x
+    stages x splits (the heuristic's neighbours); the combine as the heuristic sets it."""
     base = choose_attention_config(t, h, TOPK, fmt, 132)
     bh = min(64, max(16, 1 << (h - 1).bit_length()))
     splits = {1: (16, 32, 64), 8: (8, 16, 32), 32: (4, 8, 16)}.get(
         t, (1, 2, 4) if t <= 128 else (1, 2)
     )
-    if bh == 64:
-        shapes = [(64, 32, 8), (64, 64, 8), (32, 32, 4)]
-    else:
-        shapes = [(bh, 32, 4), (bh, 64, 4), (bh, 64, 8)]
-    heads_warps = list(dict.fromkeys((block_h, warps) for block_h, _, warps in shapes))
-    for math in fp8_maths if fmt == "fp8" else ("fold",):
-        if math == "bf16":
-            shapes = [(block_h, bn, warps) for block_h, warps in heads_warps for bn in (32, 64)]
-        for block_h, bn, warps in shapes:
+    heads_warps = [(64, 8), (32, 4)] if bh == 64 else [(bh, 4), (bh, 8)]
+    for block_h, warps in heads_warps:
+        for bn in (32, 64):
             for stages in (1, 2):
                 for sp in splits:
                     yield replace(
                         base, block_h=block_h, block_n=bn, num_splits=sp, num_warps=warps,
-                        num_stages=stages, fp8_math=math,
+                        num_stages=stages,
                     )  # fmt: skip
 
 
@@ -388,14 +371,12 @@ def precompile(jobs, workers: int) -> set[str]:
     return bad
 
 
-def sweep(
-    caches, dev, results: list, t_start: float, shapes, skip=frozenset(), fp8_maths=FP8_MATHS
-) -> None:
+def sweep(caches, dev, results: list, t_start: float, shapes, skip=frozenset()) -> None:
     for h, t, fmt in shapes:
         q = torch.randn(t, h, 576, device=dev).bfloat16()
         idxs = rand_indices(t, dev)
         best = None
-        for cfg in _sweep_configs(h, t, fmt, fp8_maths):
+        for cfg in _sweep_configs(h, t, fmt):
             if str(cfg) in skip:
                 results.append(dict(h_q=h, T=t, cache=fmt, config=str(cfg), error="precompile"))
                 continue
@@ -433,9 +414,6 @@ def main() -> int:
     )
     ap.add_argument("--sweep-shapes", default=SWEEP_SHAPES, help="h_q:T:format,...")
     ap.add_argument(
-        "--sweep-fp8-math", default=",".join(FP8_MATHS), help="fp8 maths to sweep: fold,bf16"
-    )
-    ap.add_argument(
         "--precompile", type=int, default=0, help="compile the launch shapes in N processes first"
     )
     args = ap.parse_args()
@@ -459,13 +437,10 @@ def main() -> int:
         fused_remap={}, sweep=[],
     )  # fmt: skip
     shapes = _parse_shapes(args.sweep_shapes)
-    maths = tuple(m for m in args.sweep_fp8_math.split(",") if m)
-    if not maths or set(maths) - set(FP8_MATHS):
-        ap.error(f"--sweep-fp8-math takes some of {FP8_MATHS}, got {args.sweep_fp8_math!r}")
     if args.sweep_only:
-        jobs = [(h, t, fmt, list(_sweep_configs(h, t, fmt, maths))) for h, t, fmt in shapes]
+        jobs = [(h, t, fmt, list(_sweep_configs(h, t, fmt))) for h, t, fmt in shapes]
         skip = precompile(jobs, args.precompile) if args.precompile else frozenset()
-        sweep(caches, dev, res["sweep"], time.time(), shapes, skip, maths)
+        sweep(caches, dev, res["sweep"], time.time(), shapes, skip)
         return _finish(res, True, t_start, args.out)
     heads = (16, 128) if args.quick else (8, 16, 32, 64, 128)
     tokens = (1, 8, 128) if args.quick else (1, 8, 32, 128, 512)
@@ -488,7 +463,7 @@ def main() -> int:
                 torch.cuda.empty_cache()
     fused_ratio(caches, dev, res["fused_remap"], (1, 128) if args.quick else (1, 128, 1024))
     if not args.no_sweep and not args.quick:
-        sweep(caches, dev, res["sweep"], t_start, shapes, fp8_maths=maths)
+        sweep(caches, dev, res["sweep"], t_start, shapes)
     return _finish(res, ok, t_start, args.out)
 
 

@@ -21,6 +21,8 @@ for step in "$@"; do
   case $step in
     env) run env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -m sparse_mla.cli info; date -u' ;;
     tests) run tests python3 -m pytest -q -n 8 ${TESTS:-tests} ;;
+    # The quick sweep's cases of some kinds (few small launches of every variant) under memcheck.
+    memcheck_verify) run memcheck_verify compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m sparse_mla.cli verify --quick --no-progress ${MEMCHECK_KINDS:---kind attention} ;;
     fast_tests) run fast_tests env SPARSE_MLA_FAST_LAUNCH=1 python3 -m pytest -q -n 8 ${FAST_TESTS:-tests/ops} ;;
     verify) run verify python3 -m sparse_mla.cli verify --no-progress --jobs 12 ${VERIFY_ARGS:-} ;;
     memcheck) run memcheck compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 python3 -m pytest -q -n 8 ${MEMCHECK_TESTS:-tests/ops} ;;

@@ -1,7 +1,7 @@
 """Compile the sparse MLA decode kernel for Hopper (sm_90) on a CPU and print what it became.
 
     TRITON_INTERPRET=0 PYTHONPATH=src python benchmarks/inspect_attention_sm90.py \\
-        [--cache fp8|bf16] [--fp8-math fold|bf16] [--block-h 16] [--block-n 64] [--warps 4] \\
+        [--cache fp8|bf16] [--block-h 16] [--block-n 64] [--warps 4] \\
         [--stages 2] [--split] [--fused]
 
 No GPU needed. Integer arguments and pointers are marked divisible by 16 as a GPU launch on
@@ -45,7 +45,6 @@ DIVISIBLE = {"q_s0", "q_s1", "kv_s0", "kv_s1", "idx_s0", "bt_s0", "out_s0", "out
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", choices=("fp8", "bf16"), default="fp8")
-    ap.add_argument("--fp8-math", choices=("fold", "bf16"), default="fold")
     ap.add_argument("--block-h", type=int, default=16)
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
@@ -56,7 +55,6 @@ def main() -> int:
     fn = decode._sparse_mla_decode_kernel
     consts = dict(
         PAGE=64, BLOCK_H=args.block_h, BLOCK_N=args.block_n, FP8=args.cache == "fp8",
-        DEQUANT=args.cache == "fp8" and args.fp8_math == "bf16",
         FUSED=args.fused, HAS_LEN=False, HAS_SINK=False, SPLIT=args.split,
         NUM_STAGES=args.stages, INTERPRET=False, PDL=1,
     )  # fmt: skip

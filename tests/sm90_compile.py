@@ -174,7 +174,8 @@ def _signature(fn, entry: dict, ones: bool) -> tuple[dict, dict, dict]:
     ``ones``: every integer argument specialised to the constant 1. Otherwise as a GPU launch
     of the recorded values specialises them: integers equal to 1 become constants, pointers
     and integers divisible by 16 are marked so (``tt.divisibility``), which changes the
-    vectorisation and layouts the compiler picks (a Triton 3.6 layout bug showed only so)."""
+    vectorisation and layouts the compiler picks (a Triton 3.6 layout bug showed only so);
+    kernels' ``INTERPRET`` switch is off, as on a GPU."""
     values = dict(zip(fn.arg_names, entry["args"], strict=False))
     values.update({k: v for k, v in entry["kwargs"].items() if k not in LAUNCH_OPTIONS})
     signature, constexprs, attrs = {}, {}, {}
@@ -185,6 +186,8 @@ def _signature(fn, entry: dict, ones: bool) -> tuple[dict, dict, dict]:
             value = 1 if kind == "int" and not p.is_constexpr else value
             if p.name == "PDL" and value == 0:
                 value = 1  # Hopper: the programmatic-dependent-launch code is compiled in
+            if p.name == "INTERPRET":
+                value = False  # recorded under the interpreter; the GPU compiles the other branch
             signature[p.name], constexprs[p.name] = "constexpr", value
         elif kind == "ptr":
             signature[p.name] = _POINTER[value]

@@ -424,7 +424,8 @@ def test_attention_checker_and_anchor_launches():
         pos, slots, bt = s["positions"], s["slots"], s["block_table"]
         assert ((pos == -1) == (slots == -1)).all() and (slots[:, -8:] == -1).all()
         assert (slots[:, :-8] >= 0).all() and int(slots.max()) < 4 * 64
-        assert torch.equal(bt.sort(dim=1).values, torch.arange(4, dtype=torch.int32).expand(3, 4))
+        want = torch.arange(4, dtype=torch.int32, device=bt.device).expand(3, 4)
+        assert torch.equal(bt.sort(dim=1).values, want)
         chk = bench_attention._Checker(sparse_mla_decode_reference, rows=2)
         kw = dict(sm_scale=bench_attention.SM_SCALE)
         ours = sparse_mla_decode(s["q"], cache, slots, **kw)

@@ -763,6 +763,25 @@ def test_plan_defaults_pick_the_measured_launches():
     assert plan_topk(4, 65536, 128, num_sms=132, prefilter=False).path == "split"
 
 
+def test_eager_plans_spare_the_host():
+    """Outside capture: the row kernel up to eager_row_max_n scores a row, no prefilter
+    beyond; explicit choices and eager_row_max_n=0 / eager_prefilter=True keep the graph's."""
+    assert plan_topk(8, 16384, 2048, num_sms=132, eager=True).path == "row"
+    assert plan_topk(1, 32768, 2048, num_sms=132, eager=True).path == "row"
+    assert plan_topk(64, 65536, 2048, num_sms=132, eager=True).path == "split"
+    assert plan_topk(8, 16384, 2048, num_sms=132, eager=True, num_splits=4).path == "split"
+    assert plan_topk(64, 65536, 2048, num_sms=132, eager=True, prefilter=True).path == "prefilter"
+    keep = TopKConfig(eager_row_max_n=0, eager_prefilter=True)
+    assert plan_topk(8, 16384, 2048, num_sms=132, eager=True, config=keep).path == "split"
+    assert plan_topk(64, 65536, 2048, num_sms=132, eager=True, config=keep).path == "prefilter"
+    from sparse_mla.ops.topk.config import validate_config
+
+    with pytest.raises(TypeError, match="eager_prefilter"):
+        validate_config(TopKConfig(eager_prefilter=1))
+    with pytest.raises(ValueError, match="eager_row_max_n"):
+        validate_config(TopKConfig(eager_row_max_n=-1))
+
+
 def test_plan_follows_the_config():
     """Each knob reaches the plan (a config is passed per call, never module state)."""
     base = dict(num_sms=132)

@@ -11,7 +11,7 @@ from ..._launch import PlanCache, launch, scalars_key, tensor_meta, value_key
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
 from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
-from .config import FP8_MATHS, MAX_HEADS, AttentionConfig, choose_attention_config, workspace_rows
+from .config import MAX_HEADS, AttentionConfig, choose_attention_config, workspace_rows
 from .decode import LOG2E, NOPE, ROPE
 
 HEAD_DIM = NOPE + ROPE
@@ -253,8 +253,6 @@ def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
         raise ValueError(f"config.combine_heads must be 1, 2, 4, 8 or 16, got {cfg.combine_heads}")
     if cfg.combine_dims not in (16, 32, 64, 128, 256, 512):
         raise ValueError(f"config.combine_dims must divide 512, got {cfg.combine_dims}")
-    if cfg.fp8_math not in FP8_MATHS:  # checked for either cache format: a typo is a typo
-        raise ValueError(f"config.fp8_math must be one of {FP8_MATHS}, got {cfg.fp8_math!r}")
 
 
 def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.device) -> None:
@@ -308,7 +306,6 @@ def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, o
     )  # fmt: skip
     kwargs = dict(
         PAGE=plan.cache_block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
-        DEQUANT=fp8 and cfg.fp8_math == "bf16",
         FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
         num_warps=cfg.num_warps,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from ..._runtime import cdiv, next_pow2
 
 CACHE_FORMATS = ("bf16", "fp8")
-FP8_MATHS = ("fold", "bf16")
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
 # warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
@@ -43,10 +42,6 @@ class AttentionConfig:
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
         attribute must wait before reading our outputs (the CUDA contract, README).
-    fp8_math: how the fp8 cache's rows enter the math (ignored for the bf16 cache):
-        ``"fold"``: e4m3 -> fp16 exactly, the group scales folded into the scores and the
-        probabilities; ``"bf16"``: each row dequantised to bf16 (``e4m3 * scale`` in fp32,
-        rounded to nearest even; FlashMLA's way), then the bf16 cache's math.
     """
 
     block_h: int = 16
@@ -57,7 +52,6 @@ class AttentionConfig:
     combine_heads: int = 8
     combine_dims: int = 128
     pdl: bool = True
-    fp8_math: str = "fold"
 
     def head_blocks(self, h_q: int) -> int:
         return cdiv(h_q, self.block_h)
@@ -83,8 +77,7 @@ def choose_attention_config(
     block), at most 64 per program (one warpgroup MMA block; 128 heads run as two programs,
     which read the same rows at about the same time, so the second read mostly hits L2), and
     32 when there are fewer than four 64-head programs (one query row). bf16 cache: 64
-    rows a step, two stages. fp8 cache: rows dequantised to bf16 (``fp8_math="bf16"``, faster
-    than "fold" at every swept shape); 64-head blocks 64 rows a step, one stage; smaller
+    rows a step, two stages. fp8 cache: 64-head blocks 64 rows a step, one stage; smaller
     blocks with few rows (the unsplit programs fill under a quarter of the SMs) 8 warps, one
     stage, 64 rows a step (32 for one row), else 32 rows, two stages. 4 warps, 8 for 64-head
     blocks. Splits:
@@ -118,9 +111,7 @@ def choose_attention_config(
     combine_heads = min(8, next_pow2(h_q))
     while combine_heads > 1 and tokens * cdiv(h_q, combine_heads) * 4 < num_sms:
         combine_heads //= 2
-    return AttentionConfig(
-        block_h, block_n, splits, num_warps, num_stages, combine_heads, 128, fp8_math="bf16"
-    )
+    return AttentionConfig(block_h, block_n, splits, num_warps, num_stages, combine_heads, 128)
 
 
 def workspace_rows(num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int) -> int:

@@ -11,17 +11,11 @@ Heads are the MMA's M (``S [H, N]``, ``O [H, 512]``; 64 heads fill a Hopper warp
 block, fewer run Ampere-style MMAs). The cache rows as M instead (``S^T = K Q^T``) was
 measured slower at every shape on the H200 and removed (docs/PERF.md).
 
-fp8 cache (FlashMLA's 656-byte rows: 512 e4m3 | 4 fp32 scales | 64 bf16 rope), two ways
-(``AttentionConfig.fp8_math``). "fold": the e4m3 values convert exactly to fp16 (one hardware
-instruction per pair, where bf16 takes three) and the per-row, per-128-group scales are
-folded into the math instead of multiplied into every value: ``S = sum_g (Q_g . K8_g) *
-scale_g`` and ``O_g += (P * scale_g) @ V8_g``. So the nope dots run in fp16: the queries are
-brought into fp16 range by a power of two per head (exact), and ``P * scale_g`` is divided by
-the block's largest scale of the group (values in [0, 1]), a factor the running accumulator
-carries (``_group_probs``). "bf16" (``DEQUANT``, FlashMLA's way): each gathered row is
-dequantised in registers, ``e4m3 * scale_g`` in fp32 rounded to bf16 (exact for power-of-two
-scales), and the block then runs the bf16 cache's math. Any finite positive fp32 scales work,
-not only powers of two.
+fp8 cache (FlashMLA's 656-byte rows: 512 e4m3 | 4 fp32 scales | 64 bf16 rope): each gathered
+row is dequantised in registers, ``e4m3 * scale_g`` in fp32 rounded to bf16 (exact for the
+power-of-two scales our writers make; any finite positive fp32 scales work), and the block
+then runs the bf16 cache's math, as FlashMLA does. (Folding the scales into fp16 dots
+instead was slower at every shape measured on the H200, docs/PERF.md, and is gone.)
 
 Untrusted indices: a slot outside ``[0, rows)``, a position whose page lies past the block
 table or has a negative page id, and a ``req_id`` outside the table are invalid entries
@@ -96,20 +90,15 @@ def _block_slots(
 
 @triton.jit
 def _load_nope(
-    kv_u8, kv_bf16, row, ok, g, kv_s2, scale,
-    FP8: tl.constexpr, DEQUANT: tl.constexpr, INTERPRET: tl.constexpr,
-):  # fmt: skip
-    """Nope values ``[g*128, g*128 + 128)`` of the block's rows: bf16 (bf16 cache; fp8 cache
-    with ``DEQUANT``: times the rows' group ``scale``, rounded) or fp16 (fp8 cache, exact),
-    zeros where not valid."""
+    kv_u8, kv_bf16, row, ok, g, kv_s2, scale, FP8: tl.constexpr, INTERPRET: tl.constexpr
+):
+    """Nope values ``[g*128, g*128 + 128)`` of the block's rows in bf16 (fp8 cache: times the
+    rows' group ``scale``, rounded to nearest even), zeros where not valid."""
     d = g * 128 + tl.arange(0, 128)
     if FP8:
         raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None], other=0)
-        if DEQUANT:
-            x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]
-            vals = to_bf16(x, INTERPRET)
-        else:
-            vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]
+        vals = to_bf16(x, INTERPRET)
         # A no-op for the values, but it keeps the conversion in the load's layout: without
         # it Triton converts in each dot's operand layout (twice per value, both copies in
         # registers) and does not pipeline the byte gathers (benchmarks/inspect_attention_sm90.py).
@@ -131,17 +120,6 @@ def _load_scales(kv_f32, row, ok):
 
 
 @triton.jit
-def _pow2_normaliser(amax):
-    """(f, 1/f), powers of two with ``amax * f`` in ``[2**14, 2**15)`` (fp16's top binade;
-    clamped for zero and extreme inputs)."""
-    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    k = tl.minimum(tl.maximum(14 - e, -100), 100)
-    f = ((k + 127) << 23).to(tl.float32, bitcast=True)
-    inv = ((127 - k) << 23).to(tl.float32, bitcast=True)
-    return f, inv
-
-
-@triton.jit
 def _softmax_update(s, m_i, l_i):
     """Online softmax (base 2) over the block's columns of the scores ``s [H, N]``:
     (p, alpha, m_new, l_new); a block with nothing valid leaves the state as it is."""
@@ -153,65 +131,30 @@ def _softmax_update(s, m_i, l_i):
 
 
 @triton.jit
-def _group_probs(p, scale, ok, c_run):
-    """One fp8 group's ``P * scale / cmax`` in fp16 (values in [0, 1]) and ``cmax``, the
-    block's largest scale of the group (``c_run`` kept when the block has none): the
-    accumulator holds ``O_g / cmax``, so the change of ``cmax`` folds into the rescale."""
-    cmax = tl.max(tl.where(ok, scale, 0.0), axis=0)
-    cmax = tl.where(cmax > 0, cmax, c_run)
-    pg = (p * (scale / cmax)[None, :]).to(tl.float16)
-    return pg, cmax
-
-
-@triton.jit
 def _step(
-    q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
-    m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FOLD: tl.constexpr, INTERPRET: tl.constexpr,
+    q0, q1, q2, q3, qr, k0, k1, k2, k3, kr, ok, qk_scale, m_i, l_i, acc0, acc1, acc2, acc3,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """One block: ``S [H, N] = Q K^T`` (four nope groups, the rope part), the online softmax,
-    ``O_g [H, 128] += P V_g``; ``FOLD``: fp16 fp8 values with the group scales folded in,
-    else bf16 values (the scales and ``c_g`` unused)."""
-    zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
-    if FOLD:
-        s = _mma(q0, tl.trans(k0), zero, INTERPRET) * s0[None, :]
-        s += _mma(q1, tl.trans(k1), zero, INTERPRET) * s1[None, :]
-        s += _mma(q2, tl.trans(k2), zero, INTERPRET) * s2[None, :]
-        s += _mma(q3, tl.trans(k3), zero, INTERPRET) * s3[None, :]
-        s = s * q_inv[:, None]
-    else:
-        s = _mma(q0, tl.trans(k0), zero, INTERPRET)
-        s = _mma(q1, tl.trans(k1), s, INTERPRET)
-        s = _mma(q2, tl.trans(k2), s, INTERPRET)
-        s = _mma(q3, tl.trans(k3), s, INTERPRET)
+    ``O_g [H, 128] += P V_g``."""
+    s = _mma(q0, tl.trans(k0), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), INTERPRET)
+    s = _mma(q1, tl.trans(k1), s, INTERPRET)
+    s = _mma(q2, tl.trans(k2), s, INTERPRET)
+    s = _mma(q3, tl.trans(k3), s, INTERPRET)
     s = _mma(qr, tl.trans(kr), s, INTERPRET)
     s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
     p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i)
-    if FOLD:
-        pg, m0 = _group_probs(p, s0, ok, c0)
-        acc0 = _mma(pg, k0, acc0 * (alpha * (c0 / m0))[:, None], INTERPRET)
-        pg, m1 = _group_probs(p, s1, ok, c1)
-        acc1 = _mma(pg, k1, acc1 * (alpha * (c1 / m1))[:, None], INTERPRET)
-        pg, m2 = _group_probs(p, s2, ok, c2)
-        acc2 = _mma(pg, k2, acc2 * (alpha * (c2 / m2))[:, None], INTERPRET)
-        pg, m3 = _group_probs(p, s3, ok, c3)
-        acc3 = _mma(pg, k3, acc3 * (alpha * (c3 / m3))[:, None], INTERPRET)
-        c0, c1, c2, c3 = m0, m1, m2, m3
-    else:
-        pb = to_bf16(p, INTERPRET)
-        acc0 = _mma(pb, k0, acc0 * alpha[:, None], INTERPRET)
-        acc1 = _mma(pb, k1, acc1 * alpha[:, None], INTERPRET)
-        acc2 = _mma(pb, k2, acc2 * alpha[:, None], INTERPRET)
-        acc3 = _mma(pb, k3, acc3 * alpha[:, None], INTERPRET)
-    return m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3
+    pb = to_bf16(p, INTERPRET)
+    acc0 = _mma(pb, k0, acc0 * alpha[:, None], INTERPRET)
+    acc1 = _mma(pb, k1, acc1 * alpha[:, None], INTERPRET)
+    acc2 = _mma(pb, k2, acc2 * alpha[:, None], INTERPRET)
+    acc3 = _mma(pb, k3, acc3 * alpha[:, None], INTERPRET)
+    return m_i, l_i, acc0, acc1, acc2, acc3
 
 
 @triton.jit
-def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FOLD: tl.constexpr):
-    """The program's queries, loaded once: four 128-wide nope groups (``FOLD``: in fp16,
-    scaled per head by a power of two into fp16's top binade; else bf16 as given) and the
-    bf16 rope part, with ``q_inv`` [H], the factor that undoes the scaling (1 unless
-    ``FOLD``)."""
+def _load_queries(q_row, hmask, q_s2):
+    """The program's bf16 queries, loaded once: four 128-wide nope groups and the rope part."""
     d = tl.arange(0, 128)
     q0 = tl.load(q_row + d[None, :] * q_s2, mask=hmask[:, None], other=0.0)
     q1 = tl.load(q_row + (128 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
@@ -219,29 +162,18 @@ def _load_queries(q_row, hmask, q_s2, BLOCK_H: tl.constexpr, FOLD: tl.constexpr)
     q3 = tl.load(q_row + (384 + d)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
     r = tl.arange(0, 64)
     qr = tl.load(q_row + (512 + r)[None, :] * q_s2, mask=hmask[:, None], other=0.0)
-    q_inv = tl.full([BLOCK_H], 1.0, tl.float32)
-    if FOLD:
-        amax = tl.maximum(
-            tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), 1), tl.max(tl.abs(q1.to(tl.float32)), 1)),
-            tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), 1), tl.max(tl.abs(q3.to(tl.float32)), 1)),
-        )
-        q_f, q_inv = _pow2_normaliser(amax)
-        q0 = (q0.to(tl.float32) * q_f[:, None]).to(tl.float16)
-        q1 = (q1.to(tl.float32) * q_f[:, None]).to(tl.float16)
-        q2 = (q2.to(tl.float32) * q_f[:, None]).to(tl.float16)
-        q3 = (q3.to(tl.float32) * q_f[:, None]).to(tl.float16)
-    return q0, q1, q2, q3, qr, q_inv
+    return q0, q1, q2, q3, qr
 
 
 @triton.jit
 def _store_result(
-    acc0, acc1, acc2, acc3, c0, c1, c2, c3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q,
+    acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q,
     sink_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0,
     lse_s1, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    """Normalise (``O_g = acc_g * c_g / l``) and store: the final bf16 out and natural-log
-    lse (sink applied), or with splits the fp32 partial and base-2 lse for the combine. A
-    head with no valid entry gives out 0 and lse -inf."""
+    """Normalise (``O_g = acc_g / l``) and store: the final bf16 out and natural-log lse
+    (sink applied), or with splits the fp32 partial and base-2 lse for the combine. A head
+    with no valid entry gives out 0 and lse -inf."""
     has = l_i > 0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -252,20 +184,21 @@ def _store_result(
         w = tl.where(has, inv_l / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
     d = tl.arange(0, 128)
     m = hmask[:, None]
+    w = w[:, None]
     if SPLIT:
         prow = (t64 * num_splits + split) * h_q + heads.to(tl.int64)
         po = part_out_ptr + prow[:, None] * K_NOPE + d[None, :]
-        tl.store(po, acc0 * (w * c0)[:, None], mask=m)
-        tl.store(po + 128, acc1 * (w * c1)[:, None], mask=m)
-        tl.store(po + 256, acc2 * (w * c2)[:, None], mask=m)
-        tl.store(po + 384, acc3 * (w * c3)[:, None], mask=m)
+        tl.store(po, acc0 * w, mask=m)
+        tl.store(po + 128, acc1 * w, mask=m)
+        tl.store(po + 256, acc2 * w, mask=m)
+        tl.store(po + 384, acc3 * w, mask=m)
         tl.store(part_lse_ptr + prow, lse2, mask=hmask)
     else:
         o = out_ptr + t64 * out_s0 + heads[:, None].to(tl.int64) * out_s1 + d[None, :] * out_s2
-        tl.store(o, to_bf16(acc0 * (w * c0)[:, None], INTERPRET), mask=m)
-        tl.store(o + 128 * out_s2, to_bf16(acc1 * (w * c1)[:, None], INTERPRET), mask=m)
-        tl.store(o + 256 * out_s2, to_bf16(acc2 * (w * c2)[:, None], INTERPRET), mask=m)
-        tl.store(o + 384 * out_s2, to_bf16(acc3 * (w * c3)[:, None], INTERPRET), mask=m)
+        tl.store(o, to_bf16(acc0 * w, INTERPRET), mask=m)
+        tl.store(o + 128 * out_s2, to_bf16(acc1 * w, INTERPRET), mask=m)
+        tl.store(o + 256 * out_s2, to_bf16(acc2 * w, INTERPRET), mask=m)
+        tl.store(o + 384 * out_s2, to_bf16(acc3 * w, INTERPRET), mask=m)
         tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
 
 
@@ -279,14 +212,11 @@ def _sparse_mla_decode_kernel(
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     qk_scale,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    FP8: tl.constexpr, DEQUANT: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr,
+    FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
-    # fp8 math (AttentionConfig.fp8_math): DEQUANT ("bf16") or the folded scales
-    FOLD: tl.constexpr = FP8 and not DEQUANT
     pid = tl.program_id(0)
     hb = pid % head_blocks
     split = (pid // head_blocks) % num_splits
@@ -308,8 +238,8 @@ def _sparse_mla_decode_kernel(
         bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * bt_s0
     idx_row = idx_ptr + t64 * idx_s0
 
-    q0, q1, q2, q3, qr, q_inv = _load_queries(
-        q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1, hmask, q_s2, BLOCK_H, FOLD
+    q0, q1, q2, q3, qr = _load_queries(
+        q_ptr + t64 * q_s0 + heads[:, None].to(tl.int64) * q_s1, hmask, q_s2
     )
     r = tl.arange(0, 64)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -318,10 +248,6 @@ def _sparse_mla_decode_kernel(
     acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
-    c0 = tl.full([], 1.0, tl.float32)
-    c1 = tl.full([], 1.0, tl.float32)
-    c2 = tl.full([], 1.0, tl.float32)
-    c3 = tl.full([], 1.0, tl.float32)
     for start in tl.range(col_lo, col_hi, BLOCK_N, num_stages=NUM_STAGES):
         cols = start + tl.arange(0, BLOCK_N)
         slot, ok = _block_slots(
@@ -333,15 +259,13 @@ def _sparse_mla_decode_kernel(
         s1 = 1.0
         s2 = 1.0
         s3 = 1.0
-        if DEQUANT:  # the group scales first: they are multiplied into the values
+        if FP8:  # the group scales first: they are multiplied into the values
             s0, s1, s2, s3 = _load_scales(kv_f32, row, ok)
-        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, s0, FP8, DEQUANT, INTERPRET)
-        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, s1, FP8, DEQUANT, INTERPRET)
-        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, s2, FP8, DEQUANT, INTERPRET)
-        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, s3, FP8, DEQUANT, INTERPRET)
+        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, s0, FP8, INTERPRET)
+        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, s1, FP8, INTERPRET)
+        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, s2, FP8, INTERPRET)
+        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, s3, FP8, INTERPRET)
         if FP8:
-            if not DEQUANT:  # after the values, as before DEQUANT (same fold kernel, sm_90)
-                s0, s1, s2, s3 = _load_scales(kv_f32, row, ok)
             kr = tl.load(
                 kv_bf16 + (row // 2 + K_ROPE_HALF)[:, None] + r[None, :],
                 mask=ok[:, None], other=0.0,
@@ -350,14 +274,13 @@ def _sparse_mla_decode_kernel(
             kr = tl.load(
                 kv_bf16 + row[:, None] + (512 + r)[None, :] * kv_s2, mask=ok[:, None], other=0.0
             )
-        m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3 = _step(
-            q0, q1, q2, q3, qr, q_inv, k0, k1, k2, k3, kr, s0, s1, s2, s3, ok, qk_scale,
-            m_i, l_i, acc0, acc1, acc2, acc3, c0, c1, c2, c3,
-            BLOCK_H, BLOCK_N, FOLD, INTERPRET,
+        m_i, l_i, acc0, acc1, acc2, acc3 = _step(
+            q0, q1, q2, q3, qr, k0, k1, k2, k3, kr, ok, qk_scale, m_i, l_i, acc0, acc1, acc2,
+            acc3, BLOCK_H, BLOCK_N, INTERPRET,
         )  # fmt: skip
 
     _store_result(
-        acc0, acc1, acc2, acc3, c0, c1, c2, c3, m_i, l_i, heads, hmask, t64, split, num_splits,
-        h_q, sink_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2,
-        lse_s0, lse_s1, HAS_SINK, SPLIT, INTERPRET,
+        acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q, sink_ptr,
+        out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
+        HAS_SINK, SPLIT, INTERPRET,
     )  # fmt: skip

@@ -1,7 +1,9 @@
 """Plain PyTorch reference for the sparse MLA decode attention, written to be read.
 
-Gather the selected cache rows, dequantise them exactly (fp8: ``e4m3 value * fp32 scale`` per
-128 nope values; rope and the bf16 cache as they are), then ordinary softmax attention in
+Gather the selected cache rows, dequantise them as the kernel attends them (fp8: ``e4m3 value
+* fp32 scale`` per 128 nope values in fp32, rounded to bf16 as FlashMLA does too: exact for the
+power-of-two scales the cache writer makes; rope and the bf16 cache as they are), then
+ordinary softmax attention in
 ``dtype`` (fp64 by default) over the valid entries of each row. Ground truth for the tests,
 ``sparse-mla verify`` and ``benchmarks/gpu_attention.py``.
 """
@@ -37,12 +39,12 @@ def gather_mla_rows(
         rows = raw.to(dtype)
     else:
         ntiles = MLA_NOPE_DIM // MLA_TILE
-        nope = raw[..., :MLA_NOPE_DIM].contiguous().view(torch.float8_e4m3fn).to(dtype)
+        nope = raw[..., :MLA_NOPE_DIM].contiguous().view(torch.float8_e4m3fn).float()
         scale = raw[..., MLA_NOPE_DIM : MLA_NOPE_DIM + 4 * ntiles].contiguous()
-        scale = scale.view(torch.float32).to(dtype)
+        scale = scale.view(torch.float32)
         rope = raw[..., MLA_NOPE_DIM + 4 * ntiles :].contiguous().view(torch.bfloat16)
         nope = (nope.unflatten(-1, (ntiles, MLA_TILE)) * scale.unsqueeze(-1)).flatten(-2)
-        rows = torch.cat([nope, rope.to(dtype)], dim=-1)
+        rows = torch.cat([nope.bfloat16(), rope], dim=-1).to(dtype)
     rows = torch.where(valid.unsqueeze(-1), rows, torch.zeros((), dtype=dtype, device=rows.device))
     return rows, valid
 

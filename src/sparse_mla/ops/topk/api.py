@@ -106,18 +106,20 @@ def select_topk(
             path, allocated per call when omitted. The kernels restore the part that must be
             zero. All of it is scratch: the prefilter keeps its list of rows at the very
             end of the tensor given, whatever its size.
-        num_splits: programs per row; None picks from the shapes and the GPU, 1 forces the
-            one-program-per-row kernel (at most ``MAX_SPLITS``).
-        prefilter: the split path's prefilter (see the package README). None (default): on
-            from ``config.prefilter_min_scores`` scores per call (rows x N), where it
-            measured faster in CUDA graphs (eagerly, on a host with slow launches, its three
-            extra launches can cost more than it saves). True: wherever it applies
-            (k <= 2048, N <= 262144); False: never. Same results either way. On a GPU the
-            prefilter forks the radix launches for its listed rows onto a side stream (one
-            per caller stream, made on its first call) and joins them back: the call stays
-            ordered on the current stream and captures into a CUDA graph as a fork and a
-            join (``TopKConfig(fallback_side_stream=False)`` keeps every launch on the
-            current stream).
+        num_splits: programs per row; None picks from the shapes and the GPU (outside
+            CUDA-graph capture also from the host's launch cost: rows of at most
+            ``config.eager_row_max_n`` scores take the row kernel, one launch), 1 forces the
+            one-program-per-row kernel (at most ``MAX_SPLITS``). Every path gives the same
+            result.
+        prefilter: the split path's prefilter (see the package README). None (default): on from
+            ``config.prefilter_min_scores`` scores per call (rows x N), where it measured faster in
+            CUDA graphs; never outside capture on a GPU, where its three extra launches cost the
+            host more than it saves (``config.eager_prefilter``). True: wherever it applies (k <=
+            2048, N <= 262144); False: never. Same results either way. On a GPU the prefilter forks
+            the radix launches for its listed rows onto a side stream (one per caller stream, made
+            on its first call) and joins them back: the call stays ordered on the current stream and
+            captures into a CUDA graph as a fork and a join
+            (``TopKConfig(fallback_side_stream=False)`` keeps every launch on the current stream).
         config: tuning knobs (:class:`TopKConfig`); None = the measured defaults.
         enable_pdl: programmatic dependent launch (each launch waits for the one before,
             then lets the next start early: mode ``config.pdl``). None or True: on where the
@@ -140,8 +142,15 @@ def select_topk(
             config=config, enable_pdl=enable_pdl
         )  # fmt: skip
     cfg = DEFAULT_CONFIG if config is None else config
+    # Eager GPU calls are planned for the host's launch cost (TopKConfig.eager_row_max_n).
+    eager = (
+        isinstance(logits, torch.Tensor)
+        and logits.is_cuda
+        and not torch.cuda.is_current_stream_capturing()
+    )
     try:  # the checks and the plan depend on this key only (plus addresses)
         key = (
+            eager,
             tensor_meta(logits),
             tensor_meta(seq_lens),
             tensor_meta(out),
@@ -160,7 +169,7 @@ def select_topk(
         call = _PLANS.put(key, _plan_call(
             logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
             valid_counts_out, workspace, num_splits, prefilter, cfg, return_valid_counts,
-            enable_pdl,
+            enable_pdl, eager,
         ))  # fmt: skip
     device = logits.device
     ext = call.extents
@@ -209,6 +218,7 @@ class _TopKCall:
 def _plan_call(
     logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
     valid_counts_out, workspace, num_splits, prefilter, cfg, return_valid_counts, enable_pdl,
+    eager,
 ) -> _TopKCall:  # fmt: skip
     """Checks every argument of :func:`select_topk` and plans its launches (no data read)."""
     device, fused, stride_rows = _check_args(
@@ -224,6 +234,7 @@ def _plan_call(
         plan = plan_topk(
             rows, n, k, num_sms=num_sms(device, interpreter=8), fused=fused,
             block_size=block_size, num_splits=num_splits, prefilter=prefilter, config=cfg,
+            eager=eager,
         )  # fmt: skip
     out_strides = out.stride() if out is not None else (k, 1)
     if valid_counts_out is not None:

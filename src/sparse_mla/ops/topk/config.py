@@ -59,6 +59,13 @@ class TopKConfig:
             launch next with the PDL attribute must wait before it reads the output.
         pdl_early_prefilter: calls that run the prefilter use mode 1 (let the next launch
             start its programs before waiting), measured faster at every prefilter shape.
+        eager_row_max_n: outside CUDA-graph capture on a GPU (``num_splits`` left None),
+            rows of at most this many scores take the row kernel: one launch, where the
+            split path's six cost the host more than the row kernel's extra GPU time
+            (docs/PERF.md); 0 plans eager calls as captured ones.
+        eager_prefilter: outside capture (``prefilter`` left None), run the prefilter as
+            in a graph; False (default) skips it there: its extra launches and side-stream
+            fork cost the host more than it saves the GPU.
     """
 
     row_block: int = 4096
@@ -80,6 +87,8 @@ class TopKConfig:
     split_stage_max: int = 2048
     pdl: int = 3
     pdl_early_prefilter: bool = True
+    eager_row_max_n: int = 32768
+    eager_prefilter: bool = False
 
 
 DEFAULT_CONFIG = TopKConfig()
@@ -114,12 +123,15 @@ def _validate(config: TopKConfig) -> None:
         "fallback_slice",
         "row_stage_max",
         "split_stage_max",
+        "eager_row_max_n",
     ):
         v = getattr(config, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"config.{name} must be an int >= 0, got {v!r}")
     if config.tile_radix_bits not in (5, 6, 8):
         raise ValueError(f"config.tile_radix_bits must be 5, 6 or 8, got {config.tile_radix_bits}")
+    if not isinstance(config.eager_prefilter, bool):
+        raise TypeError(f"config.eager_prefilter must be a bool, got {config.eager_prefilter!r}")
     if isinstance(config.pdl, bool) or config.pdl not in (0, 1, 2, 3):
         raise ValueError(f"config.pdl must be 0, 1, 2 or 3, got {config.pdl!r}")
 
@@ -227,6 +239,7 @@ def plan_topk(
     num_splits: int | None = None,
     prefilter: bool | None = None,
     config: TopKConfig = DEFAULT_CONFIG,
+    eager: bool = False,
 ) -> TopKPlan:
     """The launches of a ``[rows, n]`` top-k call, from the shapes only (CUDA-graph safe).
 
@@ -240,8 +253,14 @@ def plan_topk(
         prefilter: None from ``config.prefilter_min_scores`` scores per call, True wherever
             it applies (k <= 2048, n <= 262144), False never.
         config: the knobs.
+        eager: a GPU call outside CUDA-graph capture (``config.eager_row_max_n`` and
+            ``config.eager_prefilter`` then apply to the choices left None).
     """
     c = config
+    if eager and num_splits is None and n <= c.eager_row_max_n:
+        num_splits = 1
+    if eager and prefilter is None and not c.eager_prefilter:
+        prefilter = False
     block_k = min(max(next_pow2(k), 16), 1024)
     splits = choose_num_splits(rows, n, k, num_sms, c) if num_splits is None else num_splits
     slice_len = cdiv(cdiv(max(n, 1), c.split_block), splits) * c.split_block
