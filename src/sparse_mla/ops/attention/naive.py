@@ -3,9 +3,8 @@
 Gather the selected cache rows, dequantise them as the kernel attends them (fp8: ``e4m3 value
 * fp32 scale`` per 128 nope values in fp32, rounded to bf16 as FlashMLA does too: exact for the
 power-of-two scales the cache writer makes; rope and the bf16 cache as they are), then
-ordinary softmax attention in
-``dtype`` (fp64 by default) over the valid entries of each row. Ground truth for the tests,
-``sparse-mla verify`` and ``benchmarks/gpu_attention.py``.
+ordinary softmax attention in ``dtype`` (fp64 by default) over the valid entries of each row.
+Ground truth for the tests, ``sparse-mla verify`` and ``benchmarks/gpu_attention.py``.
 """
 
 from __future__ import annotations

@@ -111,15 +111,16 @@ def select_topk(
             ``config.eager_row_max_n`` scores take the row kernel, one launch), 1 forces the
             one-program-per-row kernel (at most ``MAX_SPLITS``). Every path gives the same
             result.
-        prefilter: the split path's prefilter (see the package README). None (default): on from
-            ``config.prefilter_min_scores`` scores per call (rows x N), where it measured faster in
-            CUDA graphs; never outside capture on a GPU, where its three extra launches cost the
-            host more than it saves (``config.eager_prefilter``). True: wherever it applies (k <=
-            2048, N <= 262144); False: never. Same results either way. On a GPU the prefilter forks
-            the radix launches for its listed rows onto a side stream (one per caller stream, made
-            on its first call) and joins them back: the call stays ordered on the current stream and
-            captures into a CUDA graph as a fork and a join
-            (``TopKConfig(fallback_side_stream=False)`` keeps every launch on the current stream).
+        prefilter: the split path's prefilter (see the package README). None (default): on
+            from ``config.prefilter_min_scores`` scores per call (rows x N), where it
+            measured faster in CUDA graphs; off outside capture on a GPU, where its three
+            extra launches cost the host more than they save (``config.eager_prefilter``).
+            True: wherever it applies (k <= 2048, N <= 262144); False: never. Same results
+            either way. On a GPU the prefilter forks the radix launches for its listed rows
+            onto a side stream (one per caller stream, made on its first call) and joins them
+            back: the call stays ordered on the current stream and captures into a CUDA graph
+            as a fork and a join (``TopKConfig(fallback_side_stream=False)`` keeps every
+            launch on the current stream).
         config: tuning knobs (:class:`TopKConfig`); None = the measured defaults.
         enable_pdl: programmatic dependent launch (each launch waits for the one before,
             then lets the next start early: mode ``config.pdl``). None or True: on where the
