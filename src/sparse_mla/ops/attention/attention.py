@@ -185,7 +185,7 @@ def sparse_mla_decode(
 _PLANS = PlanCache()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: the cached launch's key
 class _AttnPlan:
     """What a decode call decides from its arguments' metadata."""
 
@@ -195,6 +195,10 @@ class _AttnPlan:
     fmt: str
     num_pages: int
     cache_block_size: int  # rows per cache page
+    # (grid, the integer arguments after the tensors, keywords) of the main kernel and of the
+    # combine (None without splits): fixed by the metadata, so built once per plan.
+    main: tuple
+    combine: tuple | None
 
 
 def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
@@ -235,7 +239,53 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     splits = cfg.effective_splits(topk)
     if num_tokens and splits > 1 and workspace is not None:
         _check_workspace(workspace, num_tokens * splits, h_q, dev)
-    return _AttnPlan(cfg, splits, bs, fmt, lay.num_pages, lay.block_size)
+    out_s = out.stride() if out is not None else (h_q * NOPE, NOPE, 1)  # made contiguous
+    lse_s = lse.stride() if lse is not None else (h_q, 1)
+    c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
+    main, comb = _launch_shapes(
+        cfg, splits, bs, lay, q, c3, indices, block_table, topk_length is not None,
+        attn_sink is not None, out_s, lse_s,
+    )  # fmt: skip
+    return _AttnPlan(cfg, splits, bs, fmt, lay.num_pages, lay.block_size, main, comb)
+
+
+def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, has_len,
+                   has_sink, out_s, lse_s) -> tuple[tuple, tuple | None]:  # fmt: skip
+    """The two launches' grids, integer arguments and keywords (see :func:`_launch`)."""
+    num_tokens, h_q, _ = q.shape
+    topk = indices.shape[1]
+    fp8, fused, split = lay.fp8, block_table is not None, splits > 1
+    kv_s = (c3.stride(0), c3.stride(1), 1) if fp8 else c3.stride()  # fp8: bytes
+    head_blocks = cfg.head_blocks(h_q)
+    bt = block_table
+    ints = (
+        h_q, topk, min(lay.num_pages * lay.block_size, INT32_MAX), cfg.split_cols(topk),
+        splits, head_blocks, *q.stride(), *kv_s, *indices.stride(),
+        *(bt.stride() if fused else (0, 0)), *(bt.shape[::-1] if fused else (0, 0)),
+        block_size if fused else 1, *out_s, *lse_s,
+    )  # fmt: skip
+    kwargs = dict(
+        PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
+        FUSED=fused, HAS_LEN=has_len, HAS_SINK=has_sink,
+        SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
+        num_warps=cfg.num_warps,
+        # With splits the combine may start launching early (it waits for this kernel).
+        **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
+    )  # fmt: skip
+    main = ((num_tokens * splits * head_blocks,), ints, kwargs)
+    if not split:
+        return main, None
+    block_h = min(cfg.combine_heads, next_pow2(h_q))
+    head_blocks = -(-h_q // block_h)
+    dim_blocks = NOPE // cfg.combine_dims
+    ints = (h_q, splits, head_blocks, dim_blocks, *out_s, *lse_s)
+    kwargs = dict(
+        BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
+        CHUNK=min(next_pow2(splits), max(1, COMBINE_TILE // (block_h * cfg.combine_dims))),
+        HAS_SINK=has_sink, INTERPRET=INTERPRETER, num_warps=4,
+        **pdl_launch(q.device, 2 if cfg.pdl else 0),
+    )  # fmt: skip
+    return main, ((num_tokens * head_blocks * dim_blocks,), ints, kwargs)
 
 
 def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
@@ -273,60 +323,24 @@ def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.dev
 
 def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
             workspace, sm_scale):  # fmt: skip
-    num_tokens, h_q, _ = q.shape
-    topk = indices.shape[1]
-    cfg, splits, block_size = plan.config, plan.splits, plan.block_size
-    fp8 = plan.fmt == "fp8"
-    if fp8:
+    if plan.fmt == "fp8":
         kv_u8, kv_f32, kv_bf16 = c3, c3.view(torch.float32), c3.view(torch.bfloat16)
-        kv_s = (c3.stride(0), c3.stride(1), 1)  # bytes
     else:
         kv_u8 = kv_f32 = kv_bf16 = c3
-        kv_s = c3.stride()
     fused = block_table is not None
-    bt = block_table if fused else indices
-    split = splits > 1
+    split = plan.combine is not None
     part_out = workspace.partial_out if split else out
     part_lse = workspace.partial_lse if split else lse
-    head_blocks = cfg.head_blocks(h_q)
+    sink = attn_sink if attn_sink is not None else lse
+    grid, ints, kwargs = plan.main
     args = (
         q, kv_u8, kv_f32, kv_bf16, indices,
         topk_length if topk_length is not None else indices,
-        bt, req_id if fused else indices,
-        attn_sink if attn_sink is not None else lse,
-        out, lse, part_out, part_lse,
-        h_q, topk, min(plan.num_pages * plan.cache_block_size, INT32_MAX), cfg.split_cols(topk),
-        splits,
-        head_blocks, *q.stride(), *kv_s, *indices.stride(),
-        bt.stride(0) if fused else 0, bt.stride(1) if fused else 0,
-        bt.shape[1] if fused else 0, bt.shape[0] if fused else 0,
-        block_size if fused else 1,
-        *out.stride(), *lse.stride(),
-        sm_scale * LOG2E,
+        block_table if fused else indices, req_id if fused else indices, sink,
+        out, lse, part_out, part_lse, *ints, sm_scale * LOG2E,
     )  # fmt: skip
-    kwargs = dict(
-        PAGE=plan.cache_block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
-        FUSED=fused, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
-        SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
-        num_warps=cfg.num_warps,
-        # With splits the combine may start launching early (it waits for this kernel).
-        **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
-    )  # fmt: skip
-    launch(decode._sparse_mla_decode_kernel, (num_tokens * splits * head_blocks,), args, kwargs)
-    if not split:
-        return
-    block_h = min(cfg.combine_heads, next_pow2(h_q))
-    head_blocks = -(-h_q // block_h)
-    dim_blocks = NOPE // cfg.combine_dims
-    args = (
-        workspace.partial_out, workspace.partial_lse,
-        attn_sink if attn_sink is not None else lse, out, lse,
-        h_q, splits, head_blocks, dim_blocks, *out.stride(), *lse.stride(),
-    )  # fmt: skip
-    kwargs = dict(
-        BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
-        CHUNK=min(next_pow2(splits), max(1, COMBINE_TILE // (block_h * cfg.combine_dims))),
-        HAS_SINK=attn_sink is not None, INTERPRET=INTERPRETER, num_warps=4,
-        **pdl_launch(q.device, 2 if cfg.pdl else 0),
-    )  # fmt: skip
-    launch(combine._combine_kernel, (num_tokens * head_blocks * dim_blocks,), args, kwargs)
+    launch(decode._sparse_mla_decode_kernel, grid, args, kwargs, plan)
+    if split:
+        grid, ints, kwargs = plan.combine
+        args = (workspace.partial_out, workspace.partial_lse, sink, out, lse, *ints)
+        launch(combine._combine_kernel, grid, args, kwargs, (plan, "combine"))
