@@ -316,7 +316,7 @@ SWEEP_SHAPES = (
 
 
 def _sweep_configs(h: int, t: int, fmt: str):
-    """Launch shapes to try at one shape: head blocks x rows per step (32, 64) x warps x
+    """Launch shapes to try at one shape: head blocks x rows per step (16, 32, 64) x warps x
     stages x splits (the heuristic's neighbours); the combine as the heuristic sets it."""
     base = choose_attention_config(t, h, TOPK, fmt, 132)
     bh = min(64, max(16, 1 << (h - 1).bit_length()))
@@ -325,7 +325,7 @@ def _sweep_configs(h: int, t: int, fmt: str):
     )
     heads_warps = [(64, 8), (32, 4)] if bh == 64 else [(bh, 4), (bh, 8)]
     for block_h, warps in heads_warps:
-        for bn in (32, 64):
+        for bn in (16, 32, 64):  # 16: a quarter of the shared memory of 64 (occupancy)
             for stages in (1, 2):
                 for sp in splits:
                     yield replace(
