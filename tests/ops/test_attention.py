@@ -30,7 +30,6 @@ DEV = default_device()
 PAGES, PAGE = 6, 16
 ROWS = PAGES * PAGE
 SCALE = 0.1352
-FORMATS = pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -55,8 +54,7 @@ def _dequantised(cache):
 
 
 def _check(q, cache, idx, *, config=None, **kw):
-    """Run ours (``config``) on poisoned outputs and compare with the reference; returns
-    (out, lse)."""
+    """Run ours on poisoned outputs and compare with the reference; returns (out, lse)."""
     out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=DEV)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=DEV)
     poison(out, lse)
@@ -119,7 +117,7 @@ def test_workspace_rows_cover_every_call():
 # ---- numerics -----------------------------------------------------------------------------------
 
 
-@FORMATS
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 @pytest.mark.parametrize("h", [1, 8, 16, 20, 128])
 def test_matches_reference(seed, fp8, h):
     g = _gen(seed)
@@ -171,7 +169,7 @@ def test_deterministic_and_workspace_reuse(seed):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-@FORMATS
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 def test_hostile_indices(seed, fp8):
     """All -1 rows, one valid entry, duplicates, the last cache row, out-of-range and
     negative slots (never read: the cache is surrounded by nothing), across splits."""
@@ -186,8 +184,7 @@ def test_hostile_indices(seed, fp8):
     idx[4] = bad[torch.randint(0, len(bad), (64,), generator=g)]
     idx[4, 63] = ROWS - 1
     idx[5, ::2] = bad[torch.randint(0, len(bad), (32,), generator=g)]
-    cfg = AttentionConfig(block_n=16, num_splits=3)
-    out, lse = _check(q, cache, idx, config=cfg)
+    out, lse = _check(q, cache, idx, config=AttentionConfig(block_n=16, num_splits=3))
     assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
     _check(q, cache, idx)
 
@@ -196,8 +193,7 @@ def test_topk_length(seed):
     g = _gen(seed)
     q, cache, idx = _case(g, T=7, h=8, topk=128)
     lens = torch.tensor([0, 1, 63, 64, 128, 200, -3], dtype=torch.int32)
-    cfg = AttentionConfig(num_splits=2)
-    out, lse = _check(q, cache, idx, topk_length=lens, config=cfg)
+    out, lse = _check(q, cache, idx, topk_length=lens, config=AttentionConfig(num_splits=2))
     assert torch.all(torch.isneginf(lse[0])) and torch.all(torch.isneginf(lse[6]))
 
 
@@ -226,7 +222,7 @@ def test_strided_q_and_out(seed):
     assert torch.isnan(out_full[:, :, 1::2].float()).all()  # the gaps were not written
 
 
-@FORMATS
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 def test_fused_remap_equals_remap_then_attend(seed, fp8):
     g = _gen(seed)
     q, cache, _ = _case(g, T=5, h=16, topk=64, fp8=fp8)
@@ -244,9 +240,8 @@ def test_fused_remap_equals_remap_then_attend(seed, fp8):
     for cfg in (None, AttentionConfig(block_n=16, num_splits=3)):
         two_step = _check(q, cache, slots, topk_length=lens, config=cfg)
         fused = _check(
-            q, cache, pos, block_table=bt, req_id=req, block_size=bs, topk_length=lens,
-            config=cfg,
-        )  # fmt: skip
+            q, cache, pos, block_table=bt, req_id=req, block_size=bs, topk_length=lens, config=cfg
+        )
         assert torch.equal(two_step[0], fused[0]) and torch.equal(two_step[1], fused[1])
 
 

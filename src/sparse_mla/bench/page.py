@@ -71,8 +71,7 @@ def load_runs(path: Path) -> list[Run]:
 
 def _summary_op(title: str) -> str:
     """The op a summary table belongs to, from its title (summaries carry no op field)."""
-    prefixes = (("remap", "remap"), ("top-k", "topk"), ("expansion", "expand"))
-    prefixes += (("attention", "attention"),)
+    prefixes = ("remap", "remap"), ("top-k", "topk"), ("expansion", "expand"), ("attention",) * 2
     for prefix, op in prefixes:
         if title.startswith(prefix):
             return op

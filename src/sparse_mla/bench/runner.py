@@ -249,7 +249,7 @@ def _method(cfg: RunConfig, cuda: bool) -> list[str]:
         else "CPU smoke: no graphs, 'graph' times are host-clock eager loops.",
         "Eager: events around the same number of back-to-back calls, same repetitions.",
         "Inputs: fresh random per set (seeded, never zeros); every variant's output is "
-        f"poisoned ({POISON}; NaN for float outputs), then checked against the reference "
+        f"poisoned ({POISON}; the attention's outputs NaN), then checked against the reference "
         "variant before timing: bit for bit (compacted DCP rows compared as sorted rows) "
         "unless the op's notes below say otherwise (top-k: as sets of scores; logits: "
         "against fp64 on a subset; attention: against fp32 on the first rows, within the "

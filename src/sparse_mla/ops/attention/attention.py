@@ -191,10 +191,7 @@ class _AttnPlan:
 
     config: AttentionConfig
     splits: int
-    block_size: int | None  # fused remap's page size, None without it
     fmt: str
-    num_pages: int
-    cache_block_size: int  # rows per cache page
     # (grid, the integer arguments after the tensors, keywords) of the main kernel and of the
     # combine (None without splits): fixed by the metadata, so built once per plan.
     main: tuple
@@ -246,7 +243,7 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
         cfg, splits, bs, lay, q, c3, indices, block_table, topk_length is not None,
         attn_sink is not None, out_s, lse_s,
     )  # fmt: skip
-    return _AttnPlan(cfg, splits, bs, fmt, lay.num_pages, lay.block_size, main, comb)
+    return _AttnPlan(cfg, splits, fmt, main, comb)
 
 
 def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, has_len,
