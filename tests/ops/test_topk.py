@@ -543,11 +543,12 @@ def test_fallback_side_stream_per_caller_stream(seed: int):
 
 
 def test_prefilter_default_by_size():
-    """prefilter=None runs it from prefilter_min_scores scores per call (shapes only)."""
+    """prefilter=None runs it from prefilter_min_scores scores per call (shapes only); an
+    eager GPU call would skip it (eager_prefilter), so the rule under test is set to run."""
     x = torch.randn(2, 1500, device=DEV)
     lengths = i32([1500, 1400])
     for min_scores, ran in ((3000, True), (3001, False)):
-        cfg = TopKConfig(split_block=256, prefilter_min_scores=min_scores)
+        cfg = TopKConfig(split_block=256, prefilter_min_scores=min_scores, eager_prefilter=True)
         ws = torch.full((topk_workspace_numel(2),), POISON, dtype=torch.int32, device=DEV)
         wsl.workspace_rows(ws, 2)[:, : wsl.STATE_OFF] = 0
         run_checked(x, lengths, 128, num_splits=3, workspace=ws, config=cfg)

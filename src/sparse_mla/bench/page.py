@@ -175,7 +175,7 @@ def write_page(runs: Sequence[Run], out_dir: Path, *, plots: bool = True) -> Pat
         for p in write_plots(results, perf, dpi=72):
             links[p.stem] = f"perf/{p.name}"
     text = render_perf_page(runs, links)
-    scripts = perf / "scripts.md"  # ops timed by their own GPU scripts, not yet by the bench
+    scripts = perf / "scripts.md"  # results of the GPU scripts outside the bench harness
     if scripts.exists():
         text += "\n" + scripts.read_text()
     page = out_dir / "PERF.md"
