@@ -7,8 +7,9 @@
 No GPU needed. Integer arguments and pointers are marked divisible by 16 as a GPU launch on
 V3.2 shapes marks them (without that the row gathers are not vectorised and nothing is
 pipelined), unit strides are constants. Prints registers and stack (cuobjdump), shared
-memory, which MMA the dots became (warpgroup ``wgmma`` or Ampere-style ``mma``) and how many
-loads are asynchronous copies (pipelined). A spilling variant (STACK > 0) is worth a GPU
+memory, which MMA the dots became (warpgroup ``wgmma`` or Ampere-style ``mma``), how many
+loads are asynchronous copies (pipelined) and the instructions of one loop step (cuobjdump
+-sass). A spilling variant (STACK > 0) is worth a GPU
 sweep before it is made a default.
 """
 
@@ -40,6 +41,17 @@ POINTERS = dict(
 UNIT = ("q_s2", "kv_s2", "idx_s1", "out_s2", "lse_s1", "bt_s1")
 DIVISIBLE = {"q_s0", "q_s1", "kv_s0", "kv_s1", "idx_s0", "bt_s0", "out_s0", "out_s1", "lse_s0",
              "topk", "split_cols", "block_size"}  # fmt: skip
+
+
+def loop_instructions(sass: str) -> int:
+    """SASS instructions a warp issues per step of the kernel's longest loop (the span of
+    its longest backward branch)."""
+    insts = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,})\*/\s+[^/;]*;", sass)]
+    longest = 0
+    for addr, target in re.findall(r"/\*([0-9a-f]{4,})\*/\s+[^;]*BRA[^;]*0x([0-9a-f]+)", sass):
+        if int(target, 16) < int(addr, 16):
+            longest = max(longest, sum(int(target, 16) <= a <= int(addr, 16) for a in insts))
+    return longest
 
 
 def main() -> int:
@@ -78,13 +90,17 @@ def main() -> int:
         usage = subprocess.run(
             [str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True, text=True
         ).stdout
+        sass = subprocess.run(
+            [str(cuobjdump), "-sass", f.name], capture_output=True, text=True
+        ).stdout
     res = re.search(r"REG:\d+ STACK:\d+", usage)
     ttgir = k.asm["ttgir"]
     print(
         f"triton {triton.__version__} sm_90 | {vars(args)} | "
         f"{res.group(0) if res else usage.strip()} | shared {k.metadata.shared} B | "
         f"wgmma {ttgir.count('warp_group_dot ')} mma {ttgir.count('tt.dot ')} | "
-        f"async copies {ttgir.count('async_copy_global_to_local')}"
+        f"async copies {ttgir.count('async_copy_global_to_local')} | "
+        f"loop instructions {loop_instructions(sass)}"
     )
     return 0
 

@@ -100,8 +100,8 @@ def _load_nope(
         x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]
         vals = to_bf16(x, INTERPRET)
         # A no-op for the values, but it keeps the conversion in the load's layout: without
-        # it Triton loads the bytes straight into the dots' layouts, as plain loads that the
-        # stages do not pipeline (fewer instructions, slower at every shape: docs/PERF.md).
+        # it the byte gathers become plain register loads that the stages do not pipeline
+        # (fewer instructions, slower at every shape measured: docs/PERF.md).
         vals = tl.where(ok[:, None], vals, 0.0)
     else:
         vals = tl.load(kv_bf16 + row[:, None] + d[None, :] * kv_s2, mask=ok[:, None], other=0.0)
