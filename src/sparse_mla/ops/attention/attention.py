@@ -11,7 +11,15 @@ from ..._launch import PlanCache, launch, scalars_key, tensor_meta, value_key
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
 from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
-from .config import MAX_HEADS, AttentionConfig, choose_attention_config, workspace_rows
+from .config import (
+    KERNELS,
+    MAX_HEADS,
+    SM90_BLOCK_N,
+    SM90_MAX_BLOCK_H,
+    AttentionConfig,
+    choose_attention_config,
+    workspace_rows,
+)
 from .decode import LOG2E, NOPE, ROPE
 
 HEAD_DIM = NOPE + ROPE
@@ -37,6 +45,26 @@ class AttentionWorkspace:
     @property
     def rows(self) -> int:
         return self.partial_lse.shape[0]
+
+
+def _sm90_kernel():
+    """The Gluon kernel module, or None where this Triton has no Gluon (imported on first
+    use: Gluon is experimental and its import costs time)."""
+    try:
+        from . import decode_sm90
+    except ImportError:  # a Triton without Gluon (or with an older Gluon API)
+        return None
+    return decode_sm90
+
+
+def sm90_available(device: torch.device) -> bool:
+    """Whether the Gluon kernel can run on ``device``: an sm_90 NVIDIA GPU (not the
+    interpreter) and a Triton whose Gluon it compiles with."""
+    if INTERPRETER or device.type != "cuda" or torch.version.hip:
+        return False
+    if torch.cuda.get_device_capability(canonical_device(device)) != (9, 0):
+        return False
+    return _sm90_kernel() is not None
 
 
 def _sms(device: torch.device) -> int:
@@ -233,6 +261,11 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     fmt = "fp8" if lay.fp8 else "bf16"
     cfg = config or choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
     _check_config(cfg, fmt)
+    if cfg.kernel == "sm90" and not sm90_available(dev):
+        raise ValueError(
+            f"config.kernel='sm90' needs an sm_90 GPU and a Triton with Gluon; {dev} has "
+            "neither or this is the interpreter: use kernel='triton'"
+        )
     splits = cfg.effective_splits(topk)
     if num_tokens and splits > 1 and workspace is not None:
         _check_workspace(workspace, num_tokens * splits, h_q, dev)
@@ -261,14 +294,22 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, ha
         *(bt.stride() if fused else (0, 0)), *(bt.shape[::-1] if fused else (0, 0)),
         block_size if fused else 1, *out_s, *lse_s,
     )  # fmt: skip
-    kwargs = dict(
-        PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
-        FUSED=fused, HAS_LEN=has_len, HAS_SINK=has_sink,
-        SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
-        num_warps=cfg.num_warps,
-        # With splits the combine may start launching early (it waits for this kernel).
-        **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
-    )  # fmt: skip
+    if cfg.kernel == "sm90":
+        pw, regs = _sm90_kernel().producer_shape(fp8)
+        kwargs = dict(
+            PAGE=lay.block_size, BLOCK_H=cfg.block_h, FP8=fp8, FUSED=fused, HAS_LEN=has_len,
+            HAS_SINK=has_sink, SPLIT=split, NBUF=cfg.num_stages,
+            PRODUCER_WARPS=pw, PRODUCER_REGS=regs, num_warps=4,
+        )  # fmt: skip
+    else:
+        kwargs = dict(
+            PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
+            FUSED=fused, HAS_LEN=has_len, HAS_SINK=has_sink,
+            SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
+            num_warps=cfg.num_warps,
+            # With splits the combine may start launching early (it waits for this kernel).
+            **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
+        )  # fmt: skip
     main = ((num_tokens * splits * head_blocks,), ints, kwargs)
     if not split:
         return main, None
@@ -296,6 +337,16 @@ def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
     if cfg.block_n < 16 or cfg.block_n != next_pow2(cfg.block_n):
         raise ValueError(f"config.block_n must be a power of two >= 16, got {cfg.block_n}")
     check_int("config.num_splits", cfg.num_splits, lo=1)
+    if cfg.kernel not in KERNELS:
+        raise ValueError(f"config.kernel must be one of {KERNELS}, got {cfg.kernel!r}")
+    if cfg.kernel == "sm90" and (
+        cfg.block_h > SM90_MAX_BLOCK_H or cfg.block_n != SM90_BLOCK_N or cfg.num_warps != 4
+        or cfg.num_stages > 2
+    ):  # fmt: skip
+        raise ValueError(
+            f"config.kernel='sm90' takes block_h 16 or 32, block_n {SM90_BLOCK_N}, num_warps 4 "
+            f"and num_stages 1 or 2, got {cfg}"
+        )
     if cfg.combine_heads not in (1, 2, 4, 8, 16):
         raise ValueError(f"config.combine_heads must be 1, 2, 4, 8 or 16, got {cfg.combine_heads}")
     if cfg.combine_dims not in (16, 32, 64, 128, 256, 512):
@@ -336,7 +387,11 @@ def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, o
         block_table if fused else indices, req_id if fused else indices, sink,
         out, lse, part_out, part_lse, *ints, sm_scale * LOG2E,
     )  # fmt: skip
-    launch(decode._sparse_mla_decode_kernel, grid, args, kwargs, plan)
+    if plan.config.kernel == "sm90":
+        kernel = _sm90_kernel().sparse_mla_decode_sm90_kernel
+    else:
+        kernel = decode._sparse_mla_decode_kernel
+    launch(kernel, grid, args, kwargs, plan)
     if split:
         grid, ints, kwargs = plan.combine
         args = (workspace.partial_out, workspace.partial_lse, sink, out, lse, *ints)

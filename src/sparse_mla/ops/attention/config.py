@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from ..._runtime import cdiv, next_pow2
 
 CACHE_FORMATS = ("bf16", "fp8")
+# "triton": the portable kernel (decode.py); "sm90": the warp-specialised Gluon kernel for
+# Hopper (decode_sm90.py: up to 32 heads a program, 64 rows a ring slot, 4 warps a partition).
+KERNELS = ("triton", "sm90")
+SM90_BLOCK_N = 64
+SM90_MAX_BLOCK_H = 32
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
 # warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
@@ -38,6 +43,9 @@ class AttentionConfig:
         pipelines the row gathers).
     combine_heads: heads per combine program (power of two, 1..16).
     combine_dims: output dims per combine program (power of two dividing 512).
+    kernel: "triton" (the portable kernel, any GPU and the interpreter) or "sm90" (Hopper
+        only, a Triton with Gluon: ``block_h`` 16 or 32, ``block_n`` 64, 4 warps;
+        ``num_stages`` is its shared-memory ring depth, 1 or 2).
     pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
@@ -52,6 +60,7 @@ class AttentionConfig:
     combine_heads: int = 8
     combine_dims: int = 128
     pdl: bool = True
+    kernel: str = "triton"
 
     def head_blocks(self, h_q: int) -> int:
         return cdiv(h_q, self.block_h)

@@ -1,0 +1,241 @@
+"""GPU check and timing of the Gluon sm_90 attention kernel (``AttentionConfig(kernel="sm90")``)
+beside the portable Triton kernel and FlashMLA, on the H200 / H100.
+
+    PYTHONPATH=src python benchmarks/gpu_attention_sm90.py check   # hostile grid vs reference
+    PYTHONPATH=src python benchmarks/gpu_attention_sm90.py time [--quick]
+    PYTHONPATH=src python benchmarks/gpu_attention_sm90.py tiny    # one small call (sanitizers)
+
+Run each under ``timeout``: a wrong mbarrier phase hangs instead of failing.
+
+check: every (format, h_q, T, splits, ring depth, fused) case on poisoned outputs against the
+fp32 reference (``sparse_mla.testing.attention_error``), with -1 / out-of-range / negative ids,
+empty rows, random ``topk_length`` (0 included), a sink, strided q; and bitwise
+determinism run to run. time: per call in a CUDA graph (10 calls alternating two index sets)
+and eagerly, the sm90 kernel at each split count beside the Triton kernel's default and
+FlashMLA (fp8; h_q < 64 padded to 64 heads, as engines do), with the floor
+max(gathered bytes / 4.3 TB/s, FLOPs / 790 TFLOPS) beside each figure.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from sparse_mla.bench.attention import flashmla_launch, import_flashmla
+from sparse_mla.bench.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.ops.attention import (
+    AttentionConfig,
+    attention_workspace,
+    sparse_mla_decode,
+    sparse_mla_decode_reference,
+)
+from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
+from sparse_mla.testing import attention_error, attention_max_errors, poison
+
+BW = 4.3e12
+TOPK, PAGE, NKV = 2048, 64, 1 << 20
+SCALE = 0.1352
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _cache(rows: int, fp8: bool, dev, seed: int = 0) -> torch.Tensor:
+    torch.manual_seed(seed)
+    kv = (torch.randn(rows, 576, device=dev) * 0.5).bfloat16()
+    c = new_mla_cache(rows // PAGE, PAGE, fp8=fp8, device=dev)
+    write_mla_latent(kv[:, :512], kv[:, 512:], c, torch.arange(rows, device=dev))
+    return c
+
+
+def _hostile_indices(g, t: int, topk: int, rows: int, dev) -> torch.Tensor:
+    idx = torch.randint(0, rows, (t, topk), device=dev, dtype=torch.int32, generator=g)
+    r = torch.rand(t, topk, device=dev, generator=g)
+    idx[r < 0.1] = -1
+    idx[(r >= 0.1) & (r < 0.13)] = rows + 5  # past the cache
+    idx[(r >= 0.13) & (r < 0.15)] = -7
+    if t > 1:
+        idx[1] = -1  # an empty row
+    idx[0, :3] = rows - 1  # the last row, three times
+    return idx
+
+
+def check(dev) -> bool:
+    ok_all = True
+    g = torch.Generator(device=dev).manual_seed(1)
+    rows = 1 << 14
+    caches = {fmt: _cache(rows, fmt == "fp8", dev) for fmt in ("fp8", "bf16")}
+    for fmt in ("fp8", "bf16"):
+        cache = caches[fmt]
+        for h, t, topk, splits, nbuf, fused in (
+            (16, 7, 512, 1, 2, False), (16, 7, 512, 3, 2, False), (1, 3, 256, 2, 2, False),
+            (8, 5, 320, 1, 1, False), (20, 4, 512, 2, 2, True), (32, 6, 1024, 4, 2, False),
+            (32, 3, 2048, 1, 2, True), (16, 130, 2048, 2, 2, False), (13, 2, 64, 1, 2, False),
+            (16, 2, 100, 1, 2, True),
+        ):  # fmt: skip
+            key = f"{fmt} h={h} T={t} topk={topk} splits={splits} nbuf={nbuf} fused={fused}"
+            try:
+                block_h = 16 if h <= 16 else 32
+                cfg = AttentionConfig(block_h=block_h, block_n=64, num_splits=splits,
+                                      num_stages=nbuf, kernel="sm90")  # fmt: skip
+                qf = torch.randn(t, h + 3, 576, device=dev, generator=g).bfloat16()
+                q = qf[:, 1 : h + 1]  # strided heads
+                lens = torch.randint(0, topk + 1, (t,), device=dev, dtype=torch.int32, generator=g)
+                lens[0] = topk
+                if t > 2:
+                    lens[2] = 0
+                sink = torch.randn(h, device=dev, generator=g)
+                sink[0] = float("inf")
+                kw = dict(sm_scale=SCALE, topk_length=lens, attn_sink=sink)
+                if fused:
+                    reqs, width = 3, rows // PAGE
+                    bt = torch.randperm(rows // PAGE, device=dev).to(torch.int32)
+                    bt = bt.repeat(reqs, 1)[:, :width].contiguous()
+                    bt[1, ::7] = -1
+                    req = torch.randint(0, reqs, (t,), device=dev, dtype=torch.int32, generator=g)
+                    pos = _hostile_indices(g, t, topk, rows, dev)
+                    call = dict(indices=pos, block_table=bt, req_id=req)
+                else:
+                    call = dict(indices=_hostile_indices(g, t, topk, rows, dev))
+                out = torch.empty(t, h, 512, device=dev, dtype=torch.bfloat16)
+                lse = torch.empty(t, h, device=dev)
+                poison(out, lse)
+                sparse_mla_decode(q, cache, **call, **kw, out=out, lse=lse, config=cfg)
+                again = sparse_mla_decode(q, cache, **call, **kw, config=cfg)
+                torch.cuda.synchronize()
+                ref = sparse_mla_decode_reference(q, cache, **call, dtype=torch.float32, chunk=4,
+                                                  magnitude=True, **kw)  # fmt: skip
+                why = attention_error(out, lse, *ref)
+                det = torch.equal(again[0], out) and torch.equal(again[1], lse)
+                oe, le = attention_max_errors(out, lse, ref[0], ref[1])
+                ok = why is None and det
+            except Exception as e:  # noqa: BLE001  (report, go on)
+                ok, why, det, oe, le = False, repr(e)[:500], False, float("nan"), float("nan")
+            ok_all &= ok
+            _log(f"{'PASS' if ok else 'FAIL'} {key}: out err {oe:.2e} lse err {le:.2e} "
+                 f"deterministic {det}" + (f" ({why})" if why else ""))  # fmt: skip
+    return ok_all
+
+
+def _graph_us(fns) -> float:
+    from triton.testing import do_bench
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(s)
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        for f in fns:
+            f()
+    return do_bench(gr.replay, warmup=5, rep=60, return_mode="median") * 1e3 / len(fns)
+
+
+def _eager_us(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3
+
+
+def timings(dev, quick: bool) -> None:
+    fm, why = import_flashmla()
+    if fm is None:
+        _log(f"FlashMLA not timed: {why}")
+    caches = {fmt: _cache(NKV, fmt == "fp8", dev) for fmt in ("fp8", "bf16")}
+    shapes = [(16, 1), (16, 8), (16, 32), (16, 128), (32, 128), (8, 128), (16, 512)]
+    if quick:
+        shapes = [(16, 8), (16, 128), (32, 128)]
+    _log("fmt  h_q     T | floor us | triton us | sm90 us: 16 heads x splits 1/2/4/8 "
+         "(, 32 heads x 1) | FlashMLA us")
+    for fmt in ("fp8", "bf16"):
+        for h, t in shapes:
+            _time_shape(fm if fmt == "fp8" else None, caches[fmt], fmt, h, t, quick, dev)
+
+
+def _time_shape(fm, cache, fmt: str, h: int, t: int, quick: bool, dev) -> None:
+    q = torch.randn(t, h, 576, device=dev).bfloat16()
+    idx = []
+    for _ in range(10):
+        ix = torch.randint(0, NKV, (t, TOPK), device=dev, dtype=torch.int32)
+        ix[:, -100:] = -1
+        idx.append(ix)
+    out = torch.empty(t, h, 512, device=dev, dtype=torch.bfloat16)
+    lse = torch.empty(t, h, device=dev)
+    floor = max(attention_bytes(t, TOPK, fmt) / BW,
+                attention_flops(h, t, TOPK) / PEAK_FLOPS) * 1e6  # fmt: skip
+
+    def calls(cfg=None, ws=None):
+        return [(lambda ix=ix: sparse_mla_decode(q, cache, ix, sm_scale=SCALE, out=out, lse=lse,
+                                                 workspace=ws, config=cfg)) for ix in idx]
+
+    tri = _graph_us(calls())
+    cells, best = [], None
+    for block_h, splits in [(16, s) for s in (1, 2, 4, 8)] + ([(32, 1)] if h > 16 else []):
+        cfg = AttentionConfig(block_h=block_h, block_n=64, num_splits=splits, kernel="sm90")
+        ws = attention_workspace(t, h, TOPK, cache_format=fmt, config=cfg, device=dev)
+        try:
+            us = _graph_us(calls(cfg, ws))
+        except Exception as e:  # noqa: BLE001
+            _log(f"  sm90 splits={splits} failed: {e!r}"[:300])
+            us = float("nan")
+        cells.append(f"{us:7.1f}")
+        if best is None or us < best[0]:
+            best = (us, f"{block_h}x{splits}", cfg, ws)
+    anchor = ""
+    if fm is not None:
+        launch, _ = flashmla_launch(fm, q, cache, SCALE)
+        try:
+            anchor = f"{_graph_us([(lambda ix=ix: launch(ix)) for ix in idx]):8.1f}"
+        except Exception as e:  # noqa: BLE001
+            anchor = f"failed {e!r}"[:80]
+    _log(f"{fmt:4} {h:3} {t:5} | {floor:8.1f} | {tri:9.1f} | {' '.join(cells)} | {anchor}"
+         f"  (best sm90 {best[0]:.1f} at heads x splits {best[1]}, {tri / best[0]:.2f}x triton)")
+    if not quick:
+        us_e = _eager_us(calls(best[2], best[3])[0])
+        tri_e = _eager_us(calls()[0])
+        _log(f"     eager: sm90 {us_e:.1f} us, triton {tri_e:.1f} us")
+
+
+def tiny(dev) -> None:
+    """One small call of each format, fused and split (for compute-sanitizer)."""
+    rows = 1 << 10
+    for fmt in ("fp8", "bf16"):
+        cache = _cache(rows, fmt == "fp8", dev)
+        g = torch.Generator(device=dev).manual_seed(3)
+        q = torch.randn(3, 16, 576, device=dev, generator=g).bfloat16()
+        idx = _hostile_indices(g, 3, 192, rows, dev)
+        for splits in (1, 2):
+            cfg = AttentionConfig(block_h=16, block_n=64, num_splits=splits, kernel="sm90")
+            out, lse = sparse_mla_decode(q, cache, idx, sm_scale=SCALE, config=cfg)
+            ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=SCALE,
+                                              dtype=torch.float32, magnitude=True)  # fmt: skip
+            why = attention_error(out, lse, *ref)
+            _log(f"tiny {fmt} splits={splits}: {'PASS' if why is None else 'FAIL ' + why}")
+    torch.cuda.synchronize()
+
+
+def main(argv: list[str]) -> int:
+    dev = torch.device("cuda")
+    _log(f"{torch.cuda.get_device_name()} torch {torch.__version__} "
+         f"triton {__import__('triton').__version__}")  # fmt: skip
+    t0 = time.time()
+    what = argv[0] if argv else "check"
+    rc = 0
+    if what == "check":
+        rc = 0 if check(dev) else 1
+    elif what == "time":
+        timings(dev, "--quick" in argv)
+    elif what == "tiny":
+        tiny(dev)
+    _log(f"{what} done in {time.time() - t0:.0f}s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

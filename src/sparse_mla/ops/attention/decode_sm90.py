@@ -1,0 +1,420 @@
+"""Sparse MLA decode attention for Hopper (sm_90), warp-specialised, written in Gluon.
+
+Same contract as the portable Triton kernel (``decode.py``), for up to 32 heads per program
+("swap-AB": the heads are the wgmma's N dimension, the cache rows its M):
+
+- a producer partition (4 warps) gathers the next 64 selected rows of the cache into a
+  shared-memory ring (fp8 rows dequantised to bf16 on the way), with a 0 / -inf bias per
+  row for invalid entries, and signals ``ready``;
+- the default partition (one warpgroup) computes ``S^T [64, H] = K Q^T`` (nope + rope),
+  the online softmax over the rows, writes ``P^T`` to shared memory and accumulates
+  ``O^T [512, H] += V^T P^T`` with V^T read from the same rows, then frees the ring slot.
+
+One program owns query row ``t``, one split of its columns and ``BLOCK_H`` heads; its
+results go to the same places as the Triton kernel's (bf16 out and lse, or the fp32 split
+partials the combine kernel merges). Gluon has no interpreter: this file is compiled for
+sm_90 in CI (tests/test_gluon_compile.py) and runs only on a GPU.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# Triton 3.9 renamed the CTA barrier (3.6: thread_barrier); a barrier inside a partition
+# synchronises that partition's warps.
+cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+# ... the shared-memory view of another type (3.6: _reinterpret) ...
+OLD_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "_reinterpret"))
+# ... and the cp.async copy (3.6: async_copy_global_to_shared, 3.9: async_load).
+cp_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+BN = gl.constexpr(64)  # cache rows per ring slot: the wgmma's M
+G_NOPE = gl.constexpr(512)
+G_ROPE = gl.constexpr(64)
+G_LOG2E = gl.constexpr(1.4426950408889634)
+G_LN2 = gl.constexpr(0.6931471805599453)
+SCALE_WORD = gl.constexpr(128)  # first fp32 scale of an fp8 row, in 4-byte words
+ROPE_HALF = gl.constexpr(264)  # first rope value of an fp8 row, in 2-byte units
+
+def producer_shape(fp8: bool) -> tuple[int, int]:
+    """(warps, registers a thread) of the producer partition: fp8 keeps two blocks of bytes in
+    registers (8 warps, so that fits in 152 registers a thread beside a 208-register consumer
+    warpgroup); bf16's cp.async copies need few registers (4 warps, the rest to the consumer)."""
+    return (8, 152) if fp8 else (4, 232)
+
+
+@gluon.jit
+def _row_offsets(idx_row, idx_s1, start, col_hi, num_rows, bt_row, bt_s1, bt_width, req_ok,
+                 block_size, kv_s0, kv_s1, PAGE: gl.constexpr, FUSED: gl.constexpr,
+                 LAYOUT: gl.constexpr):  # fmt: skip
+    """Element offsets (int64, of the cache's row start) and validity of one block's rows;
+    invalid rows point at row 0 (never read: their loads are masked)."""
+    cols = start + gl.arange(0, BN, layout=LAYOUT)
+    in_row = cols < col_hi
+    i = gl.load(idx_row + cols * idx_s1, mask=in_row, other=-1)
+    if FUSED:
+        col = i // block_size
+        ok = in_row & (i >= 0) & (col < bt_width) & req_ok
+        page_id = gl.load(bt_row + col.to(gl.int64) * bt_s1, mask=ok, other=-1)
+        ok = ok & (page_id >= 0)
+        slot = page_id.to(gl.int64) * block_size + (i % block_size)
+    else:
+        slot = i.to(gl.int64)
+    ok = in_row & (slot >= 0) & (slot < num_rows)
+    slot = gl.where(ok, slot, 0)
+    return (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1, ok
+
+
+# e4m3 -> bf16 of four bytes (one 32-bit word) times their fp32 scale, as the Triton kernel
+# computes it (e4m3 -> f16 -> f32 exactly, one fp32 multiply, round to nearest even), in two
+# bf16x2 words. Done on 32-bit words because a u8 tensor carried across the producer's loop
+# takes a register per byte.
+_DEQUANT_ASM = gl.constexpr("""{
+.reg .b16 l, h;
+.reg .b32 a, b;
+.reg .f16 a0, a1, b0, b1;
+.reg .f32 f0, f1, f2, f3;
+mov.b32 {l, h}, $2;
+cvt.rn.f16x2.e4m3x2 a, l;
+cvt.rn.f16x2.e4m3x2 b, h;
+mov.b32 {a0, a1}, a;
+mov.b32 {b0, b1}, b;
+cvt.f32.f16 f0, a0;
+cvt.f32.f16 f1, a1;
+cvt.f32.f16 f2, b0;
+cvt.f32.f16 f3, b1;
+mul.rn.f32 f0, f0, $3;
+mul.rn.f32 f1, f1, $3;
+mul.rn.f32 f2, f2, $3;
+mul.rn.f32 f3, f3, $3;
+cvt.rn.bf16x2.f32 $0, f1, f0;
+cvt.rn.bf16x2.f32 $1, f3, f2;
+}""")
+
+
+@gluon.jit
+def _dequant_store(words, scale, dst):
+    """Dequantise ``words`` (int32 [64, 32]: 128 e4m3 of each row) by the rows' ``scale``
+    and store the bf16 values into ``dst`` (the slot's int32 view, [64, 64])."""
+    lo, hi = gl.inline_asm_elementwise(
+        _DEQUANT_ASM, "=r,=r,r,r", [words, scale[:, None]], dtype=(gl.int32, gl.int32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+    dst.store(gl.join(lo, hi).reshape([BN, 64]))
+
+
+@gluon.jit
+def _fp8_loads(kv_f32, kv_bf16, row, ok, LAY: gl.constexpr, ROPE_LAY: gl.constexpr):
+    """Issue one block's fp8 loads (zeros where invalid), as 32-bit words: the four groups
+    of 128 e4m3 (int32 [64, 32] each), their scales, the bf16 rope values, and the row bias
+    (0 valid, -inf invalid). ``row``: element offsets in bytes."""
+    c = gl.arange(0, 32, layout=gl.SliceLayout(0, LAY))
+    mask = ok[:, None]
+    w = row // 4
+    w0 = gl.load(kv_f32 + w[:, None] + c[None, :], mask=mask, other=0.0).to(gl.int32, bitcast=True)
+    w1 = gl.load(kv_f32 + w[:, None] + (32 + c)[None, :], mask=mask, other=0.0).to(
+        gl.int32, bitcast=True)  # fmt: skip
+    w2 = gl.load(kv_f32 + w[:, None] + (64 + c)[None, :], mask=mask, other=0.0).to(
+        gl.int32, bitcast=True)  # fmt: skip
+    w3 = gl.load(kv_f32 + w[:, None] + (96 + c)[None, :], mask=mask, other=0.0).to(
+        gl.int32, bitcast=True)  # fmt: skip
+    sc0 = gl.load(kv_f32 + w + SCALE_WORD, mask=ok, other=0.0)
+    sc1 = gl.load(kv_f32 + w + SCALE_WORD + 1, mask=ok, other=0.0)
+    sc2 = gl.load(kv_f32 + w + SCALE_WORD + 2, mask=ok, other=0.0)
+    sc3 = gl.load(kv_f32 + w + SCALE_WORD + 3, mask=ok, other=0.0)
+    r = gl.arange(0, G_ROPE, layout=gl.SliceLayout(0, ROPE_LAY))
+    rrow = gl.convert_layout(row, gl.SliceLayout(1, ROPE_LAY)) // 2 + ROPE_HALF
+    rmask = gl.convert_layout(ok, gl.SliceLayout(1, ROPE_LAY))[:, None]
+    kr = gl.load(kv_bf16 + rrow[:, None] + r[None, :], mask=rmask, other=0.0)
+    b = gl.where(ok, 0.0, float("-inf"))
+    return w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b
+
+
+@gluon.jit
+def _producer_fp8(kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, num_rows,
+                  bt_row, bt_s1, bt_width, req_ok, block_size, kv_s0, kv_s1, k_nope, k_rope,
+                  bias, ready, empty, PAGE: gl.constexpr, FUSED: gl.constexpr,
+                  NBUF: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+    """fp8 cache: fills ring slot ``i % NBUF`` with block ``i``'s rows dequantised to bf16
+    (zeros where invalid) and its bias, then arrives on ``ready``. Software-pipelined in
+    registers: while block i is dequantised and stored, block i+1's rows and block i+2's
+    slot ids are in flight."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PW, 1], [1, 0])  # 16 B a thread
+    rope_lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+    row_lay: gl.constexpr = gl.SliceLayout(1, lay)
+    words_lay: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32)
+    row, ok = _row_offsets(idx_row, idx_s1, col_lo, col_hi, num_rows, bt_row, bt_s1, bt_width,
+                           req_ok, block_size, kv_s0, kv_s1, PAGE, FUSED, row_lay)  # fmt: skip
+    w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = _fp8_loads(
+        kv_f32, kv_bf16, row, ok, lay, rope_lay
+    )
+    row, ok = _row_offsets(idx_row, idx_s1, col_lo + BN, col_hi, num_rows, bt_row, bt_s1,
+                           bt_width, req_ok, block_size, kv_s0, kv_s1, PAGE, FUSED,
+                           row_lay)  # fmt: skip
+    for i in range(n_blocks):
+        s = i % NBUF
+        # Block i+1's rows (masked off past the end) and block i+2's slot ids, in flight.
+        n0, n1, n2, n3, m0, m1, m2, m3, nkr, nb = _fp8_loads(
+            kv_f32, kv_bf16, row, ok, lay, rope_lay
+        )
+        row, ok = _row_offsets(idx_row, idx_s1, col_lo + (i + 2) * BN, col_hi, num_rows,
+                               bt_row, bt_s1, bt_width, req_ok, block_size, kv_s0, kv_s1, PAGE,
+                               FUSED, row_lay)  # fmt: skip
+        mbarrier.wait(empty.index(s), ((i // NBUF) & 1) ^ 1)  # the consumer freed the slot
+        if OLD_REINTERPRET:
+            kw = k_nope.index(s)._reinterpret(gl.int32, [BN, G_NOPE // 2], words_lay)
+        else:
+            kw = k_nope.index(s).reinterpret(gl.int32, [BN, G_NOPE // 2], words_lay)
+        _dequant_store(w0, sc0, kw.slice(0, 64, dim=1))
+        _dequant_store(w1, sc1, kw.slice(64, 64, dim=1))
+        _dequant_store(w2, sc2, kw.slice(128, 64, dim=1))
+        _dequant_store(w3, sc3, kw.slice(192, 64, dim=1))
+        k_rope.index(s).store(kr)
+        bias.index(s).store(b)
+        fence_async_shared()  # generic-proxy stores before the consumer's wgmma reads
+        cta_barrier()  # every producer warp's stores before the (single) arrive
+        mbarrier.arrive(ready.index(s), count=1)
+        w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = n0, n1, n2, n3, m0, m1, m2, m3, nkr, nb
+
+
+@gluon.jit
+def _producer_bf16(kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, num_rows, bt_row, bt_s1,
+                   bt_width, req_ok, block_size, kv_s0, kv_s1, kv_s2, k_nope, k_rope, bias,
+                   ready, empty, PAGE: gl.constexpr, FUSED: gl.constexpr,
+                   NBUF: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+    """bf16 cache: cp.async gathers of block i's rows straight into ring slot ``i % NBUF``
+    (zeros where invalid); every producer thread's copies arrive on ``ready`` as they land
+    (count ``32 * PW``), plus one arrive after the bias stores. Block i+1's slot
+    ids are loaded while block i's copies are issued."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [PW, 1], [1, 0])  # 16 B a thread
+    rope_lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])
+    row_lay: gl.constexpr = gl.SliceLayout(1, lay)
+    d = gl.arange(0, 128, layout=gl.SliceLayout(0, lay))
+    r = gl.arange(0, G_ROPE, layout=gl.SliceLayout(0, rope_lay))
+    row, ok = _row_offsets(idx_row, idx_s1, col_lo, col_hi, num_rows, bt_row, bt_s1, bt_width,
+                           req_ok, block_size, kv_s0, kv_s1, PAGE, FUSED, row_lay)  # fmt: skip
+    for i in range(n_blocks):
+        s = i % NBUF
+        nrow, nok = _row_offsets(idx_row, idx_s1, col_lo + (i + 1) * BN, col_hi, num_rows,
+                                 bt_row, bt_s1, bt_width, req_ok, block_size, kv_s0, kv_s1, PAGE,
+                                 FUSED, row_lay)  # fmt: skip
+        mbarrier.wait(empty.index(s), ((i // NBUF) & 1) ^ 1)  # the consumer freed the slot
+        kn = k_nope.index(s)
+        mask = ok[:, None]
+        for g in gl.static_range(4):
+            cp_load(kn.slice(g * 128, 128, dim=1),
+                    kv_bf16 + row[:, None] + (g * 128 + d)[None, :] * kv_s2, mask=mask)
+        rrow = gl.convert_layout(row, gl.SliceLayout(1, rope_lay)) + 512 * kv_s2
+        rmask = gl.convert_layout(ok, gl.SliceLayout(1, rope_lay))[:, None]
+        cp_load(k_rope.index(s), kv_bf16 + rrow[:, None] + r[None, :] * kv_s2, mask=rmask)
+        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+        bias.index(s).store(gl.where(ok, 0.0, float("-inf")))
+        cta_barrier()  # every producer warp's bias stores before the (single) arrive
+        mbarrier.arrive(ready.index(s), count=1)
+        row, ok = nrow, nok
+
+
+@gluon.jit
+def _consumer(q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, qk_scale,
+              H: gl.constexpr, NBUF: gl.constexpr):  # fmt: skip
+    """The online softmax over the ring's blocks: returns ``O^T`` unnormalised [512, H],
+    the running max ``m`` (base 2) and sum ``l`` per head."""
+    L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H, 16]
+    )
+    m_i = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(0, L))
+    l_i = gl.zeros([H], gl.float32, gl.SliceLayout(0, L))
+    acc = gl.zeros([G_NOPE, H], gl.float32, L)
+    zero_s = gl.zeros([BN, H], gl.float32, L)
+    for i in range(n_blocks):
+        s = i % NBUF
+        mbarrier.wait(ready.index(s), (i // NBUF) & 1)
+        fence_async_shared()  # cp.async (generic-proxy) writes before the wgmma reads
+        kn = k_nope.index(s)
+        st = warpgroup_mma(kn, q_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(k_rope.index(s), q_rope.permute((1, 0)), st, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+        b = bias.index(s).load(gl.SliceLayout(1, L))
+        st = st * qk_scale + b[:, None]
+        m_new = gl.maximum(m_i, gl.max(st, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(st - m_use[None, :])
+        l_i = l_i * alpha + gl.sum(p, 0)
+        m_i = m_new
+        pt.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        acc = warpgroup_mma(kn.permute((1, 0)), pt, acc * alpha[None, :], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cta_barrier()  # every consumer warp is done with the slot
+        mbarrier.arrive(empty.index(s), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, out_ptr, lse_ptr,
+                  part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
+                  H: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+    """As decode.py's ``_store_result``, from ``O^T``: out 0 and lse -inf for empty heads."""
+    # d contiguous a thread (coalesced stores along the output's last dimension)
+    OL: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    acc = gl.convert_layout(acc, OL)
+    hl: gl.constexpr = gl.SliceLayout(0, OL)
+    m_i = gl.convert_layout(m_i, hl)
+    l_i = gl.convert_layout(l_i, hl)
+    heads = hb * H + gl.arange(0, H, layout=hl)
+    hmask = heads < h_q
+    d = gl.arange(0, G_NOPE, layout=gl.SliceLayout(1, OL))
+    has = l_i > 0
+    inv_l = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
+    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    w = inv_l
+    if HAS_SINK and not SPLIT:
+        sink2 = gl.load(sink_ptr + heads, mask=hmask, other=0.0) * G_LOG2E
+        w = gl.where(has, inv_l / (1.0 + gl.exp2(sink2 - gl.where(has, lse2, 0.0))), 0.0)
+    o = acc * w[None, :]
+    m2 = hmask[None, :]
+    if SPLIT:
+        prow = (t64 * num_splits + split) * h_q + heads.to(gl.int64)
+        gl.store(part_out_ptr + prow[None, :] * G_NOPE + d[:, None], o, mask=m2)
+        gl.store(part_lse_ptr + prow, lse2, mask=hmask)
+    else:
+        ptr = out_ptr + t64 * out_s0 + heads[None, :].to(gl.int64) * out_s1 + d[:, None] * out_s2
+        gl.store(ptr, o.to(gl.bfloat16), mask=m2)
+        gl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * G_LN2, mask=hmask)
+
+
+@gluon.jit
+def _load_queries(q_row, q_s1, q_s2, h_q, hb, q_nope, q_rope, H: gl.constexpr):
+    """The program's queries into shared memory (zeros for heads past h_q)."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    rope_lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    h = hb * H + gl.arange(0, H, layout=gl.SliceLayout(1, lay))
+    d = gl.arange(0, 128, layout=gl.SliceLayout(0, lay))
+    base = q_row + h[:, None].to(gl.int64) * q_s1
+    for g in gl.static_range(4):
+        x = gl.load(base + (g * 128 + d)[None, :] * q_s2, mask=(h < h_q)[:, None], other=0.0)
+        q_nope.slice(g * 128, 128, dim=1).store(x)
+    hr = hb * H + gl.arange(0, H, layout=gl.SliceLayout(1, rope_lay))
+    r = gl.arange(0, G_ROPE, layout=gl.SliceLayout(0, rope_lay))
+    base = q_row + hr[:, None].to(gl.int64) * q_s1
+    x = gl.load(base + (512 + r)[None, :] * q_s2, mask=(hr < h_q)[:, None], other=0.0)
+    q_rope.store(x)
+
+
+@gluon.jit
+def sparse_mla_decode_sm90_kernel(
+    q_ptr, kv_u8, kv_f32, kv_bf16, idx_ptr, len_ptr, bt_ptr, req_ptr, sink_ptr,
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
+    h_q, topk, num_rows, split_cols, num_splits, head_blocks,
+    q_s0, q_s1, q_s2, kv_s0, kv_s1, kv_s2, idx_s0, idx_s1,
+    bt_s0, bt_s1, bt_width, num_req, block_size,
+    out_s0, out_s1, out_s2, lse_s0, lse_s1,
+    qk_scale,
+    PAGE: gl.constexpr, BLOCK_H: gl.constexpr, FP8: gl.constexpr, FUSED: gl.constexpr,
+    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+    NBUF: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    """The decode_sm90 program: (token, split, head block) from the program id, as the
+    Triton kernel's grid."""
+    pid = gl.program_id(0)
+    hb = pid % head_blocks
+    split = (pid // head_blocks) % num_splits
+    t = pid // (head_blocks * num_splits)
+    t64 = t.to(gl.int64)
+    n_valid = topk
+    if HAS_LEN:
+        n_valid = gl.minimum(gl.maximum(gl.load(len_ptr + t), 0), topk)
+    col_lo = split * split_cols
+    col_hi = gl.minimum(col_lo + split_cols, n_valid)
+    req_ok = True
+    bt_row = bt_ptr
+    if FUSED:
+        req = gl.load(req_ptr + t)
+        req_ok = (req >= 0) & (req < num_req)
+        bt_row = bt_ptr + gl.where(req_ok, req, 0).to(gl.int64) * bt_s0
+
+    bf16: gl.constexpr = gl.bfloat16
+    q_nope = gl.allocate_shared_memory(
+        bf16, [BLOCK_H, G_NOPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, G_NOPE], bf16)
+    )
+    q_rope = gl.allocate_shared_memory(
+        bf16, [BLOCK_H, G_ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, G_ROPE], bf16)
+    )
+    k_nope = gl.allocate_shared_memory(
+        bf16, [NBUF, BN, G_NOPE], gl.NVMMASharedLayout.get_default_for([BN, G_NOPE], bf16)
+    )
+    k_rope = gl.allocate_shared_memory(
+        bf16, [NBUF, BN, G_ROPE], gl.NVMMASharedLayout.get_default_for([BN, G_ROPE], bf16)
+    )
+    pt = gl.allocate_shared_memory(
+        bf16, [BN, BLOCK_H], gl.NVMMASharedLayout.get_default_for([BN, BLOCK_H], bf16)
+    )
+    bias = gl.allocate_shared_memory(
+        gl.float32, [NBUF, BN], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )
+    ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NBUF):
+        # bf16: one cp.async arrival per producer thread, plus the bias arrive
+        mbarrier.init(ready.index(i), count=1 if FP8 else 32 * PRODUCER_WARPS + 1)
+        mbarrier.init(empty.index(i), count=1)
+    _load_queries(q_ptr + t64 * q_s0, q_s1, q_s2, h_q, hb, q_nope, q_rope, BLOCK_H)
+    fence_async_shared()
+    cta_barrier()
+
+    n_blocks = gl.cdiv(gl.maximum(col_hi - col_lo, 0), BN)
+    idx_row = idx_ptr + t64 * idx_s0
+    # (Partition arguments are written inline: a tuple variable would turn constexprs into
+    # tensors.)
+    if FP8:
+        acc, m_i, l_i = gl.warp_specialize(
+            [
+                (_consumer, (q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks,
+                             qk_scale, BLOCK_H, NBUF)),
+                (_producer_fp8, (kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi,
+                                 n_blocks, num_rows, bt_row, bt_s1, bt_width, req_ok,
+                                 block_size, kv_s0, kv_s1, k_nope, k_rope, bias, ready, empty,
+                                 PAGE, FUSED, NBUF, PRODUCER_WARPS)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        acc, m_i, l_i = gl.warp_specialize(
+            [
+                (_consumer, (q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks,
+                             qk_scale, BLOCK_H, NBUF)),
+                (_producer_bf16, (kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, num_rows,
+                                  bt_row, bt_s1, bt_width, req_ok, block_size, kv_s0, kv_s1,
+                                  kv_s2, k_nope, k_rope, bias, ready, empty, PAGE, FUSED,
+                                  NBUF, PRODUCER_WARPS)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )  # fmt: skip
+    _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, out_ptr, lse_ptr,
+                  part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1, BLOCK_H,
+                  HAS_SINK, SPLIT)  # fmt: skip
+
+
+def compile_variants() -> list[dict]:
+    """The constexpr combinations the dispatch can launch (compiled for sm_90 in CI)."""
+    out = []
+    for fp8 in (True, False):
+        for block_h in (16, 32):
+            for fused, split in ((False, False), (True, True)):
+                out.append(dict(
+                    PAGE=64, BLOCK_H=block_h, FP8=fp8, FUSED=fused, HAS_LEN=True,
+                    HAS_SINK=True, SPLIT=split, NBUF=2, PRODUCER_WARPS=producer_shape(fp8)[0],
+                    PRODUCER_REGS=producer_shape(fp8)[1],
+                ))  # fmt: skip
+    return out

@@ -1,0 +1,130 @@
+"""Compile the Gluon (sm_90) attention kernels on a CPU and report what the GPU would get.
+
+Gluon has no interpreter, so CI cannot run these kernels; it compiles every variant the
+dispatch can reach for sm_90 down to a cubin (``triton.compile`` with ``GluonASTSource``)
+and checks what the compiler does not: shared memory within the 232,448-byte opt-in limit
+and no register spills (``ptxas -v`` on the PTX).
+
+    TRITON_INTERPRET=0 python tests/gluon_compile.py [--part=I/N]   # needs only triton
+
+Prints one line per variant; exits 1 if one fails to compile or breaks a limit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SMEM_LIMIT = 232_448  # bytes of shared memory a Hopper CTA may opt into
+
+
+# The kernel's pointer arguments and their element types (the rest are int32 but qk_scale).
+POINTERS = {
+    "q_ptr": "bf16", "kv_u8": "u8", "kv_f32": "fp32", "kv_bf16": "bf16", "idx_ptr": "i32",
+    "len_ptr": "i32", "bt_ptr": "i32", "req_ptr": "i32", "sink_ptr": "fp32",
+    "out_ptr": "bf16", "lse_ptr": "fp32", "part_out_ptr": "fp32", "part_lse_ptr": "fp32",
+}  # fmt: skip
+# Integer arguments a typical launch passes as multiples of 16 (contiguous q, cache pages,
+# indices, outputs), which Triton's launcher marks as such: the 16-byte gathers need it.
+DIVISIBLE = ("q_s0", "q_s1", "kv_s0", "kv_s1", "idx_s0", "bt_s0", "out_s0", "out_s1", "lse_s0")
+
+
+# Unit strides of contiguous last dimensions, which Triton's launcher makes constants.
+UNIT = ("q_s2", "kv_s2", "idx_s1", "bt_s1", "out_s2", "lse_s1")
+
+
+def _signature(fn, constexprs: dict) -> tuple[dict, dict]:
+    """Argument types as a GPU launch of 16-byte-aligned tensors and integers other than 1
+    specialises them, and the pointers' divisibility attributes."""
+    signature, attrs = {}, {}
+    for i, name in enumerate(inspect.signature(fn.fn).parameters):
+        if name in constexprs or name in UNIT:
+            signature[name] = "constexpr"
+        elif name in POINTERS:
+            signature[name] = "*" + POINTERS[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if name == "qk_scale" else "i32"
+            if name in DIVISIBLE:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
+def _ptxas(ptx: str, ptxas: str) -> tuple[int, int]:
+    """(registers, spill bytes) the most demanding function of ``ptx`` gets from ptxas."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        res = subprocess.run(
+            [ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+            capture_output=True, text=True,
+        )  # fmt: skip
+    if res.returncode:
+        raise RuntimeError(f"ptxas failed: {res.stderr[-2000:]}")
+    regs = [int(v) for v in re.findall(r"Used (\d+) registers", res.stderr)]
+    spills = [int(a) + int(b) for a, b in re.findall(
+        r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)]  # fmt: skip
+    return max(regs or [0]), max(spills or [0])
+
+
+def _load_kernels():
+    """decode_sm90 by its path: it imports only Triton, so a venv with nothing but the GPU
+    machine's Triton (no torch) can compile it."""
+    path = Path(__file__).parents[1] / "src/sparse_mla/ops/attention/decode_sm90.py"
+    spec = importlib.util.spec_from_file_location("decode_sm90", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str]) -> int:
+    assert os.environ.get("TRITON_INTERPRET") == "0", "run with TRITON_INTERPRET=0"
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    decode_sm90 = _load_kernels()
+    part, parts = 0, 1
+    for a in argv:
+        if a.startswith("--part="):
+            part, parts = (int(v) for v in a.removeprefix("--part=").split("/"))
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path  # the one Triton compiles sm_90 with
+    target = GPUTarget("cuda", 90, 32)
+    fn = decode_sm90.sparse_mla_decode_sm90_kernel
+    failed = 0
+    todo = decode_sm90.compile_variants()[part::parts]
+    for cx in todo:
+        t0 = time.time()
+        signature, attrs = _signature(fn, cx)
+        label = " ".join(f"{k}={v}" for k, v in cx.items())
+        try:
+            k = triton.compile(
+                GluonASTSource(fn, signature, {**cx, **dict.fromkeys(UNIT, 1)}, attrs),
+                target=target, options={"num_warps": 4},
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001  (report every failure, then fail)
+            failed += 1
+            print(f"FAIL {label}\n  {type(e).__name__}: {str(e)[-3000:]}", flush=True)
+            continue
+        regs, spill = _ptxas(k.asm["ptx"], ptxas)
+        smem = k.metadata.shared
+        bad = smem > SMEM_LIMIT or spill > 0
+        failed += bad
+        print(f"{'BAD ' if bad else 'ok  '}{label}: smem {smem} B, {regs} regs, spill {spill} B,"
+              f" {time.time() - t0:.0f}s", flush=True)  # fmt: skip
+    print(f"{len(todo) - failed}/{len(todo)} Gluon variants compiled for sm_90 within limits")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
