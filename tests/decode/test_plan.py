@@ -12,7 +12,9 @@ from sparse_mla.testing import poison
 TOPK = 128
 
 
-def _plan(case, *, heads: int, max_decode_len: int = 4, remap: str = "topk", **kw) -> DecodePlan:
+def _plan(
+    case, *, heads: int, max_decode_len: int = 4, remap: str = "topk", attention: str = "auto"
+) -> DecodePlan:
     cfg = DecodePlanConfig(
         max_num_tokens=max(case.num_tokens, 1) + 2,
         max_num_requests=len(case.decode_lens) + 1,
@@ -22,8 +24,9 @@ def _plan(case, *, heads: int, max_decode_len: int = 4, remap: str = "topk", **k
         max_decode_len=max_decode_len,
         remap=remap,
         mla_fp8=case.inputs.kv_cache.dtype == torch.uint8,
+        attention=attention,
     )
-    return DecodePlan(cfg, sm_scale=0.135, **kw)
+    return DecodePlan(cfg, sm_scale=0.135)
 
 
 def _check(plan: DecodePlan, case) -> int:
@@ -54,6 +57,38 @@ def test_plan_matches_reference(rng, fp8, seq_lens, decode_lens, pad, remap):
     )
     ties = _check(_plan(case, heads=8, remap=remap), case)
     assert ties <= 1
+
+
+@pytest.mark.parametrize(
+    "attention, remap", [("auto", "topk"), ("auto", "attention"), ("torch", "separate")]
+)
+def test_padding_rows_with_equal_decode_lens(rng, attention, remap):
+    """W08: equal n_b (the native multi-token layout) plus CUDA-graph padding rows. The second
+    step's padding rows fall where the first step had real rows: they must see nothing."""
+    big = random_step(rng, seq_lens=[300, 0, 150], decode_lens=[2, 2, 2], num_heads=4,
+                      fp8=True, pad_rows=1, max_blocks=5)  # fmt: skip
+    small = random_step(rng, seq_lens=[260], decode_lens=[2], num_heads=4, fp8=True,
+                        pad_rows=3, max_blocks=5)  # fmt: skip
+    plan = _plan(big, heads=4, remap=remap, attention=attention)
+    poison(plan._logits)  # padding rows' logits are never written: top-k must not read them
+    for case in (big, small):
+        _check(plan, case)
+        got = plan._out[: case.num_tokens]
+        pad = slice(sum(case.decode_lens), case.num_tokens)
+        assert torch.all(got[pad] == 0) and torch.all(torch.isneginf(plan._lse[pad]))
+
+
+def test_plan_checks_the_page_size_of_both_caches(rng):
+    """W04: a plan for 64-token pages over 16-token caches would compute wrong slots."""
+    case = random_step(rng, seq_lens=[100, 70], decode_lens=[1, 1], num_heads=4, block_size=16)
+    cfg = DecodePlanConfig(4, 2, case.max_blocks, 4, topk=TOPK, mla_fp8=False)
+    plan = DecodePlan(cfg, sm_scale=0.135)
+    with pytest.raises(ValueError, match="kv_cache has pages of 16 tokens .* block_size is 64"):
+        plan.run(case.inputs, [1, 1])
+    ok = random_step(rng, seq_lens=[100, 70], decode_lens=[1, 1], num_heads=4)
+    idx16 = case.inputs.index_k_cache  # the MLA cache matches, the indexer's does not
+    with pytest.raises(ValueError, match="index_k_cache has pages of 16 tokens"):
+        plan.run(ok.inputs._replace(index_k_cache=idx16), [1, 1])
 
 
 def test_plan_reused_across_steps_and_widths(rng):

@@ -56,7 +56,8 @@ def random_step(
 
     Past tokens (positions ``< L_b - n_b``) are already in both caches; the new ones are in
     the inputs with their slots. Pages are shuffled over the pool (a random block table).
-    ``pad_rows`` extra rows with slot -1 stand for CUDA-graph padding (flattened layout).
+    ``pad_rows`` extra rows with slot -1 stand for CUDA-graph padding (after every request's
+    rows, whether the plan flattens them or keeps the native layout).
     The page pool has ``spare_pages`` pages more than needed, or ``num_pages`` in all (to
     match another case's cache shapes).
     """
@@ -195,8 +196,7 @@ def check_random_step(
     b = rng.randint(1, 3)
     lens = [rng.choice([0, rng.randint(1, 64), rng.randint(100, 400)]) for _ in range(b)]
     n = [rng.randint(1, 3)] * b if rng.random() < 0.5 else [rng.randint(1, 3) for _ in range(b)]
-    ragged = len(set(n)) > 1
-    pad = rng.randint(0, 2) if ragged else 0
+    pad = rng.randint(0, 2)  # padding rows after uniform (native) or ragged rows
     heads, fp8 = rng.choice([4, 16]), rng.random() < 0.5
     remap = rng.choice(["topk", "attention", "separate"])
     case = random_step(rng, seq_lens=lens, decode_lens=n, num_heads=heads, fp8=fp8,
