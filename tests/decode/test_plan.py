@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sparse_mla.decode import DecodePlan, DecodePlanConfig, decode_step_reference
-from sparse_mla.decode.cases import clone_inputs, random_step, step_error
+from sparse_mla.decode.cases import clone_inputs, random_step, step_error, tie_band
 from sparse_mla.testing import poison
 
 TOPK = 128
@@ -115,6 +115,36 @@ def test_step_error_catches_a_wrong_selection(rng):
     bt = case.inputs.block_table
     got.indices[0, 0] = int(bt[0, worst // 64]) * 64 + worst % 64
     assert "selection differs" in step_error(got, ref, case)[0]
+
+
+def test_tie_band_follows_the_logits_tolerance(rng):
+    """The GPU check's failure: fp8 logits on the H200 are within their stated tolerance
+    (2**-9 of the magnitude) but swapped two scores 1e-5 of the row's largest apart. Judged
+    with the GPU's tolerance, a swap inside that band passes and one far outside fails."""
+    case = random_step(rng, seq_lens=[200], decode_lens=[1], num_heads=4, fp8=True)
+    plan = _plan(case, heads=4)
+    ref_inputs = clone_inputs(case.inputs)
+    got = plan.run(case.inputs, case.decode_lens)
+    ref = decode_step_reference(
+        **ref_inputs._asdict(), decode_lens=case.decode_lens, topk=TOPK, sm_scale=plan.sm_scale
+    )
+    gpu = torch.device("cuda")
+    assert step_error(got, ref, case, device=gpu)[0] is None
+    sc, bt = ref.scores[0], case.inputs.block_table
+    chosen = set(ref.positions[0].tolist())
+    kth = min(chosen, key=lambda p: sc[p].item())
+    col = got.indices[0].tolist().index(int(bt[0, kth // 64]) * 64 + kth % 64)
+    old_band = 1e-5 * sc.abs().max().item()  # the former TIE_RTOL band
+    rest = sorted((p for p in range(200) if p not in chosen), key=lambda p: -sc[p].item())
+    near = next(p for p in rest if sc[kth] - sc[p] > old_band)
+    far = rest[-1]
+    for p, ok in ((near, True), (far, False)):
+        swapped = got._replace(indices=got.indices.clone())
+        swapped.indices[0, col] = int(bt[0, p // 64]) * 64 + p % 64
+        band = tie_band(ref, 0, [kth, p], kth, scale=2.0**-9)
+        assert (sc[kth] - sc[p] <= band) == ok  # the case is what it claims to be
+        err, ties = step_error(swapped, ref, case, device=gpu)
+        assert (err is None and ties == 1) if ok else "selection differs" in err
 
 
 def test_plan_rejects_bad_arguments(rng):
