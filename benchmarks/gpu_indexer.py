@@ -49,6 +49,7 @@ from sparse_mla.ops.kv_cache import (
     write_mla_latent,
 )
 from sparse_mla.ops.kv_cache.naive import (
+    flashmla_scale_reference,
     pow2_scale_reference,
     write_indexer_k_reference,
     write_mla_latent_reference,
@@ -166,7 +167,7 @@ def check_writers(g) -> None:
         back = dequantize_mla_cache(got).flatten(0, 1)[slots[keep]]
         x = kv[keep].float()
         tiles = x[:, :512].unflatten(1, (4, 128))
-        s = pow2_scale_reference(tiles.abs().amax(dim=2))[:, :, None]
+        s = flashmla_scale_reference(tiles.abs().amax(dim=2))[:, :, None]
         err = (back[:, :512].unflatten(1, (4, 128)) - tiles).abs()
         ok = bool(torch.all(err <= 2.0**-4 * tiles.abs() + 2.0**-10 * s))
         ok = ok and torch.equal(back[:, 512:], x[:, 512:])

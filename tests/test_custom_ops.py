@@ -86,7 +86,7 @@ def test_configs_round_trip():
 
 @pytest.mark.parametrize(
     "decode_lens, pad, remap",
-    [([1, 1], 0, "topk"), ([2, 1], 1, "separate"), ([2, 2], 0, "attention")],
+    [([1, 1], 0, "topk"), ([2, 1], 1, "separate"), ([2, 2], 1, "attention")],
 )
 def test_decode_step_compiles_to_one_graph_equal_to_eager(rng, decode_lens, pad, remap):
     case = random_step(

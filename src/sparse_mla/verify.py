@@ -565,8 +565,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _rand_rows(g: torch.Generator, tokens: int, dim: int) -> torch.Tensor:
-    """bf16 [tokens, dim]: each token at its own magnitude (all-zero and below the 1e-4 amax
-    floor included), sometimes as a strided view of a wider tensor. About a quarter of the
+    """bf16 [tokens, dim]: each token at its own magnitude (all-zero and below both fp8
+    scale floors included), sometimes as a strided view of a wider tensor. About a quarter of the
     tokens sit on a scale boundary: every 128th value is +-448 * 2**e and the rest are
     smaller, so each quantisation group's amax / 448 is exactly a power of two."""
     scale = torch.tensor([0.0, 1e-7, 1e-3, 1.0, 30.0, 1e4, 1e30])

@@ -4,9 +4,10 @@ skipped slots, both slot dtypes, exhaustive e4m3 rounding, bad input.
 Round-trip bound (both fp8 formats). With a power-of-two scale ``s`` and ``y = x / s``
 (exact, ``|y| <= 448``), e4m3 round-to-nearest-even has 3 mantissa bits: for ``|y| >= 2**-6``
 (normal) the error is at most half a step, ``2**-4 * |y|``; below that (subnormal, step
-``2**-9``) at most ``2**-10``. Hence ``|deq(x) - x| <= 2**-4 * |x| + 2**-10 * s`` elementwise,
-and since ``s < 2 * max(amax, 1e-4) / 448`` this is ``<= 2**-4 * amax + 2**-17 * max(amax, 1e-4)``
-per group. bf16 entries (bf16 caches, the MLA rope part) round-trip exactly.
+``2**-9``) at most ``2**-10``. Hence ``|deq(x) - x| <= 2**-4 * |x| + 2**-10 * s`` elementwise;
+for the indexer's rule ``s < 2 * max(amax, 1e-4) / 448``, so this is ``<= 2**-4 * amax +
+2**-17 * max(amax, 1e-4)`` per group (the MLA rule's scale is at least ``2**-13``). bf16
+entries (bf16 caches, the MLA rope part) round-trip exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sparse_mla.ops.kv_cache import (
     write_mla_latent,
 )
 from sparse_mla.ops.kv_cache.naive import (
+    flashmla_scale_reference,
     indexer_k_cache_values_and_scales,
     pow2_scale_reference,
     write_indexer_k_reference,
@@ -242,13 +244,63 @@ def test_mla_round_trip_bound(seed, fp8):
         assert torch.equal(back, x)
         return
     tiles = x[:, :512].unflatten(1, (4, 128))
-    s = pow2_scale_reference(tiles.abs().amax(dim=2))[:, :, None]
+    s = flashmla_scale_reference(tiles.abs().amax(dim=2))[:, :, None]
     err = (back[:, :512].unflatten(1, (4, 128)) - tiles).abs()
     assert torch.all(err <= 2.0**-4 * tiles.abs() + 2.0**-10 * s)
     assert torch.all(back[5] == 0)
     # the stored scales are the reference's
     c3 = cache.cpu()[:, :, 0].flatten(0, 1)[slots]
     assert torch.equal(c3[:, 512:528].contiguous().view(torch.float32), s[:, :, 0])
+
+
+def flashmla_rows(kv: torch.Tensor) -> torch.Tensor:
+    """656-byte rows of bf16 latents ``[T, 576]`` written straight from FlashMLA's formula
+    (``tests/quant.py``: ``scale = 2**ceil(log2(max(amax / 448, 1e-4)))`` with the division
+    in fp32, then ``(x / scale).to(e4m3)``); ceil(log2) through frexp, exact on any device."""
+    nope = kv[:, :512].float().unflatten(1, (4, 128))
+    inv = (nope.abs().amax(dim=-1) / 448.0).clamp_min(1e-4).double()
+    m, e = torch.frexp(inv)
+    scale = torch.ldexp(torch.ones_like(inv), e - (m == 0.5).int()).float()
+    values = (nope / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).flatten(1)
+    rope = kv[:, 512:].contiguous().view(torch.uint8)
+    return torch.cat([values, scale.view(torch.uint8).reshape(-1, 16), rope], dim=1)
+
+
+# (tile amax, FlashMLA's scale): zero, tiny, the old 1e-4 floor on amax (0.0448), the edge of
+# the scale floor (448 * 2**-13 exactly, and the next bf16 value), powers of two times 448.
+MLA_SCALE_EDGES = [
+    (0.0, 2.0**-13), (1e-6, 2.0**-13), (1e-4, 2.0**-13), (0.04, 2.0**-13), (0.0448, 2.0**-13),
+    (0.05, 2.0**-13), (448 * 2.0**-13, 2.0**-13), (0.0549316, 2.0**-12), (448 * 2.0**-12, 2.0**-12),
+    (448 * 2.0**-20, 2.0**-13), (1.0, 2.0**-8), (446.0, 1.0), (448.0, 1.0), (450.0, 2.0),
+    (896.0, 2.0), (3.0e38, 2.0**120),
+]  # fmt: skip
+
+
+def test_mla_scale_is_flashmlas():
+    """The fp8 MLA cache holds FlashMLA's bytes: its scale rule (the floor on the scale, not
+    on amax), checked on zero, small-amax and boundary tiles, kernel and reference alike."""
+    amax = [a for a, _ in MLA_SCALE_EDGES] + [448.0 * 2.0**e for e in range(-16, 12)]
+    want_scale = [s for _, s in MLA_SCALE_EDGES] + [2.0 ** max(e, -13) for e in range(-16, 12)]
+    g = torch.Generator().manual_seed(0)
+    tiles = torch.rand(len(amax), 128, generator=g) * 2 - 1
+    tiles[:, 5], tiles[:, 77] = 1.0, -1.0  # the tile's amax, both signs
+    tiles = (tiles * torch.tensor(amax)[:, None]).bfloat16()
+    assert tiles.float().abs().amax(dim=1).tolist() == torch.tensor(amax).bfloat16().tolist()
+    t = -(-len(amax) // 4)  # four tiles per token
+    kv = torch.cat([tiles, torch.zeros(4 * t - len(amax), 128).bfloat16()]).view(t, 512)
+    kv = torch.cat([kv, torch.randn(t, 64, generator=g).bfloat16()], dim=1)
+    slots = torch.arange(t)
+    got = new_mla_cache(-(-t // 16), 16, fp8=True, device=DEV)
+    write_mla_latent(kv[:, :512].to(DEV), kv[:, 512:].to(DEV), got, slots.to(DEV))
+    ref = write_mla_latent_reference(
+        kv[:, :512], kv[:, 512:], new_mla_cache(-(-t // 16), 16, fp8=True, device="cpu"), slots
+    )
+    want = flashmla_rows(kv)
+    rows = got.cpu()[:, :, 0].flatten(0, 1)[:t]
+    scales = rows[:, 512:528].contiguous().view(torch.float32).flatten()[: len(amax)]
+    assert scales.tolist() == want_scale
+    assert torch.equal(rows, want)
+    assert torch.equal(ref[:, :, 0].flatten(0, 1)[:t], want)
 
 
 # ---- bad input ------------------------------------------------------------------------------
@@ -294,6 +346,14 @@ def test_bad_inputs():
             torch.zeros(2, 16, 512, dtype=torch.bfloat16, device=DEV),
             slots,
         )
+    wide = torch.zeros(4, 640, dtype=torch.bfloat16, device=DEV)  # a 128-wide k_pe
+    for fp8 in (True, False):
+        with pytest.raises(ValueError, match=r"k_pe has 128 values .* must be \[T, 64\]"):
+            write_mla_latent(
+                wide[:, :512], wide[:, 512:], new_mla_cache(2, 16, fp8=fp8, device=DEV), slots
+            )
+    with pytest.raises(ValueError, match="kv_c must be"):
+        write_mla_latent(kv[:, :448], kv[:, 448:512], new_mla_cache(2, 16, fp8=True), slots)
     with pytest.raises(ValueError, match="k_pe has 3"):
         write_mla_latent(
             kv[:, :512], kv[:3, 512:], new_mla_cache(2, 16, fp8=True, device=DEV), slots

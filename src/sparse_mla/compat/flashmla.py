@@ -3,32 +3,68 @@
 An engine that calls ``flash_mla.get_mla_metadata`` / ``flash_mla.flash_mla_with_kvcache``
 with ``indices=`` (DeepSeek-V3.2 sparse decode) can import these instead. Conventions kept:
 q ``[b, s_q, h_q, 576]``, indices ``[b, s_q, topk]`` global slots, out ``[b, s_q, h_q, 512]``,
-lse ``[b, h_q, s_q]`` (natural log, ``+inf`` for a row with no valid index), ``attn_sink``,
-``topk_length`` per request (``[b]``), the schedule object reused across calls of one shape.
+lse ``[b, h_q, s_q]`` (natural log, ``+inf`` for a row with no valid index; FlashMLA's
+strides: the transposed view of a ``[b, s_q, h_q]`` buffer), ``attn_sink``, ``topk_length``
+per request (``[b]``), the schedule object (:class:`FlashMLASchedMeta`, FlashMLA's fields)
+reused across calls of one shape. Arguments are checked once per argument metadata (host
+cost), as the library's own wrappers do.
 
 Differences, all widening what is accepted: any ``h_q`` in 1..128 (FlashMLA: 64 or 128 on
 Hopper), a bf16 cache with ``is_fp8_kvcache=False``, any ``topk``, ``topk_length`` also as
-``[b, s_q]``; bad input raises ``ValueError``/``TypeError`` instead of asserting. Dense
-(non-sparse) attention is not provided. The schedule object holds our split workspace, sized
-on its first call (outside a CUDA graph, as FlashMLA's schedule is).
+``[b, s_q]`` and with any strides; bad input raises ``ValueError``/``TypeError`` naming the
+argument instead of asserting. Not provided: dense (non-sparse) attention and DeepSeek-V4's
+``extra_k_cache`` / ``extra_indices_in_kvcache`` / ``extra_topk_length`` (any non-None value
+is refused). The schedule object holds our split workspace, sized on its first call (outside
+a CUDA graph, as FlashMLA's schedule is).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Real
 
 import torch
 
+from .._checks import check_int, check_tensor
+from .._launch import PlanCache, scalars_key, tensor_meta
 from ..ops.attention import AttentionWorkspace, attention_workspace, sparse_mla_decode
+
+LATENT_DIM, HEAD_DIM_V = 576, 512
+_CHECKED = PlanCache()  # argument metadata that passed the checks -> the call's Config
 
 
 @dataclass
 class FlashMLASchedMeta:
-    """What :func:`get_mla_metadata` returns: filled on the first call (the shape it serves
-    and our split workspace), reused by later calls of the same shape."""
+    """What :func:`get_mla_metadata` returns, with FlashMLA's public fields.
+
+    * ``have_initialized``: set by the first :func:`flash_mla_with_kvcache` call.
+    * ``config``: a :class:`FlashMLASchedMeta.Config` of that call's shapes and flags, as
+      FlashMLA fills it (None before); later calls must match it.
+    * ``tile_scheduler_metadata``, ``num_splits``: FlashMLA's tile-scheduler tensors. We have
+      no tile scheduler, so they stay None after every call (our split plan is the
+      workspace); code that only passes them along keeps working.
+    * ``workspace``: ours, the attention's split workspace sized on the first call.
+    """
+
+    @dataclass
+    class Config:
+        """The first call's shapes and flags (FlashMLA's fields; ``extra_*`` always None)."""
+
+        b: int
+        s_q: int
+        h_q: int
+        page_block_size: int
+        h_k: int
+        causal: bool
+        is_fp8_kvcache: bool
+        topk: int | None
+        extra_page_block_size: int | None
+        extra_topk: int | None
 
     have_initialized: bool = False
-    shape: tuple | None = None
+    config: Config | None = None
+    tile_scheduler_metadata: torch.Tensor | None = None
+    num_splits: torch.Tensor | None = None
     workspace: AttentionWorkspace | None = None
 
 
@@ -39,15 +75,125 @@ def get_mla_metadata(*args, **kwargs) -> tuple[FlashMLASchedMeta, None]:
 
 
 def _flat_lengths(topk_length: torch.Tensor | None, b: int, s_q: int) -> torch.Tensor | None:
+    """``topk_length`` per query row ``[b * s_q]`` (a view where possible; strides kept)."""
     if topk_length is None:
         return None
-    if topk_length.dim() == 1 and topk_length.shape[0] == b:
+    if topk_length.dim() == 1:
         return topk_length.repeat_interleave(s_q) if s_q > 1 else topk_length
-    if topk_length.shape == (b, s_q):
-        return topk_length.reshape(b * s_q)
-    raise ValueError(
-        f"topk_length must be [{b}] (per request) or [{b}, {s_q}], got {tuple(topk_length.shape)}"
-    )
+    return topk_length.reshape(b * s_q)
+
+
+def _check_flags(
+    head_dim_v: object, num_splits: object, softmax_scale: object, causal: object,
+    is_fp8_kvcache: object, extras: dict[str, object],
+) -> None:  # fmt: skip
+    """The host arguments FlashMLA asserts on, and the V4 arguments we do not take."""
+    for name, value in extras.items():
+        if value is not None:
+            raise ValueError(
+                f"{name} is not supported (DeepSeek-V4's extra cache; FlashMLA's V3.2 sparse "
+                f"decode takes None), got {type(value).__name__}"
+            )
+    if check_int("head_dim_v", head_dim_v) != HEAD_DIM_V:
+        raise ValueError(f"head_dim_v must be {HEAD_DIM_V}, got {head_dim_v}")
+    if num_splits is not None:
+        raise ValueError(f"num_splits must be None (FlashMLA's placeholder), got {num_splits!r}")
+    for name, flag in (("causal", causal), ("is_fp8_kvcache", is_fp8_kvcache)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if causal:
+        raise ValueError("causal must be False for sparse decode (indices given)")
+    scale_ok = isinstance(softmax_scale, Real) and not isinstance(softmax_scale, bool)
+    if softmax_scale is not None and not scale_ok:
+        kind = type(softmax_scale).__name__
+        raise TypeError(f"softmax_scale must be a float or None, got {kind}")
+
+
+def _check_tensors(
+    q: object, k_cache: object, indices: object, topk_length: object, attn_sink: object,
+    is_fp8_kvcache: bool,
+) -> None:  # fmt: skip
+    """Shapes, dtypes and devices, named as FlashMLA names the arguments."""
+    if indices is None:
+        raise ValueError("indices is required: only sparse decode (indices=...) is provided")
+    check_tensor("q", q, dtype=torch.bfloat16, ndim=4)
+    b, s_q, h_q, d = q.shape
+    if d != LATENT_DIM:
+        raise ValueError(f"q must be [b, s_q, h_q, {LATENT_DIM}], got {tuple(q.shape)}")
+    dev = q.device
+    check_tensor("k_cache", k_cache, dtype=(torch.uint8, torch.float8_e4m3fn, torch.bfloat16),
+                 device=dev)  # fmt: skip
+    if k_cache.dim() not in (3, 4) or (k_cache.dim() == 4 and k_cache.shape[2] != 1):
+        raise ValueError(f"k_cache must be [pages, page, 1, bytes] (h_k = 1) or [pages, page, "
+                         f"bytes], got {tuple(k_cache.shape)}")  # fmt: skip
+    if (k_cache.dtype != torch.bfloat16) != is_fp8_kvcache:
+        raise ValueError(
+            f"is_fp8_kvcache={is_fp8_kvcache} does not match a k_cache of dtype {k_cache.dtype}"
+        )
+    check_tensor("indices", indices, dtype=torch.int32, ndim=3, device=dev)
+    if indices.shape[:2] != (b, s_q):
+        got = tuple(indices.shape)
+        raise ValueError(f"indices must be [b, s_q, topk] with b={b}, s_q={s_q} as q, got {got}")
+    if topk_length is not None:
+        check_tensor("topk_length", topk_length, dtype=torch.int32, device=dev)
+        if topk_length.shape not in ((b,), (b, s_q)):
+            raise ValueError(
+                f"topk_length must be [{b}] (per request) or [{b}, {s_q}], got "
+                f"{tuple(topk_length.shape)}"
+            )
+    if attn_sink is not None:
+        check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1, device=dev)
+        if attn_sink.shape[0] != h_q:
+            raise ValueError(f"attn_sink must be [h_q] = [{h_q}], got {tuple(attn_sink.shape)}")
+
+
+def _call_config(
+    q: torch.Tensor, k_cache: torch.Tensor, topk: int, fp8: bool
+) -> FlashMLASchedMeta.Config:
+    """The call's shapes and flags as FlashMLA records them in its schedule."""
+    b, s_q, h_q, _ = q.shape
+    h_k = k_cache.shape[2] if k_cache.dim() == 4 else 1
+    return FlashMLASchedMeta.Config(b, s_q, h_q, k_cache.shape[1], h_k, False, fp8, topk,
+                                    None, None)  # fmt: skip
+
+
+def _checked_config(args: dict, extras: dict) -> FlashMLASchedMeta.Config:
+    """Check the call (once per argument metadata: host cost) and return its Config."""
+    tensors = ("q", "k_cache", "indices", "topk_length", "attn_sink")
+    flags = ("head_dim_v", "num_splits", "softmax_scale", "causal", "is_fp8_kvcache")
+    key = None
+    if all(v is None for v in extras.values()) and not torch.compiler.is_compiling():
+        try:
+            key = (tuple(tensor_meta(args[n]) for n in tensors),
+                   scalars_key(*(args[n] for n in flags)))  # fmt: skip
+        except AttributeError:  # a non-tensor where a tensor belongs: the checks say which
+            key = None
+    config = _CHECKED.get(key)
+    if config is None:
+        _check_flags(*(args[n] for n in flags), extras)
+        _check_tensors(*(args[n] for n in tensors), args["is_fp8_kvcache"])
+        config = _call_config(args["q"], args["k_cache"], args["indices"].shape[-1],
+                              args["is_fp8_kvcache"])  # fmt: skip
+        _CHECKED.put(key, config)
+    return config
+
+
+def _schedule(meta: object, config: FlashMLASchedMeta.Config, device: torch.device) -> None:
+    """Fill ``meta`` on its first call (config, workspace); check later calls against it."""
+    if not isinstance(meta, FlashMLASchedMeta):
+        raise TypeError(
+            f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta).__name__}"
+        )
+    if not meta.have_initialized:
+        fmt = "fp8" if config.is_fp8_kvcache else "bf16"
+        meta.workspace = attention_workspace(config.b * config.s_q, config.h_q, config.topk,
+                                             cache_format=fmt, device=device)  # fmt: skip
+        meta.config, meta.have_initialized = config, True
+    elif meta.config is not config and meta.config != config:
+        raise ValueError(
+            f"tile_scheduler_metadata was made for {meta.config}, this call has {config}: use "
+            "one get_mla_metadata() per shape"
+        )
 
 
 def flash_mla_with_kvcache(
@@ -73,64 +219,46 @@ def flash_mla_with_kvcache(
     Args:
         q: bf16 ``[b, s_q, h_q, 576]``.
         k_cache: FlashMLA's fp8 format ``[pages, page, 1, 656]`` (uint8 or float8_e4m3fn
-            bytes) with ``is_fp8_kvcache=True``, or bf16 ``[pages, page, 1, 576]`` with False.
+            bytes) with ``is_fp8_kvcache=True``, or bf16 ``[pages, page, 1, 576]`` with False
+            (the size-1 dim may be left out).
         block_table, cache_seqlens: unused by sparse decode (as in FlashMLA).
         head_dim_v: must be 512. tile_scheduler_metadata: from :func:`get_mla_metadata`.
         num_splits: must be None. softmax_scale: default ``576 ** -0.5``. causal: False.
+        is_fp8_kvcache: bool, must match ``k_cache``'s dtype.
         indices: int32 ``[b, s_q, topk]`` global slots ``page * block_size + offset``, -1 none.
-        attn_sink: fp32 ``[h_q]`` or None. topk_length: int32 ``[b]`` or None.
-        extra_k_cache, extra_indices_in_kvcache, extra_topk_length: not supported (None).
+        attn_sink: fp32 ``[h_q]`` or None (any stride).
+        topk_length: int32 ``[b]`` (each request's rows read their first ``topk_length[b]``
+            indices) or ``[b, s_q]`` (per row), any strides, or None.
+        extra_k_cache, extra_indices_in_kvcache, extra_topk_length: DeepSeek-V4's extra cache,
+            not supported: anything but None raises ``ValueError``.
 
     Returns:
         out bf16 ``[b, s_q, h_q, 512]`` and lse fp32 ``[b, h_q, s_q]`` (``+inf`` where a row
         has no valid index, FlashMLA's convention; :func:`sparse_mla.sparse_mla_decode` gives
-        ``-inf`` there).
+        ``-inf`` there). lse has FlashMLA's strides ``(s_q * h_q, 1, h_q)``: the transposed
+        view of a ``[b, s_q, h_q]`` buffer.
     """
-    meta = tile_scheduler_metadata
-    if not isinstance(meta, FlashMLASchedMeta):
-        raise TypeError("tile_scheduler_metadata must come from get_mla_metadata()")
-    if num_splits is not None:
-        raise ValueError("num_splits must be None")
-    if indices is None:
-        raise ValueError("only sparse decode (indices=...) is provided")
-    if causal:
-        raise ValueError("causal must be False for sparse decode")
-    if head_dim_v != 512:
-        raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
-    if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length:
-        raise ValueError("extra_k_cache / extra_indices_in_kvcache are not supported")
-    if q.dim() != 4 or indices.dim() != 3:
-        raise ValueError(
-            f"q must be [b, s_q, h_q, 576] and indices [b, s_q, topk], got {tuple(q.shape)} "
-            f"and {tuple(indices.shape)}"
-        )
-    if k_cache.dtype == torch.float8_e4m3fn:
-        k_cache = k_cache.view(torch.uint8)
-    if (k_cache.dtype == torch.uint8) != bool(is_fp8_kvcache):
-        raise ValueError(
-            f"is_fp8_kvcache={is_fp8_kvcache} does not match a k_cache of dtype {k_cache.dtype}"
-        )
+    extras = {"extra_k_cache": extra_k_cache, "extra_indices_in_kvcache":
+              extra_indices_in_kvcache, "extra_topk_length": extra_topk_length}  # fmt: skip
+    args = {"q": q, "k_cache": k_cache, "indices": indices, "topk_length": topk_length,
+            "attn_sink": attn_sink, "head_dim_v": head_dim_v, "num_splits": num_splits,
+            "softmax_scale": softmax_scale, "causal": causal,
+            "is_fp8_kvcache": is_fp8_kvcache}  # fmt: skip
+    _schedule(tile_scheduler_metadata, _checked_config(args, extras), q.device)
     b, s_q, h_q, d = q.shape
     topk = indices.shape[-1]
-    scale = d**-0.5 if softmax_scale is None else softmax_scale
-    shape = (b, s_q, h_q, topk, k_cache.dtype)
-    if not meta.have_initialized:
-        fmt = "fp8" if is_fp8_kvcache else "bf16"
-        meta.workspace = attention_workspace(b * s_q, h_q, topk, cache_format=fmt, device=q.device)
-        meta.shape, meta.have_initialized = shape, True
-    elif meta.shape != shape:
-        raise ValueError(
-            f"tile_scheduler_metadata was made for (b, s_q, h_q, topk, cache) = {meta.shape}, "
-            f"this call has {shape}: use one get_mla_metadata() per shape"
-        )
+    if k_cache.dtype == torch.float8_e4m3fn:
+        k_cache = k_cache.view(torch.uint8)
     out, lse = sparse_mla_decode(
         q.reshape(b * s_q, h_q, d),
         k_cache,
         indices.reshape(b * s_q, topk),
-        sm_scale=scale,
+        sm_scale=d**-0.5 if softmax_scale is None else float(softmax_scale),
         topk_length=_flat_lengths(topk_length, b, s_q),
         attn_sink=attn_sink,
-        workspace=meta.workspace,
+        workspace=tile_scheduler_metadata.workspace,
     )
-    lse = lse.masked_fill(torch.isneginf(lse), float("inf"))
-    return out.view(b, s_q, h_q, 512), lse.view(b, s_q, h_q).transpose(1, 2).contiguous()
+    lse.masked_fill_(torch.isneginf(lse), float("inf"))  # FlashMLA's empty row: +inf
+    # FlashMLA's layout: a [b, h_q, s_q] view of a [b, s_q, h_q] buffer (vLLM's DCP merge
+    # reads it as such), not a contiguous copy.
+    return out.view(b, s_q, h_q, HEAD_DIM_V), lse.view(b, s_q, h_q).transpose(1, 2)

@@ -28,13 +28,16 @@ class StepReference(NamedTuple):
     out: fp32 ``[T, h_q, 512]`` (0 for a row that selects nothing); lse: fp32 ``[T, h_q]``
     (``-inf`` there); positions: int64 ``[T, topk]`` selected request-local positions
     ascending, then -1; scores: fp64 ``[T, max visible]`` indexer scores (``-inf`` past each
-    row's visible length), for judging near-ties.
+    row's visible length), for judging near-ties; magnitudes: fp64, same shape, each score's
+    ``sum_h |w_h| (|q_h| . |k|)`` (0 past the visible length), the scale of its rounding
+    error (``sparse_mla.testing.logits_tolerance``).
     """
 
     out: torch.Tensor
     lse: torch.Tensor
     positions: torch.Tensor
     scores: torch.Tensor
+    magnitudes: torch.Tensor
 
 
 def row_layout(
@@ -118,6 +121,7 @@ def decode_step_reference(
     lse = torch.full((num_tokens, h_q), float("-inf"))
     positions = torch.full((num_tokens, topk), -1, dtype=torch.long)
     all_scores = torch.full((num_tokens, max(vis, default=0)), float("-inf"), dtype=torch.float64)
+    all_mags = torch.zeros(all_scores.shape, dtype=torch.float64)
     qi = q_idx.float().double().cpu()  # fp8 queries: their scale is folded into the weights
     w = idx_weights.double().cpu()
     for t in range(num_tokens):
@@ -128,13 +132,14 @@ def decode_step_reference(
         k = keys[slot]  # [vis, 128]
         scores = (w[t][:, None] * torch.relu(qi[t] @ k.T)).sum(dim=0)  # [vis]
         all_scores[t, : vis[t]] = scores
+        all_mags[t, : vis[t]] = (w[t].abs()[:, None] * (qi[t].abs() @ k.abs().T)).sum(dim=0)
         sel = exact_topk_positions(scores, topk)
         positions[t, : len(sel)] = sel
         sel_slots = bt[req[t], sel // block_size] * block_size + sel % block_size
         o, s = sparse_attention_reference(q[t].float().cpu(), latents[sel_slots], sm_scale)
         out[t], lse[t] = o, s
     dev = q.device
-    return StepReference(out.to(dev), lse.to(dev), positions.to(dev), all_scores)
+    return StepReference(out.to(dev), lse.to(dev), positions.to(dev), all_scores, all_mags)
 
 
 def sparse_attention_torch(

@@ -37,7 +37,8 @@ class DecodePlanConfig:
     max_num_requests: requests per step; max_blocks_per_req: block-table columns.
     max_decode_len: largest ``n_b`` (1 + draft tokens; a prefill chunk's length).
     num_heads: ``h_q`` of the absorbed MLA query. topk: the indexer's k (1 to ``MAX_K``).
-    block_size: tokens per page of both caches. index_heads, index_dim: indexer q shape.
+    block_size: tokens per page of both caches (checked against them each run).
+    index_heads, index_dim: indexer q shape.
     mla_fp8: the MLA latent cache is FlashMLA's fp8 format (else bf16); sizes the attention
     workspace and is checked against the cache each run.
     remap: where request-local positions become cache slots: "topk" (top-k writes slots
@@ -161,6 +162,9 @@ class DecodePlan:
         self._indices = torch.empty(t, k, dtype=torch.int32, device=dev)
         self._positions = None if c.remap == "topk" else torch.empty_like(self._indices)
         self._row_req = torch.empty(t, dtype=torch.int32, device=dev)
+        # Native rows followed by CUDA-graph padding rows: the per-row lengths with 0 past
+        # the B * n native rows (the builder's native lengths stop at B * n).
+        self._padded_lens = torch.zeros(t, dtype=torch.int32, device=dev)
         self._arange = torch.arange(t, dtype=torch.int32, device=dev)
         self._out = torch.empty(t, c.num_heads, NOPE_DIM, dtype=torch.bfloat16, device=dev)
         self._lse = torch.empty(t, c.num_heads, dtype=torch.float32, device=dev)
@@ -183,40 +187,55 @@ class DecodePlan:
     # ---- the stages ---------------------------------------------------------------------
 
     def _metadata(self, x: DecodeInputs, decode_lens: Sequence[int], num_tokens: int):
-        return self.builder.build(x.seq_lens, x.block_table, decode_lens, num_tokens=num_tokens)
+        meta = self.builder.build(x.seq_lens, x.block_table, decode_lens, num_tokens=num_tokens)
+        if not meta.flattened and num_tokens > meta.num_tokens:
+            # Native layout (all n_b equal) with padding rows: the builder produced B * n
+            # lengths; padding rows see nothing (length 0), as in the flattened layout.
+            native = meta.num_tokens
+            self._padded_lens[:native].copy_(meta.seq_lens.reshape(native))
+            self._padded_lens[native:num_tokens].zero_()
+        return meta
 
     def _write_caches(self, x: DecodeInputs) -> None:
         write_indexer_k(x.k_idx, x.index_k_cache, x.slot_mapping)
         write_mla_latent(x.kv[:, :NOPE_DIM], x.kv[:, NOPE_DIM:], x.kv_cache, x.slot_mapping)
 
     def _score(self, x: DecodeInputs, meta: DecodeMetadata, max_len: int) -> torch.Tensor:
-        rows = meta.num_tokens
+        """Indexer logits ``[T, max_len]`` (every step row; padding rows past the native
+        ``B * n`` are left unwritten: their length is 0, so top-k never reads them)."""
+        rows, scored = x.q_idx.shape[0], meta.num_tokens
         logits = self._logits[: rows * max_len].view(rows, max_len)
         if meta.flattened:
-            return index_logits(
+            index_logits(
                 x.q_idx, x.idx_weights, x.index_k_cache, meta.seq_lens, meta.block_table,
                 max_len=max_len, out=logits,
             )  # fmt: skip
-        return index_logits(
-            x.q_idx, x.idx_weights, x.index_k_cache, x.seq_lens, x.block_table,
-            next_n=meta.next_n, max_len=max_len, out=logits,
+            return logits
+        q, w, out = x.q_idx, x.idx_weights, logits
+        if scored < rows:  # native rows, then padding rows (sliced only then: host cost)
+            q, w, out = q[:scored], w[:scored], logits[:scored]
+        index_logits(
+            q, w, x.index_k_cache, x.seq_lens, x.block_table,
+            next_n=meta.next_n, max_len=max_len, out=out,
         )  # fmt: skip
+        return logits
 
-    def _selection(self, meta: DecodeMetadata) -> _Selection:
-        """Views of this step's selection buffers (nothing launched)."""
-        rows = meta.num_tokens
+    def _selection(self, meta: DecodeMetadata, rows: int) -> _Selection:
+        """Views of this step's selection buffers for ``rows`` step rows (nothing launched)."""
         if meta.flattened:
             lens, req = meta.seq_lens, meta.req_id
-        else:  # native rows b * n + j: lengths [B, n] row-major, request = row // n
+        elif rows == meta.num_tokens:  # native rows b * n + j: lengths [B, n] row-major
             lens, req = meta.seq_lens.reshape(rows), self._row_req[:rows]
+        else:  # native rows, then padding rows of length 0 (filled by _metadata)
+            lens, req = self._padded_lens[:rows], self._row_req[:rows]
         slots = None if self.config.remap == "attention" else self._indices[:rows]
         pos = None if self._positions is None else self._positions[:rows]
         return _Selection(lens, req, slots, pos)
 
     def _select(self, x: DecodeInputs, meta: DecodeMetadata, logits: torch.Tensor) -> _Selection:
-        c, sel, ws = self.config, self._selection(meta), self._topk_ws
-        if not meta.flattened:
-            torch.div(self._arange[: meta.num_tokens], meta.next_n, rounding_mode="floor",
+        c, sel, ws = self.config, self._selection(meta, logits.shape[0]), self._topk_ws
+        if not meta.flattened:  # request = row // n (padding rows get req >= B: remapped to -1)
+            torch.div(self._arange[: sel.req.shape[0]], meta.next_n, rounding_mode="floor",
                       out=sel.req)  # fmt: skip
         if sel.positions is None:  # remap "topk": slots straight from the top-k epilogue
             remap = {"block_table": x.block_table, "req_id": sel.req, "block_size": c.block_size}
@@ -259,7 +278,9 @@ class DecodePlan:
             inputs: :class:`DecodeInputs` with ``T = num_tokens`` rows.
             decode_lens: host-known ``n_b`` of each request (``sum <= T``; all equal and
                 ``<= 8`` keeps the indexer's native multi-token rows, else rows are flattened).
-            num_tokens: rows including padding (default ``sum(decode_lens)``).
+            num_tokens: rows including padding (default ``sum(decode_lens)``). Padding rows
+                come after the requests' rows, in either layout, and see nothing: indices -1,
+                out 0, lse ``-inf`` (their ``slot_mapping`` entries should be -1).
             max_seq_len: host bound on ``seq_lens`` (columns of the logits; default the block
                 table's capacity). Positions past it are never selected.
             stage_times: when given, each stage is synchronised and its wall time in seconds
@@ -291,7 +312,7 @@ class DecodePlan:
         max_len = inputs.block_table.shape[1] * self.config.block_size
         meta = self._metadata(inputs, decode_lens, rows)
         logits = self._logits[: rows * max_len].view(rows, max_len)
-        sel = self._selection(meta)
+        sel = self._selection(meta, rows)
         return {
             "metadata": lambda: self._metadata(inputs, decode_lens, rows),
             "cache writes": lambda: self._write_caches(inputs),
@@ -312,6 +333,14 @@ class DecodePlan:
         if (x.kv_cache.dtype == torch.uint8) != c.mla_fp8:
             want = "fp8 (uint8)" if c.mla_fp8 else "bf16"
             raise ValueError(f"kv_cache is {x.kv_cache.dtype}; the plan was sized for {want}")
+        for name in ("kv_cache", "index_k_cache"):  # both [pages, page, ...]
+            cache = getattr(x, name)
+            if cache.dim() >= 2 and cache.shape[1] != c.block_size:
+                raise ValueError(
+                    f"{name} has pages of {cache.shape[1]} tokens (shape {tuple(cache.shape)}) "
+                    f"but the plan's block_size is {c.block_size}: slots and block-table pages "
+                    "would be computed for the wrong page size"
+                )
         if x.kv.dim() != 2 or x.kv.shape[1] != LATENT_DIM:
             raise ValueError(f"kv must be [T, {LATENT_DIM}], got {tuple(x.kv.shape)}")
         if len(decode_lens) != x.seq_lens.shape[0]:

@@ -14,12 +14,19 @@ Formats (SPEC section 4; a slot id is ``page_id * block_size + offset``):
   within a page: 512 e4m3 ("nope") | 4 fp32 scales, one per 128 nope values | 64 bf16 rope
   (not quantised); uint8 ``[num_pages, block_size, 1, 656]`` (or ``[num_pages, block_size, 656]``).
 
-Scales (both fp8 formats): ``scale = 2 ** ceil(log2(max(amax, 1e-4) / 448))`` where ``amax`` is
-the group's largest magnitude. The 1e-4 floor is applied to ``amax`` *before* the division and
-the rounding (as vLLM's indexer writer does), so an all-zero group gets the finite scale
-``2**-22`` and stores zeros. Powers of two keep the scale exact when kernels convert it to
-bf16 or e8m0, and make ``x / scale`` exact, so the only rounding is the final fp32 -> e4m3
-round-to-nearest-even. ``|x / scale| <= 448`` by construction, so no finite value saturates.
+Scales: powers of two (exact when kernels convert them to bf16 or e8m0, and ``x / scale`` is
+exact, so the only rounding is the final fp32 -> e4m3 round-to-nearest-even; ``|x / scale| <=
+448`` by construction, so no finite value saturates). ``amax`` is the group's largest finite
+magnitude. Each format follows the rule of the upstream writer whose bytes it reproduces:
+
+* **MLA latent cache** (FlashMLA's ``quantize_k_cache``, vLLM's ``fp8_ds_mla`` writer):
+  ``scale = 2 ** ceil(log2(max(amax / 448, 1e-4)))``. The floor applies to the *scale*:
+  never below ``2**-13``, so an all-zero group gets ``2**-13`` and every group with
+  ``amax <= 448 * 2**-13`` (0.0546875) shares it.
+* **Indexer K cache** (DeepGEMM's ``per_custom_dims_cast_to_fp8``, vLLM's
+  ``indexer_k_quant_and_cache`` with ue8m0 scales): ``scale = 2 ** ceil(log2(max(amax, 1e-4)
+  / 448))``. The floor applies to ``amax`` *before* the division, so an all-zero group gets
+  ``2**-22``.
 
 Non-finite inputs (fp8 formats): the scale comes from the group's finite values only, a NaN
 is stored as e4m3 NaN (0x7F, whatever its sign) and +-inf as +-448 (so it reads back as
@@ -29,6 +36,7 @@ formats store every value as given.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -150,21 +158,44 @@ def indexer_k_cache_layout(k_cache: torch.Tensor, name: str = "k_cache") -> Inde
 # ---- shared jit helpers ---------------------------------------------------------------------
 
 
-@triton.jit
-def pow2_scale(amax):
-    """(scale, 1/scale) with ``scale = 2**ceil(log2(max(amax, 1e-4) / 448))``, exactly.
+# FlashMLA's floor on the MLA scale, and ceil(log2) of it: the smallest scale's exponent.
+MLA_SCALE_FLOOR = 1e-4
+MLA_SCALE_MIN_EXP = math.ceil(math.log2(MLA_SCALE_FLOOR))  # -13
 
-    Computed from the bits of ``amax`` (no division, no log2), so it is exact and identical on
-    every backend: with ``amax = m * 2**E``, m in [1, 2) and 448 = 1.75 * 2**8, the exponent is
-    ``E - 8`` if ``m <= 1.75`` else ``E - 7``.
-    """
-    a = tl.maximum(amax, 1e-4)
+
+@triton.jit
+def _ceil_log2_over_448(a):
+    """``ceil(log2(a / 448))`` of a finite fp32 ``a > 0``, exactly, from its bits (no
+    division, no log2: identical on every backend). With ``a = m * 2**E``, m in [1, 2) and
+    448 = 1.75 * 2**8, it is ``E - 8`` if ``m <= 1.75`` else ``E - 7``. (0 and subnormals give
+    exponents below -130, which both rules floor.)"""
     bits = a.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127
-    k = e - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    return e - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+
+
+@triton.jit
+def _pow2_pair(k):
+    """(``2**k``, ``2**-k``) as fp32 from their bits (``-126 <= k <= 127``)."""
     scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
     inv = ((127 - k) << 23).to(tl.float32, bitcast=True)
     return scale, inv
+
+
+@triton.jit
+def pow2_scale(amax):
+    """(scale, 1/scale) of the indexer rule, ``2**ceil(log2(max(amax, 1e-4) / 448))``."""
+    return _pow2_pair(_ceil_log2_over_448(tl.maximum(amax, 1e-4)))
+
+
+@triton.jit
+def flashmla_pow2_scale(amax, MIN_EXP: tl.constexpr):
+    """(scale, 1/scale) of FlashMLA's rule, ``2**ceil(log2(max(amax / 448, 1e-4)))``:
+    ``ceil(log2)`` is monotone, so the floor on the scale is a floor on its exponent
+    (``MIN_EXP = ceil(log2(1e-4)) = -13``). No division by 448 in fp32 either: its rounding
+    never moves a quotient onto or off a power of two (the smallest mantissa above 1.75
+    gives a quotient 0.57 ulp above 1), so the bits' answer is the formula's."""
+    return _pow2_pair(tl.maximum(_ceil_log2_over_448(amax), MIN_EXP))
 
 
 @triton.jit
@@ -437,6 +468,7 @@ def _write_mla_kernel(
     TILE: tl.constexpr,
     NT: tl.constexpr,
     FP8: tl.constexpr,
+    SCALE_MIN_EXP: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -453,7 +485,7 @@ def _write_mla_kernel(
     pe = tl.load(kpe_ptr + t64[:, None] * kpe_s0 + r[None, :] * kpe_s1, mask=rm, other=0.0)
     if FP8:
         x3 = tl.reshape(x.to(tl.float32), [BLOCK_T, NT, TILE])
-        scale, inv = pow2_scale(finite_amax(x3, 2))  # [BLOCK_T, NT]
+        scale, inv = flashmla_pow2_scale(finite_amax(x3, 2), SCALE_MIN_EXP)  # [BLOCK_T, NT]
         q = tl.reshape(e4m3_bits(x3 * inv[:, :, None]), [BLOCK_T, NOPE_P])
         tl.store(u8_ptr + row[:, None] + d[None, :], q, mask=dm)
         tile = tl.arange(0, NT)
@@ -482,7 +514,9 @@ def write_mla_latent(
         kv_cache: written in place; bf16 ``[num_pages, block_size, 576]`` (or ``[..., 1, 576]``)
             or FlashMLA's fp8 format, uint8 ``[num_pages, block_size, 1, 656]`` (or
             ``[num_pages, block_size, 656]``): per token 512 e4m3 | 4 fp32 power-of-two scales
-            (one per 128 nope values) | 64 bf16 rope copied unquantised.
+            (one per 128 nope values, FlashMLA's rule: module docstring) | 64 bf16 rope
+            copied unquantised. The bytes equal FlashMLA's ``quantize_k_cache`` for finite
+            inputs.
         slot_mapping: int32 or int64 ``[T]``, contiguous, ``page_id * block_size + offset``;
             ``-1`` skips the token; other out-of-range slots are skipped silently (device data).
 
@@ -516,12 +550,35 @@ def write_mla_latent(
     return kv_cache
 
 
+def _check_rope_width(k_pe: torch.Tensor, kv_cache: torch.Tensor, nope: int) -> None:
+    """Blame ``k_pe`` when the cache's rows are the standard layout for ``nope`` (64 rope
+    values after it) and ``k_pe`` is not that wide; any other mismatch is the cache's
+    (:func:`mla_cache_layout` names it)."""
+    check_tensor("kv_cache", kv_cache, dtype=(torch.bfloat16, torch.uint8))
+    last = kv_cache.shape[-1] if kv_cache.dim() >= 3 else None
+    if last is None:
+        return
+    fp8 = kv_cache.dtype == torch.uint8
+    spare = last - nope - (4 * (nope // MLA_TILE) if fp8 else 0)  # rope values or bytes
+    rope = spare // 2 if fp8 else spare
+    if rope != MLA_ROPE_DIM or (fp8 and spare % 2) or k_pe.shape[1] == rope:
+        return
+    kind = "bytes (fp8 format)" if fp8 else "values"
+    raise ValueError(
+        f"k_pe has {k_pe.shape[1]} values per token, but kv_cache rows ({last} {kind}) hold "
+        f"{nope} nope + {rope} rope values: k_pe must be [T, {rope}]"
+    )
+
+
 def _mla_plan(kv_c, k_pe, kv_cache, slot_mapping) -> _WritePlan:
     check_tensor("kv_c", kv_c, dtype=torch.bfloat16, ndim=2)
     check_tensor("k_pe", k_pe, dtype=torch.bfloat16, ndim=2)
     num_tokens, nope = kv_c.shape
     if k_pe.shape[0] != num_tokens:
         raise ValueError(f"kv_c has {num_tokens} tokens but k_pe has {k_pe.shape[0]}")
+    if nope < MLA_TILE or nope % MLA_TILE:
+        raise ValueError(f"kv_c must be [T, nope] with nope a multiple of {MLA_TILE}, got {nope}")
+    _check_rope_width(k_pe, kv_cache, nope)
     lay = mla_cache_layout(kv_cache, nope, k_pe.shape[1])
     _check_slots(slot_mapping, num_tokens)
     check_same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping)
@@ -541,6 +598,7 @@ def _mla_plan(kv_c, k_pe, kv_cache, slot_mapping) -> _WritePlan:
         TILE=MLA_TILE,
         NT=next_pow2(nope) // MLA_TILE,
         FP8=lay.fp8,
+        SCALE_MIN_EXP=MLA_SCALE_MIN_EXP,
         BLOCK_T=block_t,
         num_warps=4,
     )

@@ -7,6 +7,8 @@ Triton writers are compared against bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .kv_cache import (
@@ -14,43 +16,67 @@ from .kv_cache import (
     FP8_MAX,
     MLA_NOPE_DIM,
     MLA_ROPE_DIM,
+    MLA_SCALE_FLOOR,
     MLA_TILE,
     indexer_k_cache_layout,
     mla_cache_layout,
 )
 
 
-def pow2_scale_reference(amax: torch.Tensor) -> torch.Tensor:
-    """``2 ** ceil(log2(max(amax, 1e-4) / 448))`` as fp32, exactly, on any device.
+def _ceil_log2_pow2(x: torch.Tensor) -> torch.Tensor:
+    """``2 ** ceil(log2(x))`` as fp32 for fp64 ``x > 0``, exactly, on any device.
 
-    ``torch.frexp`` splits ``x = amax / 448`` exactly into ``m * 2**e`` with m in [0.5, 1), so
+    ``torch.frexp`` splits ``x`` exactly into ``m * 2**e`` with m in [0.5, 1), so
     ``ceil(log2(x))`` is ``e``, or ``e - 1`` when ``m == 0.5`` (x a power of two). Not
     ``torch.log2``: on CUDA it is not exact at powers of two (amax = 7 gave 2**-5, not 2**-6).
-    The fp64 division cannot round an fp32 ``amax`` onto a power of two it is not.
+    """
+    m, e = torch.frexp(x)
+    e = e.long() - (m == 0.5).long()
+    return ((e + 1023) << 52).view(torch.float64).float()  # 2**e from its IEEE-754 bits
+
+
+def pow2_scale_reference(amax: torch.Tensor) -> torch.Tensor:
+    """The indexer K cache's scale (DeepGEMM's and vLLM's indexer writer's rule):
+    ``2 ** ceil(log2(max(amax, 1e-4) / 448))`` as fp32, exactly, on any device. The fp64
+    division cannot round an fp32 ``amax`` onto a power of two it is not.
 
     Args:
         amax: float tensor of any shape, the largest magnitude of each quantisation group.
     """
     a = amax.float().clamp_min(AMAX_FLOOR).double()  # the floor as the fp32 value, like kernels
-    m, e = torch.frexp(a / FP8_MAX)
-    e = e.long() - (m == 0.5).long()
-    return ((e + 1023) << 52).view(torch.float64).float()  # 2**e from its IEEE-754 bits
+    return _ceil_log2_pow2(a / FP8_MAX)
 
 
-def quantize_pow2_e4m3(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def flashmla_scale_reference(amax: torch.Tensor) -> torch.Tensor:
+    """The MLA latent cache's scale (FlashMLA's ``quantize_k_cache`` and vLLM's ``fp8_ds_mla``
+    writer): ``2 ** ceil(log2(max(amax / 448, 1e-4)))`` as fp32, exactly, on any device. The
+    floor is on the scale (``2**-13`` at least), not on ``amax``.
+
+    Args:
+        amax: float tensor of any shape, the largest magnitude of each 128-value tile.
+    """
+    return _ceil_log2_pow2((amax.float().double() / FP8_MAX).clamp_min(MLA_SCALE_FLOOR))
+
+
+def quantize_pow2_e4m3(
+    x: torch.Tensor, group: int, scale_rule: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise the last dim of ``x`` in groups of ``group`` values with power-of-two scales.
 
     Args:
         x: float tensor ``[..., G * group]``; non-finite values as in the writers (NaN -> 0x7F,
             +-inf saturated to +-448, the scale from the finite values).
+        scale_rule: amax -> scale (default :func:`pow2_scale_reference`, the indexer's rule;
+            :func:`flashmla_scale_reference` for the MLA cache).
     Returns:
         ``(values, scales)``: float8_e4m3fn ``[..., G * group]`` and fp32 ``[..., G]`` with
         ``x ~= values * scales`` (per group).
     """
+    rule = pow2_scale_reference if scale_rule is None else scale_rule
     xf = x.float().unflatten(-1, (-1, group))
     # Scale from the finite values; NaN stays NaN, +-inf saturates to +-448 (module docs).
     finite = xf.abs().nan_to_num(nan=0.0, posinf=0.0)
-    scale = pow2_scale_reference(finite.amax(dim=-1))
+    scale = rule(finite.amax(dim=-1))
     y = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)  # exact: scale is a power of two
     q = y.to(torch.float8_e4m3fn).view(torch.uint8)
     q = torch.where(y.isnan(), 0x7F, q)  # one NaN code, whatever the sign
@@ -131,7 +157,8 @@ def dequantize_indexer_k_cache(k_cache: torch.Tensor) -> torch.Tensor:
 def write_mla_latent_reference(
     kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> torch.Tensor:
-    """Reference for :func:`~sparse_mla.ops.kv_cache.write_mla_latent` (same arguments).
+    """Reference for :func:`~sparse_mla.ops.kv_cache.write_mla_latent` (same arguments):
+    FlashMLA's bytes (scales by :func:`flashmla_scale_reference`).
 
     Args:
         kv_c: bf16 ``[T, 512]`` nope latents; k_pe: bf16 ``[T, 64]`` rope keys.
@@ -145,7 +172,7 @@ def write_mla_latent_reference(
     if not lay.fp8:
         lay.cache3[page, off] = torch.cat([kv_c[tok], k_pe[tok]], dim=-1)
         return kv_cache
-    q, scale = quantize_pow2_e4m3(kv_c[tok], MLA_TILE)
+    q, scale = quantize_pow2_e4m3(kv_c[tok], MLA_TILE, flashmla_scale_reference)
     n = len(tok)
     row = torch.cat(
         [
