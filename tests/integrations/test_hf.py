@@ -222,3 +222,53 @@ def test_chunked_prefill_equals_one_step():
         whole = hf.enable(copy.deepcopy(model))(ids, use_cache=False).logits
         chunked = hf.enable(copy.deepcopy(model), prefill_chunk=5)(ids, use_cache=False).logits
     torch.testing.assert_close(chunked, whole, atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"prefill_chunk": -3}, ValueError, "prefill_chunk"),
+        ({"prefill_chunk": 0}, ValueError, "prefill_chunk"),
+        ({"prefill_chunk": 2.5}, TypeError, "prefill_chunk"),
+        ({"block_size": 0}, ValueError, "block_size"),
+        ({"block_size": "64"}, TypeError, "block_size"),
+        ({"fp8": "yes"}, TypeError, "fp8"),
+        ({"record_topk": 1}, TypeError, "record_topk"),
+        ({"attention": "flash"}, ValueError, "attention"),
+    ],
+)
+def test_enable_rejects_bad_arguments(kwargs, error, match):
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1))
+    with pytest.raises(error, match=match):
+        hf.enable(model, **kwargs)
+    assert not hasattr(model, "sparse_mla")
+
+
+def test_enable_rejects_a_model_that_is_not_deepseek_v32():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    with pytest.raises(TypeError, match=r"not a DeepSeek-V3\.2 \(DSA\).*LlamaForCausalLM"):
+        hf.enable(LlamaForCausalLM(cfg))
+
+
+def test_enable_rejects_transformers_it_was_not_written_for(monkeypatch):
+    """Before 5.24 DeepseekV32 took ``past_key_values=``: a ``cache=`` keyword was silently
+    dropped (generation with no history). Refused by version and by signature."""
+    import transformers
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1))
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(RuntimeError, match=r"transformers 5\.17\.0.*>= ?5\.24"):
+        hf.enable(model)
+    monkeypatch.undo()
+
+    def old_forward(self, hidden_states, position_embeddings, attention_mask,
+                    past_key_values=None, position_ids=None, **kwargs):  # fmt: skip
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(m.DeepseekV32Attention, "forward", old_forward)
+    with pytest.raises(RuntimeError, match="cache"):
+        hf.enable(model)

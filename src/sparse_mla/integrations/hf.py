@@ -17,24 +17,34 @@ Our paged caches (per layer, bf16 or fp8, one shared block table) replace HF's d
 the HF cache object only counts tokens (one scalar per token and layer), so ``generate``'s
 positions and masks work unchanged. HF's dense indexer and attention never run.
 
-Limits: every sequence of a batch has the same length (no padded batches); ``kv_lora_rank``
-must be 512, ``qk_rope_head_dim`` 64, ``index_head_dim`` 128 and ``index_topk`` a multiple of
-128 (checked at :func:`enable`).
+Limits: every sequence of a batch has the same length (no padded batches).
+
+Requirements (checked at :func:`enable`): transformers ``>= 5.24`` (:data:`TRANSFORMERS`
+is the tested range; earlier releases pass ``past_key_values=`` and drop the ``cache=``
+keyword this module relies on); ``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64,
+``index_head_dim`` 128 and ``index_topk`` a top-k size the kernels take.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
+from .._checks import check_int
 from ..decode.cases import quantize_index_q
 from ..decode.plan import DecodeInputs, DecodePlan, DecodePlanConfig
+from ..ops.decode_metadata.expand import MAX_DECODE_LEN
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache
 from ..ops.topk import MAX_K, supported_k
 
 _PAGE_GROUP = 8  # pages are handed out in groups, in reverse order within one (real paging)
+# The transformers releases this module was written and tested for: 5.24 renamed
+# DeepseekV32's ``past_key_values`` keyword to ``cache`` (and caches the compressed latents).
+TRANSFORMERS = (">=5.24", "<5.26")
 
 
 @dataclass
@@ -153,6 +163,75 @@ def check_config(config) -> None:
         raise ValueError("sparse-mla needs config.q_lora_rank (the indexer reads q_lora)")
 
 
+def check_transformers() -> None:
+    """Raise RuntimeError unless the installed transformers is one this module was written
+    for (its DeepseekV32 takes ``cache=`` and exposes the helpers used here); warn when it
+    is newer than the tested range :data:`TRANSFORMERS`."""
+    import transformers
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    version = Version(transformers.__version__)
+    low, high = TRANSFORMERS
+    wanted = f"pip install 'transformers{low},{high}'"
+    if not SpecifierSet(low).contains(version, prereleases=True):
+        raise RuntimeError(
+            f"sparse-mla's HF integration needs transformers {low} (the range it is tested "
+            f"with: {low},{high}); got transformers {transformers.__version__}: before 5.24 "
+            f"DeepseekV32 takes past_key_values= and silently drops the cache= keyword this "
+            f"integration and its scripts pass (decoding with no history): {wanted}"
+        )
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    missing = _missing_features(m)
+    if missing:
+        raise RuntimeError(
+            f"transformers {transformers.__version__}'s DeepseekV32 lacks what sparse-mla's "
+            f"HF integration relies on: {', '.join(missing)}; {wanted}"
+        )
+    if not SpecifierSet(high).contains(version, prereleases=True):
+        warnings.warn(
+            f"sparse-mla's HF integration is tested with transformers {low},{high}; got "
+            f"{transformers.__version__}",
+            stacklevel=3,
+        )
+
+
+def _missing_features(m) -> list[str]:
+    """What this module calls in ``modeling_deepseek_v32`` (``m``) that ``m`` lacks."""
+    takes_cache = {
+        "DeepseekV32Attention.forward(cache=)": m.DeepseekV32Attention.forward,
+        "DeepseekV32Model.forward(cache=)": m.DeepseekV32Model.forward,
+    }
+    missing = [k for k, f in takes_cache.items() if "cache" not in inspect.signature(f).parameters]
+    helpers = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+    return missing + [name for name in helpers if not hasattr(m, name)]
+
+
+def _check_model(model: object, m) -> None:
+    """TypeError unless ``model`` holds DeepSeek-V3.2 attention layers."""
+    if not isinstance(model, torch.nn.Module) or not any(
+        isinstance(module, m.DeepseekV32Attention) for module in model.modules()
+    ):
+        raise TypeError(
+            f"model is not a DeepSeek-V3.2 (DSA) model: got {type(model).__name__}, which holds "
+            "no DeepseekV32Attention layer; enable() takes a DeepseekV32ForCausalLM, a "
+            "DeepseekV32Model or any module holding DeepseekV32Attention layers"
+        )
+
+
+def _check_options(
+    fp8: object, attention: object, block_size: object, prefill_chunk: object, record_topk: object
+) -> None:
+    for name, flag in (("fp8", fp8), ("record_topk", record_topk)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if attention not in ("auto", "torch"):
+        raise ValueError(f"attention must be 'auto' or 'torch', got {attention!r}")
+    check_int("block_size", block_size, lo=1, hi=2**20)  # slots are int32: keep pages modest
+    check_int("prefill_chunk", prefill_chunk, lo=1, hi=MAX_DECODE_LEN)
+
+
 def enable(
     model: torch.nn.Module,
     *,
@@ -171,18 +250,25 @@ def enable(
             indexer queries; default bf16 caches.
         attention: "auto" (the library's sparse MLA decode op) or "torch" (the step's batched
             PyTorch attention; everything else still runs the library's kernels).
-        block_size: tokens per cache page.
-        prefill_chunk: prompt tokens per request taken by one step (bounds the logits buffer).
+        block_size: tokens per cache page, an int in ``[1, 2**20]``.
+        prefill_chunk: prompt tokens per request taken by one step (bounds the logits
+            buffer), an int in ``[1, 2**20]``.
         record_topk: keep each layer's selected positions (see :class:`SparseMlaState`).
 
     Raises:
-        ValueError: the config has latent sizes the kernels do not take (see module notes).
+        RuntimeError: the installed transformers is not one this module was written for
+            (see :func:`check_transformers`).
+        TypeError: ``model`` is not a DeepSeek-V3.2 (DSA) model; an option has the wrong
+            type.
+        ValueError: an option is out of range; the config has latent sizes the kernels do
+            not take (see module notes).
     """
+    check_transformers()
     from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
 
+    _check_model(model, m)
+    _check_options(fp8, attention, block_size, prefill_chunk, record_topk)
     check_config(model.config)
-    if attention not in ("auto", "torch"):
-        raise ValueError(f"attention must be 'auto' or 'torch', got {attention!r}")
     state = SparseMlaState(
         fp8=fp8,
         attention=attention,
@@ -190,13 +276,9 @@ def enable(
         prefill_chunk=prefill_chunk,
         record_topk=record_topk,
     )
-    found = 0
     for module in model.modules():
         if isinstance(module, m.DeepseekV32Attention):
             module.forward = types.MethodType(_make_forward(state, m), module)
-            found += 1
-    if not found:
-        raise ValueError("model has no DeepseekV32Attention module to route")
     model.sparse_mla = state
     return model
 
