@@ -17,7 +17,11 @@ Our paged caches (per layer, bf16 or fp8, one shared block table) replace HF's d
 the HF cache object only counts tokens (one scalar per token and layer), so ``generate``'s
 positions and masks work unchanged. HF's dense indexer and attention never run.
 
-Limits: every sequence of a batch has the same length (no padded batches).
+Supported: greedy / sampled generation, batches and padded batches (an ``attention_mask``
+with zeros: each request's cache holds only its own tokens, so padding is never selected nor
+attended; outputs at padding positions are 0 before ``o_proj``). Not followed:
+``Cache.reorder_cache`` (beam search), ``batch_select_indices`` / ``batch_repeat_interleave``
+on a filled cache (a forward whose batch differs from the cache's raises ValueError).
 
 Requirements (checked at :func:`enable`): transformers ``>= 5.24`` (:data:`TRANSFORMERS`
 is the tested range; earlier releases pass ``past_key_values=`` and drop the ``cache=``
@@ -54,6 +58,16 @@ class _Caches:
 
 
 @dataclass
+class _Tokens:
+    """One forward's tokens per request, read from the attention mask: ``before[b]`` of
+    request b's own tokens are cached already; ``real`` (bool ``[B, S]``, CPU) marks the
+    forward's tokens that are its own (False: padding), None when every one is."""
+
+    before: list[int]
+    real: torch.Tensor | None
+
+
+@dataclass
 class SparseMlaState:
     """What :func:`enable` attaches to the model (``model.sparse_mla``).
 
@@ -62,8 +76,8 @@ class SparseMlaState:
     block_size: tokens per page;
     prefill_chunk: prompt tokens per request and step; record_topk: keep each layer's last
     selected positions of every forward in ``topk[layer_idx]`` (a list of int32
-    ``[B, S, index_topk]``, request-local positions ascending, -1 padded) -- top-k and the
-    remap then run as two launches;
+    ``[B, S, index_topk]``, request-local positions (padding not counted) ascending, -1
+    padded; all -1 at padding tokens) -- top-k and the remap then run as two launches;
     stage_times: when a dict, each step adds its per-stage wall times to it.
     """
 
@@ -78,11 +92,33 @@ class SparseMlaState:
     pages: list[list[int]] = field(default_factory=list)
     num_pages: int = 0
     plan: DecodePlan | None = None
+    _mask_memo: tuple | None = field(default=None, repr=False)
 
     def reset(self, batch: int) -> None:
         """Forget every sequence (a new batch of ``batch`` requests); caches are kept."""
         self.pages = [[] for _ in range(batch)]
         self.num_pages = 0
+
+    def _start(self, layer: int, batch: int, past: int) -> None:
+        """A new batch starts at the first layer's forward with an empty HF cache."""
+        if past == 0 and (layer == 0 or len(self.pages) != batch):
+            self.reset(batch)
+        elif len(self.pages) != batch:
+            raise ValueError(
+                f"this forward has {batch} rows but the paged caches hold {len(self.pages)} "
+                "requests (batch_select_indices / batch_repeat_interleave on a filled cache "
+                "are not supported)"
+            )
+
+    def _tokens(self, mask: torch.Tensor | None, batch: int, past: int, seq: int) -> _Tokens:
+        """:func:`_read_mask` once per forward: every layer gets the same mask object."""
+        key = (batch, past, seq)
+        memo = self._mask_memo
+        if memo is not None and memo[0] is mask and memo[1] == key:
+            return memo[2]
+        tokens = _read_mask(mask, batch, past, seq)
+        self._mask_memo = (mask, key, tokens)  # holds the mask: its id cannot be reused
+        return tokens
 
     def _allocate(self, length: int) -> None:
         """Give every request pages for ``length`` tokens."""
@@ -292,29 +328,58 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _read_mask(mask: torch.Tensor | None, batch: int, past: int, seq: int) -> _Tokens:
+    """Which cached and new positions hold each request's own tokens. The last query row of
+    HF's 4-D mask ``[B, 1, S, T]`` sees every key up to it, so that row is the padding mask
+    (a 2-D ``[B, T]`` mask is one already). One device-to-host copy."""
+    total = past + seq
+    if mask is None:
+        return _Tokens([past] * batch, None)
+    if mask.dim() not in (2, 4):
+        raise ValueError(
+            f"attention_mask must be HF's 4-D [B, 1, S, T] or a 2-D [B, T] mask, got shape "
+            f"{tuple(mask.shape)}"
+        )
+    keys = mask[:, 0, -1] if mask.dim() == 4 else mask
+    if keys.shape[-1] < total or keys.shape[0] not in (1, batch):
+        raise ValueError(
+            f"attention_mask {tuple(mask.shape)} does not cover {batch} requests of {total} tokens"
+        )
+    keys = keys[:, :total].expand(batch, total)
+    if keys.dtype == torch.bool:
+        real = keys
+    elif mask.dim() == 4 and keys.is_floating_point():
+        real = keys == 0  # additive: 0 attends, the dtype's min masks
+    else:
+        real = keys != 0
+    real = real.cpu()
+    if bool(real.all()):
+        return _Tokens([past] * batch, None)
+    return _Tokens(real[:, :past].sum(1).tolist(), real[:, past:].clone())
+
+
 def _make_forward(state: SparseMlaState, m):
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
                 position_ids=None, **kwargs):  # fmt: skip
-        del attention_mask, position_ids, kwargs  # causal by construction; positions via cos/sin
+        del position_ids, kwargs  # positions via cos/sin; request-local ones via the mask
         batch, seq, _ = hidden_states.shape
         past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
         if cache is not None:  # count the tokens only: one scalar per token
             tick = hidden_states.new_zeros(batch, 1, seq, 1)
             cache.update(tick, tick, self.layer_idx)
+        tokens = state._tokens(attention_mask, batch, past, seq)
+        state._start(self.layer_idx, batch, past)
         x = _project(self, hidden_states, position_embeddings, m, state.fp8)
-        out = torch.empty(batch, seq, self.num_heads, 512, dtype=torch.float32,
+        # padding tokens get no rows: their outputs stay 0 (and their records -1)
+        out = torch.zeros(batch, seq, self.num_heads, 512, dtype=torch.float32,
                           device=hidden_states.device)  # fmt: skip
         if state.record_topk:
+            k = self.indexer.index_topk
             state.topk.setdefault(self.layer_idx, []).append(
-                torch.empty(
-                    batch, seq, self.indexer.index_topk, dtype=torch.int32, device=out.device
-                )  # fmt: skip
+                torch.full((batch, seq, k), -1, dtype=torch.int32, device=out.device)
             )
-        if past == 0 and (self.layer_idx == 0 or len(state.pages) != batch):
-            state.reset(batch)
         for s0 in range(0, seq, state.prefill_chunk):
-            s1 = min(seq, s0 + state.prefill_chunk)
-            out[:, s0:s1] = _step(self, state, x, past, s0, s1)
+            _step(self, state, x, tokens, s0, min(seq, s0 + state.prefill_chunk), out)
         w_uv = self.kv_b_proj.weight.view(self.num_heads, -1, 512)[:, self.qk_nope_head_dim :]
         o = torch.einsum("bshc,hvc->bshv", out, w_uv.float())
         o = o.reshape(batch, seq, -1).to(hidden_states.dtype)
@@ -359,39 +424,59 @@ def _project(attn, hidden_states, position_embeddings, m, fp8: bool) -> dict[str
     return {"q": q576, "kv": kv576, "q_idx": qi, "idx_weights": w, "k_idx": ki.bfloat16()}
 
 
-def _step(attn, state: SparseMlaState, x: dict, past: int, s0: int, s1: int) -> torch.Tensor:
-    """Tokens ``[s0, s1)`` of every request as one decode step; fp32 ``[B, s1-s0, H, 512]``."""
-    b, n = x["q"].shape[0], s1 - s0
-    dev = x["q"].device
-    length = past + s1
-    state._allocate(length)
+def _chunk_rows(tokens: _Tokens, b: int, s0: int, s1: int):
+    """Tokens ``[s0, s1)`` of each request as the step's rows: ``n_b`` rows of request b
+    (its own tokens only), each request's length before them, and the rows' ``(request,
+    column)`` indices into ``[B, S]`` (None: every token, request-major)."""
+    if tokens.real is None:
+        return [s1 - s0] * b, [p + s0 for p in tokens.before], None
+    real = tokens.real[:, s0:s1]
+    starts = tokens.real[:, :s0].sum(1) + torch.tensor(tokens.before)
+    rows, cols = real.nonzero(as_tuple=True)  # request-major, as the plan takes rows
+    return real.sum(1).tolist(), starts.tolist(), (rows, cols + s0)
+
+
+def _step(attn, state: SparseMlaState, x: dict, tokens: _Tokens, s0: int, s1: int,
+          out: torch.Tensor) -> None:  # fmt: skip
+    """Tokens ``[s0, s1)`` of every request as one decode step, written into ``out``
+    (fp32 ``[B, S, H, 512]``)."""
+    b, dev = x["q"].shape[0], x["q"].device
+    n, starts, where = _chunk_rows(tokens, b, s0, s1)
+    if not sum(n):  # padding only
+        return
+    lengths = [st + k for st, k in zip(starts, n, strict=True)]
+    state._allocate(max(lengths))
     caches = state._layer_caches(attn.layer_idx, dev)
-    width = len(state.pages[0])
     bt = torch.tensor(state.pages, dtype=torch.int32)
     page = state.block_size
-    pos = torch.arange(past + s0, past + s1)
-    slots = (bt[:, pos // page] * page + pos % page).flatten()
-    plan = state._plan_for(attn, b * n, b, width, n)
-
-    def rows(name: str) -> torch.Tensor:
-        return x[name][:, s0:s1].flatten(0, 1)
-
+    req = torch.repeat_interleave(torch.arange(b), torch.tensor(n))
+    pos = torch.cat([torch.arange(st, st + k) for st, k in zip(starts, n, strict=True)])
+    slots = bt[req, pos // page] * page + pos % page
+    plan = state._plan_for(attn, len(pos), b, bt.shape[1], max(n))
+    if where is None:
+        where = (slice(None), slice(s0, s1))
+        pick = {k: v[:, s0:s1].flatten(0, 1) for k, v in x.items()}
+    else:
+        where = tuple(w.to(dev) for w in where)
+        pick = {k: v[where] for k, v in x.items()}
     inputs = DecodeInputs(
-        q_idx=rows("q_idx"),
-        idx_weights=rows("idx_weights"),
-        k_idx=rows("k_idx"),
-        q=rows("q"),
-        kv=rows("kv"),
+        q_idx=pick["q_idx"],
+        idx_weights=pick["idx_weights"],
+        k_idx=pick["k_idx"],
+        q=pick["q"],
+        kv=pick["kv"],
         slot_mapping=slots.to(torch.int32).to(dev),
         index_k_cache=caches.index_k,
         kv_cache=caches.kv,
-        seq_lens=torch.full((b,), length, dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=dev),
         block_table=bt.to(dev),
     )
-    res = plan.run(inputs, [n] * b, max_seq_len=length, stage_times=state.stage_times)
+    res = plan.run(inputs, n, max_seq_len=max(lengths), stage_times=state.stage_times)
+    shape = out[where].shape
+    out[where] = res.out.float().view(shape)
     if state.record_topk:
-        state.topk[attn.layer_idx][-1][:, s0:s1] = res.positions.view(b, n, -1)
-    return res.out.float().view(b, n, attn.num_heads, 512)
+        record = state.topk[attn.layer_idx][-1]
+        record[where] = res.positions.view(record[where].shape)
 
 
 def tiny_config(**overrides):
