@@ -17,11 +17,13 @@ Our paged caches (per layer, bf16 or fp8, one shared block table) replace HF's d
 the HF cache object only counts tokens (one scalar per token and layer), so ``generate``'s
 positions and masks work unchanged. HF's dense indexer and attention never run.
 
-Supported: greedy / sampled generation, batches and padded batches (an ``attention_mask``
-with zeros: each request's cache holds only its own tokens, so padding is never selected nor
-attended; outputs at padding positions are 0 before ``o_proj``). Not followed:
-``Cache.reorder_cache`` (beam search), ``batch_select_indices`` / ``batch_repeat_interleave``
-on a filled cache (a forward whose batch differs from the cache's raises ValueError).
+Supported: greedy / sampled generation, batches, padded batches (an ``attention_mask`` with
+zeros: each request's cache holds only its own tokens, so padding is never selected nor
+attended; outputs at padding positions are 0 before ``o_proj``) and beam search (the cache's
+``reorder_cache``, which ``generate`` calls after each step, copies every beam's pages from
+the beam it continues). Not followed: ``Cache.batch_select_indices`` /
+``batch_repeat_interleave`` on a filled cache (a forward whose batch differs from the
+cache's raises ValueError); ``record_topk``'s records are not reordered with the beams.
 
 Requirements (checked at :func:`enable`): transformers ``>= 5.24`` (:data:`TRANSFORMERS`
 is the tested range; earlier releases pass ``past_key_values=`` and drop the ``cache=``
@@ -99,6 +101,23 @@ class SparseMlaState:
         self.pages = [[] for _ in range(batch)]
         self.num_pages = 0
 
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Request ``i`` continues request ``beam_idx[i]`` (beam search): copy that request's
+        pages of every layer's caches into request ``i``'s. Every request holds the same
+        number of pages, so the block table stays as it is."""
+        src = [int(i) for i in beam_idx.tolist()]
+        if len(src) != len(self.pages):
+            raise ValueError(
+                f"beam_idx has {len(src)} entries, the paged caches hold {len(self.pages)} requests"
+            )
+        if src == list(range(len(src))) or not self.pages or not self.pages[0]:
+            return
+        table = torch.tensor(self.pages)
+        for c in self.caches.values():
+            dst, frm = table.flatten().to(c.kv.device), table[src].flatten().to(c.kv.device)
+            c.kv[dst] = c.kv[frm]  # the gather copies first: sources may be overwritten
+            c.index_k[dst] = c.index_k[frm]
+
     def _start(self, layer: int, batch: int, past: int) -> None:
         """A new batch starts at the first layer's forward with an empty HF cache."""
         if past == 0 and (layer == 0 or len(self.pages) != batch):
@@ -106,8 +125,8 @@ class SparseMlaState:
         elif len(self.pages) != batch:
             raise ValueError(
                 f"this forward has {batch} rows but the paged caches hold {len(self.pages)} "
-                "requests (batch_select_indices / batch_repeat_interleave on a filled cache "
-                "are not supported)"
+                "requests: only Cache.reorder_cache is followed (batch_select_indices / "
+                "batch_repeat_interleave on a filled cache are not supported)"
             )
 
     def _tokens(self, mask: torch.Tensor | None, batch: int, past: int, seq: int) -> _Tokens:
@@ -358,6 +377,22 @@ def _read_mask(mask: torch.Tensor | None, batch: int, past: int, seq: int) -> _T
     return _Tokens(real[:, :past].sum(1).tolist(), real[:, past:].clone())
 
 
+def _follow_reorders(cache, state: SparseMlaState) -> None:
+    """Make ``cache.reorder_cache`` (what ``generate``'s beam search calls after each step
+    when the model has no ``_reorder_cache``) reorder our paged caches too."""
+    if getattr(cache, "_sparse_mla_state", None) is state:
+        return
+    original = getattr(cache, "_sparse_mla_original", cache.reorder_cache)
+
+    def reorder_cache(beam_idx: torch.Tensor) -> None:
+        original(beam_idx)
+        state.reorder(beam_idx)
+
+    cache._sparse_mla_original = original
+    cache._sparse_mla_state = state
+    cache.reorder_cache = reorder_cache
+
+
 def _make_forward(state: SparseMlaState, m):
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
                 position_ids=None, **kwargs):  # fmt: skip
@@ -365,6 +400,7 @@ def _make_forward(state: SparseMlaState, m):
         batch, seq, _ = hidden_states.shape
         past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
         if cache is not None:  # count the tokens only: one scalar per token
+            _follow_reorders(cache, state)
             tick = hidden_states.new_zeros(batch, 1, seq, 1)
             cache.update(tick, tick, self.layer_idx)
         tokens = state._tokens(attention_mask, batch, past, seq)
