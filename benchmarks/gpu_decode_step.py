@@ -288,6 +288,8 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
     from sparse_mla.demo import _config
     from sparse_mla.integrations import hf
 
+    # transformers < 5.24 drops the cache= keyword below: HF would decode with no history
+    hf.check_transformers()
     cfg = _config("tiny" if dry else "v32", layers)
     model = hf.random_model(cfg, dtype=torch.bfloat16, seed=0, attn_implementation="sdpa")
     model = model.to(DEV)
@@ -302,6 +304,7 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
             with torch.no_grad():
                 for s0 in range(0, ctx, chunk):  # chunked prefill (HF's dense masks are O(S x T))
                     logits = m(prompt[:, s0 : s0 + chunk], cache=cache, use_cache=True).logits
+                _check_cached(cache, ctx, impl)
                 tok = logits[:, -1:].argmax(-1)
                 # out[i] is the argmax of kept[i] (the prefill's token first)
                 out, times, kept = [int(tok)], [], [logits[0, -1].float().cpu()]
@@ -334,6 +337,17 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
                 lg = step_logits[impl][first]
                 row[f"{impl} logit gap"] = float(lg[a[first]] - lg[b[first]])
     return row
+
+
+def _check_cached(cache, ctx: int, impl: str) -> None:
+    """The prefill must have filled the cache it was given, or the decode below would run
+    with no history (a transformers that ignores ``cache=``)."""
+    if cache.get_seq_length() != ctx:
+        raise RuntimeError(
+            f"{impl}: the cache holds {cache.get_seq_length()} tokens after a {ctx}-token "
+            "prefill: this transformers ignores cache= (sparse_mla.integrations.hf."
+            "TRANSFORMERS is the supported range)"
+        )
 
 
 def sync() -> None:
@@ -415,6 +429,12 @@ def main() -> int:
                 row = hf_end_to_end(ctx, args.hf_steps, args.hf_layers, 1024, dry=args.dry_run)
             except ImportError as e:  # a transformers without DeepSeek-V3.2 (or its needs)
                 print(f"  skipped: {e}")
+                break
+            except RuntimeError as e:  # a transformers the integration was not written for
+                if isinstance(e, torch.OutOfMemoryError):
+                    raise
+                print(f"  FAIL: {e}")
+                failures.append(f"HF end to end: {e}")
                 break
             hf_rows.append(row)
             table(hf_rows[-1:], list(hf_rows[-1].keys()))

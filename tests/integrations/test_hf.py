@@ -222,3 +222,122 @@ def test_chunked_prefill_equals_one_step():
         whole = hf.enable(copy.deepcopy(model))(ids, use_cache=False).logits
         chunked = hf.enable(copy.deepcopy(model), prefill_chunk=5)(ids, use_cache=False).logits
     torch.testing.assert_close(chunked, whole, atol=0.0, rtol=0.0)
+
+
+def _beam_gaps(model, ids) -> torch.Tensor:
+    """|beam score - the beam's own teacher-forced log-probability| of each returned beam
+    (length_penalty 0: a beam's score is the sum of its tokens' log-probabilities)."""
+    kw = {"num_beams": 3, "num_return_sequences": 3, "max_new_tokens": 5, "do_sample": False,
+          "length_penalty": 0.0, "return_dict_in_generate": True,
+          "output_scores": True}  # fmt: skip
+    with torch.no_grad():
+        out = model.generate(ids, **kw)
+        seq = out.sequences
+        logp = model(seq, use_cache=False).logits.float().log_softmax(-1)
+    p = ids.shape[1]
+    tf = logp[:, p - 1 : -1].gather(-1, seq[:, p:, None]).squeeze(-1).sum(-1)
+    return (out.sequences_scores - tf).abs()
+
+
+def test_beam_search_scores_match_teacher_forcing():
+    """Beam search reorders the caches each step (HF's Cache.reorder_cache): every beam
+    must then continue from its own history, so its score equals the teacher-forced
+    log-probability of its tokens (the paged caches' rows are gathered per beam)."""
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1), seed=17)
+    model.generation_config.eos_token_id = None
+    torch.manual_seed(18)
+    ids = torch.randint(0, model.config.vocab_size, (1, 10))
+    hf_gap = _beam_gaps(model, ids)
+    gap = _beam_gaps(hf.enable(copy.deepcopy(model), attention="torch"), ids)
+    print(f"beam score vs teacher-forced: ours {gap.tolist()}, HF {hf_gap.tolist()}")
+    assert hf_gap.max() < 1e-3
+    # Prefill and decode rows round the same kernels' inputs alike (bf16 queries / latents).
+    assert gap.max() < 1e-2
+
+
+def _left_padded(model, pad: int = 3):
+    """Two prompts of 13 and 13 - pad tokens, the shorter left-padded, with their mask."""
+    torch.manual_seed(20)
+    ids = torch.randint(1, model.config.vocab_size, (2, 13))
+    mask = torch.ones_like(ids)
+    ids[0, :pad], mask[0, :pad] = 0, 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])  # float (additive) and bool 4-D masks
+def test_left_padded_batch_generates_like_hf(impl):
+    """A padded row attends only its own tokens (the mask's zeros never enter its caches):
+    its logits match HF's on the same padded batch, prefill and decode, and its own run
+    without the padding."""
+    cfg = hf.tiny_config(num_hidden_layers=1)
+    model = hf.random_model(cfg, seed=19, attn_implementation=impl)
+    model.generation_config.eos_token_id = None
+    ids, mask = _left_padded(model)
+    kw = {"max_new_tokens": 3, "do_sample": False, "output_logits": True,
+          "return_dict_in_generate": True}  # fmt: skip
+    fast = hf.enable(copy.deepcopy(model), attention="torch")
+    with torch.no_grad():
+        theirs = model.generate(ids, attention_mask=mask, **kw)
+        ours = fast.generate(ids, attention_mask=mask, **kw)
+        alone = fast.generate(ids[:1, 3:], **kw)
+        ref = model(ids, attention_mask=mask, use_cache=False).logits
+        got = fast(ids, attention_mask=mask, use_cache=False).logits
+    assert torch.equal(ours.sequences, theirs.sequences)
+    real = mask.bool()  # logits at padding positions mean nothing
+    steps = torch.stack(ours.logits) - torch.stack(theirs.logits)
+    for err in ((got - ref)[real], steps):
+        print(f"padded batch: max |ours - HF| {err.abs().max():.4f}")
+        assert err.abs().max() <= 0.05 * ref[real].abs().max()
+    own = (torch.stack(ours.logits)[:, 0] - torch.stack(alone.logits)[:, 0]).abs().max()
+    print(f"padded row vs the same row alone: {own:.2e}")
+    assert own <= 5e-3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"prefill_chunk": -3}, ValueError, "prefill_chunk"),
+        ({"prefill_chunk": 0}, ValueError, "prefill_chunk"),
+        ({"prefill_chunk": 2.5}, TypeError, "prefill_chunk"),
+        ({"block_size": 0}, ValueError, "block_size"),
+        ({"block_size": "64"}, TypeError, "block_size"),
+        ({"fp8": "yes"}, TypeError, "fp8"),
+        ({"record_topk": 1}, TypeError, "record_topk"),
+        ({"attention": "flash"}, ValueError, "attention"),
+    ],
+)
+def test_enable_rejects_bad_arguments(kwargs, error, match):
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1))
+    with pytest.raises(error, match=match):
+        hf.enable(model, **kwargs)
+    assert not hasattr(model, "sparse_mla")
+
+
+def test_enable_rejects_a_model_that_is_not_deepseek_v32():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    with pytest.raises(TypeError, match=r"not a DeepSeek-V3\.2 \(DSA\).*LlamaForCausalLM"):
+        hf.enable(LlamaForCausalLM(cfg))
+
+
+def test_enable_rejects_transformers_it_was_not_written_for(monkeypatch):
+    """Before 5.24 DeepseekV32 took ``past_key_values=``: a ``cache=`` keyword was silently
+    dropped (generation with no history). Refused by version and by signature."""
+    import transformers
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1))
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(RuntimeError, match=r"transformers 5\.17\.0.*>= ?5\.24"):
+        hf.enable(model)
+    monkeypatch.undo()
+
+    def old_forward(self, hidden_states, position_embeddings, attention_mask,
+                    past_key_values=None, position_ids=None, **kwargs):  # fmt: skip
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(m.DeepseekV32Attention, "forward", old_forward)
+    with pytest.raises(RuntimeError, match="cache"):
+        hf.enable(model)

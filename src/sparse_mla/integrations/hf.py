@@ -17,30 +17,56 @@ Our paged caches (per layer, bf16 or fp8, one shared block table) replace HF's d
 the HF cache object only counts tokens (one scalar per token and layer), so ``generate``'s
 positions and masks work unchanged. HF's dense indexer and attention never run.
 
-Limits: every sequence of a batch has the same length (no padded batches); ``kv_lora_rank``
-must be 512, ``qk_rope_head_dim`` 64, ``index_head_dim`` 128 and ``index_topk`` a multiple of
-128 (checked at :func:`enable`).
+Supported: greedy / sampled generation, batches, padded batches (an ``attention_mask`` with
+zeros: each request's cache holds only its own tokens, so padding is never selected nor
+attended; outputs at padding positions are 0 before ``o_proj``) and beam search (the cache's
+``reorder_cache``, which ``generate`` calls after each step, copies every beam's pages from
+the beam it continues). Not followed: ``Cache.batch_select_indices`` /
+``batch_repeat_interleave`` on a filled cache (a forward whose batch differs from the
+cache's raises ValueError); ``record_topk``'s records are not reordered with the beams.
+
+Requirements (checked at :func:`enable`): transformers ``>= 5.24`` (:data:`TRANSFORMERS`
+is the tested range; earlier releases pass ``past_key_values=`` and drop the ``cache=``
+keyword this module relies on); ``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64,
+``index_head_dim`` 128 and ``index_topk`` a top-k size the kernels take.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
+from .._checks import check_int
 from ..decode.cases import quantize_index_q
 from ..decode.plan import DecodeInputs, DecodePlan, DecodePlanConfig
+from ..ops.decode_metadata.expand import MAX_DECODE_LEN
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache
 from ..ops.topk import MAX_K, supported_k
 
 _PAGE_GROUP = 8  # pages are handed out in groups, in reverse order within one (real paging)
+# The transformers releases this module was written and tested for: 5.24 renamed
+# DeepseekV32's ``past_key_values`` keyword to ``cache`` (and caches the compressed latents).
+TRANSFORMERS = (">=5.24", "<5.26")
 
 
 @dataclass
 class _Caches:
     index_k: torch.Tensor
     kv: torch.Tensor
+
+
+@dataclass
+class _Tokens:
+    """One forward's tokens per request, read from the attention mask: ``before[b]`` of
+    request b's own tokens are cached already; ``real`` (bool ``[B, S]``, CPU) marks the
+    forward's tokens that are its own (False: padding), None when every one is."""
+
+    before: list[int]
+    real: torch.Tensor | None
 
 
 @dataclass
@@ -52,8 +78,8 @@ class SparseMlaState:
     block_size: tokens per page;
     prefill_chunk: prompt tokens per request and step; record_topk: keep each layer's last
     selected positions of every forward in ``topk[layer_idx]`` (a list of int32
-    ``[B, S, index_topk]``, request-local positions ascending, -1 padded) -- top-k and the
-    remap then run as two launches;
+    ``[B, S, index_topk]``, request-local positions (padding not counted) ascending, -1
+    padded; all -1 at padding tokens) -- top-k and the remap then run as two launches;
     stage_times: when a dict, each step adds its per-stage wall times to it.
     """
 
@@ -68,11 +94,50 @@ class SparseMlaState:
     pages: list[list[int]] = field(default_factory=list)
     num_pages: int = 0
     plan: DecodePlan | None = None
+    _mask_memo: tuple | None = field(default=None, repr=False)
 
     def reset(self, batch: int) -> None:
         """Forget every sequence (a new batch of ``batch`` requests); caches are kept."""
         self.pages = [[] for _ in range(batch)]
         self.num_pages = 0
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Request ``i`` continues request ``beam_idx[i]`` (beam search): copy that request's
+        pages of every layer's caches into request ``i``'s. Every request holds the same
+        number of pages, so the block table stays as it is."""
+        src = [int(i) for i in beam_idx.tolist()]
+        if len(src) != len(self.pages):
+            raise ValueError(
+                f"beam_idx has {len(src)} entries, the paged caches hold {len(self.pages)} requests"
+            )
+        if src == list(range(len(src))) or not self.pages or not self.pages[0]:
+            return
+        table = torch.tensor(self.pages)
+        for c in self.caches.values():
+            dst, frm = table.flatten().to(c.kv.device), table[src].flatten().to(c.kv.device)
+            c.kv[dst] = c.kv[frm]  # the gather copies first: sources may be overwritten
+            c.index_k[dst] = c.index_k[frm]
+
+    def _start(self, layer: int, batch: int, past: int) -> None:
+        """A new batch starts at the first layer's forward with an empty HF cache."""
+        if past == 0 and (layer == 0 or len(self.pages) != batch):
+            self.reset(batch)
+        elif len(self.pages) != batch:
+            raise ValueError(
+                f"this forward has {batch} rows but the paged caches hold {len(self.pages)} "
+                "requests: only Cache.reorder_cache is followed (batch_select_indices / "
+                "batch_repeat_interleave on a filled cache are not supported)"
+            )
+
+    def _tokens(self, mask: torch.Tensor | None, batch: int, past: int, seq: int) -> _Tokens:
+        """:func:`_read_mask` once per forward: every layer gets the same mask object."""
+        key = (batch, past, seq)
+        memo = self._mask_memo
+        if memo is not None and memo[0] is mask and memo[1] == key:
+            return memo[2]
+        tokens = _read_mask(mask, batch, past, seq)
+        self._mask_memo = (mask, key, tokens)  # holds the mask: its id cannot be reused
+        return tokens
 
     def _allocate(self, length: int) -> None:
         """Give every request pages for ``length`` tokens."""
@@ -153,6 +218,75 @@ def check_config(config) -> None:
         raise ValueError("sparse-mla needs config.q_lora_rank (the indexer reads q_lora)")
 
 
+def check_transformers() -> None:
+    """Raise RuntimeError unless the installed transformers is one this module was written
+    for (its DeepseekV32 takes ``cache=`` and exposes the helpers used here); warn when it
+    is newer than the tested range :data:`TRANSFORMERS`."""
+    import transformers
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    version = Version(transformers.__version__)
+    low, high = TRANSFORMERS
+    wanted = f"pip install 'transformers{low},{high}'"
+    if not SpecifierSet(low).contains(version, prereleases=True):
+        raise RuntimeError(
+            f"sparse-mla's HF integration needs transformers {low} (the range it is tested "
+            f"with: {low},{high}); got transformers {transformers.__version__}: before 5.24 "
+            f"DeepseekV32 takes past_key_values= and silently drops the cache= keyword this "
+            f"integration and its scripts pass (decoding with no history): {wanted}"
+        )
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    missing = _missing_features(m)
+    if missing:
+        raise RuntimeError(
+            f"transformers {transformers.__version__}'s DeepseekV32 lacks what sparse-mla's "
+            f"HF integration relies on: {', '.join(missing)}; {wanted}"
+        )
+    if not SpecifierSet(high).contains(version, prereleases=True):
+        warnings.warn(
+            f"sparse-mla's HF integration is tested with transformers {low},{high}; got "
+            f"{transformers.__version__}",
+            stacklevel=3,
+        )
+
+
+def _missing_features(m) -> list[str]:
+    """What this module calls in ``modeling_deepseek_v32`` (``m``) that ``m`` lacks."""
+    takes_cache = {
+        "DeepseekV32Attention.forward(cache=)": m.DeepseekV32Attention.forward,
+        "DeepseekV32Model.forward(cache=)": m.DeepseekV32Model.forward,
+    }
+    missing = [k for k, f in takes_cache.items() if "cache" not in inspect.signature(f).parameters]
+    helpers = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+    return missing + [name for name in helpers if not hasattr(m, name)]
+
+
+def _check_model(model: object, m) -> None:
+    """TypeError unless ``model`` holds DeepSeek-V3.2 attention layers."""
+    if not isinstance(model, torch.nn.Module) or not any(
+        isinstance(module, m.DeepseekV32Attention) for module in model.modules()
+    ):
+        raise TypeError(
+            f"model is not a DeepSeek-V3.2 (DSA) model: got {type(model).__name__}, which holds "
+            "no DeepseekV32Attention layer; enable() takes a DeepseekV32ForCausalLM, a "
+            "DeepseekV32Model or any module holding DeepseekV32Attention layers"
+        )
+
+
+def _check_options(
+    fp8: object, attention: object, block_size: object, prefill_chunk: object, record_topk: object
+) -> None:
+    for name, flag in (("fp8", fp8), ("record_topk", record_topk)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if attention not in ("auto", "torch"):
+        raise ValueError(f"attention must be 'auto' or 'torch', got {attention!r}")
+    check_int("block_size", block_size, lo=1, hi=2**20)  # slots are int32: keep pages modest
+    check_int("prefill_chunk", prefill_chunk, lo=1, hi=MAX_DECODE_LEN)
+
+
 def enable(
     model: torch.nn.Module,
     *,
@@ -171,18 +305,25 @@ def enable(
             indexer queries; default bf16 caches.
         attention: "auto" (the library's sparse MLA decode op) or "torch" (the step's batched
             PyTorch attention; everything else still runs the library's kernels).
-        block_size: tokens per cache page.
-        prefill_chunk: prompt tokens per request taken by one step (bounds the logits buffer).
+        block_size: tokens per cache page, an int in ``[1, 2**20]``.
+        prefill_chunk: prompt tokens per request taken by one step (bounds the logits
+            buffer), an int in ``[1, 2**20]``.
         record_topk: keep each layer's selected positions (see :class:`SparseMlaState`).
 
     Raises:
-        ValueError: the config has latent sizes the kernels do not take (see module notes).
+        RuntimeError: the installed transformers is not one this module was written for
+            (see :func:`check_transformers`).
+        TypeError: ``model`` is not a DeepSeek-V3.2 (DSA) model; an option has the wrong
+            type.
+        ValueError: an option is out of range; the config has latent sizes the kernels do
+            not take (see module notes).
     """
+    check_transformers()
     from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
 
+    _check_model(model, m)
+    _check_options(fp8, attention, block_size, prefill_chunk, record_topk)
     check_config(model.config)
-    if attention not in ("auto", "torch"):
-        raise ValueError(f"attention must be 'auto' or 'torch', got {attention!r}")
     state = SparseMlaState(
         fp8=fp8,
         attention=attention,
@@ -190,13 +331,9 @@ def enable(
         prefill_chunk=prefill_chunk,
         record_topk=record_topk,
     )
-    found = 0
     for module in model.modules():
         if isinstance(module, m.DeepseekV32Attention):
             module.forward = types.MethodType(_make_forward(state, m), module)
-            found += 1
-    if not found:
-        raise ValueError("model has no DeepseekV32Attention module to route")
     model.sparse_mla = state
     return model
 
@@ -210,29 +347,75 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _read_mask(mask: torch.Tensor | None, batch: int, past: int, seq: int) -> _Tokens:
+    """Which cached and new positions hold each request's own tokens. The last query row of
+    HF's 4-D mask ``[B, 1, S, T]`` sees every key up to it, so that row is the padding mask
+    (a 2-D ``[B, T]`` mask is one already). One device-to-host copy."""
+    total = past + seq
+    if mask is None:
+        return _Tokens([past] * batch, None)
+    if mask.dim() not in (2, 4):
+        raise ValueError(
+            f"attention_mask must be HF's 4-D [B, 1, S, T] or a 2-D [B, T] mask, got shape "
+            f"{tuple(mask.shape)}"
+        )
+    keys = mask[:, 0, -1] if mask.dim() == 4 else mask
+    if keys.shape[-1] < total or keys.shape[0] not in (1, batch):
+        raise ValueError(
+            f"attention_mask {tuple(mask.shape)} does not cover {batch} requests of {total} tokens"
+        )
+    keys = keys[:, :total].expand(batch, total)
+    if keys.dtype == torch.bool:
+        real = keys
+    elif mask.dim() == 4 and keys.is_floating_point():
+        real = keys == 0  # additive: 0 attends, the dtype's min masks
+    else:
+        real = keys != 0
+    real = real.cpu()
+    if bool(real.all()):
+        return _Tokens([past] * batch, None)
+    return _Tokens(real[:, :past].sum(1).tolist(), real[:, past:].clone())
+
+
+def _follow_reorders(cache, state: SparseMlaState) -> None:
+    """Make ``cache.reorder_cache`` (what ``generate``'s beam search calls after each step
+    when the model has no ``_reorder_cache``) reorder our paged caches too."""
+    if getattr(cache, "_sparse_mla_state", None) is state:
+        return
+    original = getattr(cache, "_sparse_mla_original", cache.reorder_cache)
+
+    def reorder_cache(beam_idx: torch.Tensor) -> None:
+        original(beam_idx)
+        state.reorder(beam_idx)
+
+    cache._sparse_mla_original = original
+    cache._sparse_mla_state = state
+    cache.reorder_cache = reorder_cache
+
+
 def _make_forward(state: SparseMlaState, m):
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
                 position_ids=None, **kwargs):  # fmt: skip
-        del attention_mask, position_ids, kwargs  # causal by construction; positions via cos/sin
+        del position_ids, kwargs  # positions via cos/sin; request-local ones via the mask
         batch, seq, _ = hidden_states.shape
         past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
         if cache is not None:  # count the tokens only: one scalar per token
+            _follow_reorders(cache, state)
             tick = hidden_states.new_zeros(batch, 1, seq, 1)
             cache.update(tick, tick, self.layer_idx)
+        tokens = state._tokens(attention_mask, batch, past, seq)
+        state._start(self.layer_idx, batch, past)
         x = _project(self, hidden_states, position_embeddings, m, state.fp8)
-        out = torch.empty(batch, seq, self.num_heads, 512, dtype=torch.float32,
+        # padding tokens get no rows: their outputs stay 0 (and their records -1)
+        out = torch.zeros(batch, seq, self.num_heads, 512, dtype=torch.float32,
                           device=hidden_states.device)  # fmt: skip
         if state.record_topk:
+            k = self.indexer.index_topk
             state.topk.setdefault(self.layer_idx, []).append(
-                torch.empty(
-                    batch, seq, self.indexer.index_topk, dtype=torch.int32, device=out.device
-                )  # fmt: skip
+                torch.full((batch, seq, k), -1, dtype=torch.int32, device=out.device)
             )
-        if past == 0 and (self.layer_idx == 0 or len(state.pages) != batch):
-            state.reset(batch)
         for s0 in range(0, seq, state.prefill_chunk):
-            s1 = min(seq, s0 + state.prefill_chunk)
-            out[:, s0:s1] = _step(self, state, x, past, s0, s1)
+            _step(self, state, x, tokens, s0, min(seq, s0 + state.prefill_chunk), out)
         w_uv = self.kv_b_proj.weight.view(self.num_heads, -1, 512)[:, self.qk_nope_head_dim :]
         o = torch.einsum("bshc,hvc->bshv", out, w_uv.float())
         o = o.reshape(batch, seq, -1).to(hidden_states.dtype)
@@ -277,39 +460,59 @@ def _project(attn, hidden_states, position_embeddings, m, fp8: bool) -> dict[str
     return {"q": q576, "kv": kv576, "q_idx": qi, "idx_weights": w, "k_idx": ki.bfloat16()}
 
 
-def _step(attn, state: SparseMlaState, x: dict, past: int, s0: int, s1: int) -> torch.Tensor:
-    """Tokens ``[s0, s1)`` of every request as one decode step; fp32 ``[B, s1-s0, H, 512]``."""
-    b, n = x["q"].shape[0], s1 - s0
-    dev = x["q"].device
-    length = past + s1
-    state._allocate(length)
+def _chunk_rows(tokens: _Tokens, b: int, s0: int, s1: int):
+    """Tokens ``[s0, s1)`` of each request as the step's rows: ``n_b`` rows of request b
+    (its own tokens only), each request's length before them, and the rows' ``(request,
+    column)`` indices into ``[B, S]`` (None: every token, request-major)."""
+    if tokens.real is None:
+        return [s1 - s0] * b, [p + s0 for p in tokens.before], None
+    real = tokens.real[:, s0:s1]
+    starts = tokens.real[:, :s0].sum(1) + torch.tensor(tokens.before)
+    rows, cols = real.nonzero(as_tuple=True)  # request-major, as the plan takes rows
+    return real.sum(1).tolist(), starts.tolist(), (rows, cols + s0)
+
+
+def _step(attn, state: SparseMlaState, x: dict, tokens: _Tokens, s0: int, s1: int,
+          out: torch.Tensor) -> None:  # fmt: skip
+    """Tokens ``[s0, s1)`` of every request as one decode step, written into ``out``
+    (fp32 ``[B, S, H, 512]``)."""
+    b, dev = x["q"].shape[0], x["q"].device
+    n, starts, where = _chunk_rows(tokens, b, s0, s1)
+    if not sum(n):  # padding only
+        return
+    lengths = [st + k for st, k in zip(starts, n, strict=True)]
+    state._allocate(max(lengths))
     caches = state._layer_caches(attn.layer_idx, dev)
-    width = len(state.pages[0])
     bt = torch.tensor(state.pages, dtype=torch.int32)
     page = state.block_size
-    pos = torch.arange(past + s0, past + s1)
-    slots = (bt[:, pos // page] * page + pos % page).flatten()
-    plan = state._plan_for(attn, b * n, b, width, n)
-
-    def rows(name: str) -> torch.Tensor:
-        return x[name][:, s0:s1].flatten(0, 1)
-
+    req = torch.repeat_interleave(torch.arange(b), torch.tensor(n))
+    pos = torch.cat([torch.arange(st, st + k) for st, k in zip(starts, n, strict=True)])
+    slots = bt[req, pos // page] * page + pos % page
+    plan = state._plan_for(attn, len(pos), b, bt.shape[1], max(n))
+    if where is None:
+        where = (slice(None), slice(s0, s1))
+        pick = {k: v[:, s0:s1].flatten(0, 1) for k, v in x.items()}
+    else:
+        where = tuple(w.to(dev) for w in where)
+        pick = {k: v[where] for k, v in x.items()}
     inputs = DecodeInputs(
-        q_idx=rows("q_idx"),
-        idx_weights=rows("idx_weights"),
-        k_idx=rows("k_idx"),
-        q=rows("q"),
-        kv=rows("kv"),
+        q_idx=pick["q_idx"],
+        idx_weights=pick["idx_weights"],
+        k_idx=pick["k_idx"],
+        q=pick["q"],
+        kv=pick["kv"],
         slot_mapping=slots.to(torch.int32).to(dev),
         index_k_cache=caches.index_k,
         kv_cache=caches.kv,
-        seq_lens=torch.full((b,), length, dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=dev),
         block_table=bt.to(dev),
     )
-    res = plan.run(inputs, [n] * b, max_seq_len=length, stage_times=state.stage_times)
+    res = plan.run(inputs, n, max_seq_len=max(lengths), stage_times=state.stage_times)
+    shape = out[where].shape
+    out[where] = res.out.float().view(shape)
     if state.record_topk:
-        state.topk[attn.layer_idx][-1][:, s0:s1] = res.positions.view(b, n, -1)
-    return res.out.float().view(b, n, attn.num_heads, 512)
+        record = state.topk[attn.layer_idx][-1]
+        record[where] = res.positions.view(record[where].shape)
 
 
 def tiny_config(**overrides):
