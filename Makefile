@@ -5,6 +5,8 @@ VENV ?= .venv
 # The CPU build of torch that lies on this machine image's disk; override on other machines.
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# The GPU machine's Triton, for compiling the Gluon kernels as it will (tests/test_gluon_compile.py).
+VENV36 ?= .venv-triton36
 
 .PHONY: demo test verify bench lint clean
 
@@ -20,9 +22,14 @@ demo: $(BIN)/.installed
 
 # The quick verification sweep runs inside tests/test_sm90_compile.py (it records the sweep's
 # kernel launches and fails if a case does), so it is not run a second time here.
-test: $(BIN)/.installed
+$(VENV36)/bin/.installed:
+	$(PYTHON) -m venv $(VENV36)
+	$(VENV36)/bin/pip install -q "triton==3.6.0"
+	touch $@
+
+test: $(BIN)/.installed $(VENV36)/bin/.installed
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -n 2 --durations=15 tests
+	SPARSE_MLA_TRITON36_PYTHON=$(VENV36)/bin/python $(BIN)/python -m pytest -n 2 --durations=15 tests
 
 verify: $(BIN)/.installed
 	$(BIN)/sparse-mla verify
@@ -35,4 +42,4 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) $(VENV36) results

@@ -261,11 +261,17 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     fmt = "fp8" if lay.fp8 else "bf16"
     cfg = config or choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
     _check_config(cfg, fmt)
-    if cfg.kernel == "sm90" and not sm90_available(dev):
-        raise ValueError(
-            f"config.kernel='sm90' needs an sm_90 GPU and a Triton with Gluon; {dev} has "
-            "neither or this is the interpreter: use kernel='triton'"
-        )
+    if cfg.kernel == "sm90":
+        if not sm90_available(dev):
+            raise ValueError(
+                f"config.kernel='sm90' needs an sm_90 GPU and a Triton with Gluon; {dev} has "
+                "neither or this is the interpreter: use kernel='triton'"
+            )
+        if cfg.block_h not in _sm90_kernel().BLOCK_HS[lay.fp8]:
+            raise ValueError(
+                f"config.kernel='sm90' takes block_h in {_sm90_kernel().BLOCK_HS[lay.fp8]} on "
+                f"a {fmt} cache, got {cfg.block_h}"
+            )
     splits = cfg.effective_splits(topk)
     if num_tokens and splits > 1 and workspace is not None:
         _check_workspace(workspace, num_tokens * splits, h_q, dev)

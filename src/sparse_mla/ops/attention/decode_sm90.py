@@ -43,6 +43,10 @@ G_LOG2E = gl.constexpr(1.4426950408889634)
 G_LN2 = gl.constexpr(0.6931471805599453)
 SCALE_WORD = gl.constexpr(128)  # first fp32 scale of an fp8 row, in 4-byte words
 ROPE_HALF = gl.constexpr(264)  # first rope value of an fp8 row, in 2-byte units
+# Heads a program takes, by cache format: 32 with the fp8 producer's 8 warps would leave the
+# consumer 168 registers a thread (384 threads), which its 128-register O^T overflows.
+BLOCK_HS = {True: (16,), False: (16, 32)}
+
 
 def producer_shape(fp8: bool) -> tuple[int, int]:
     """(warps, registers a thread) of the producer partition: fp8 keeps two blocks of bytes in
@@ -51,24 +55,42 @@ def producer_shape(fp8: bool) -> tuple[int, int]:
     return (8, 152) if fp8 else (4, 232)
 
 
+# The producers resolve a block's rows in three stages, each a loop iteration apart, so that
+# no load's result is used in the iteration that issued it (a warp stalls at the first use):
+# the slot ids, then (fused remap) their block-table pages, then the row offsets.
 @gluon.jit
-def _row_offsets(idx_row, idx_s1, start, col_hi, num_rows, bt_row, bt_s1, bt_width, req_ok,
-                 block_size, kv_s0, kv_s1, PAGE: gl.constexpr, FUSED: gl.constexpr,
-                 LAYOUT: gl.constexpr):  # fmt: skip
-    """Element offsets (int64, of the cache's row start) and validity of one block's rows;
-    invalid rows point at row 0 (never read: their loads are masked)."""
+def _block_ids(idx_row, idx_s1, start, col_hi, LAYOUT: gl.constexpr):
+    """The block's entries from ``start`` (int32, -1 past ``col_hi``), loads in flight."""
     cols = start + gl.arange(0, BN, layout=LAYOUT)
-    in_row = cols < col_hi
-    i = gl.load(idx_row + cols * idx_s1, mask=in_row, other=-1)
+    return gl.load(idx_row + cols * idx_s1, mask=cols < col_hi, other=-1)
+
+
+@gluon.jit
+def _block_pages(i, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED: gl.constexpr):
+    """(base, offset, valid so far) of entries ``i``: the slot is ``base * block_size +
+    offset`` with the fused remap (the block-table load issued here), else ``i`` itself."""
     if FUSED:
         col = i // block_size
-        ok = in_row & (i >= 0) & (col < bt_width) & req_ok
-        page_id = gl.load(bt_row + col.to(gl.int64) * bt_s1, mask=ok, other=-1)
-        ok = ok & (page_id >= 0)
-        slot = page_id.to(gl.int64) * block_size + (i % block_size)
+        ok = (i >= 0) & (col < bt_width) & req_ok
+        base = gl.load(bt_row + col.to(gl.int64) * bt_s1, mask=ok, other=-1)
+        off = i % block_size
     else:
-        slot = i.to(gl.int64)
-    ok = in_row & (slot >= 0) & (slot < num_rows)
+        ok = i >= 0
+        base = i
+        off = gl.zeros_like(i)
+    return base, off, ok
+
+
+@gluon.jit
+def _block_rows(base, off, ok, block_size, num_rows, kv_s0, kv_s1, PAGE: gl.constexpr,
+                FUSED: gl.constexpr):  # fmt: skip
+    """Element offsets (int64) of the rows and their validity; invalid rows point at row 0
+    (never read: their loads are masked)."""
+    if FUSED:
+        slot = base.to(gl.int64) * block_size + off
+    else:
+        slot = base.to(gl.int64)
+    ok = ok & (base >= 0) & (slot < num_rows)
     slot = gl.where(ok, slot, 0)
     return (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1, ok
 
@@ -145,29 +167,30 @@ def _producer_fp8(kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, nu
                   NBUF: gl.constexpr, PW: gl.constexpr):  # fmt: skip
     """fp8 cache: fills ring slot ``i % NBUF`` with block ``i``'s rows dequantised to bf16
     (zeros where invalid) and its bias, then arrives on ``ready``. Software-pipelined in
-    registers: while block i is dequantised and stored, block i+1's rows and block i+2's
-    slot ids are in flight."""
+    registers (below)."""
     lay: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PW, 1], [1, 0])  # 16 B a thread
     rope_lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
     row_lay: gl.constexpr = gl.SliceLayout(1, lay)
     words_lay: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32)
-    row, ok = _row_offsets(idx_row, idx_s1, col_lo, col_hi, num_rows, bt_row, bt_s1, bt_width,
-                           req_ok, block_size, kv_s0, kv_s1, PAGE, FUSED, row_lay)  # fmt: skip
+    ids = _block_ids(idx_row, idx_s1, col_lo, col_hi, row_lay)
+    base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
+    row, ok = _block_rows(base, off, okb, block_size, num_rows, kv_s0, kv_s1, PAGE, FUSED)
     w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = _fp8_loads(
         kv_f32, kv_bf16, row, ok, lay, rope_lay
     )
-    row, ok = _row_offsets(idx_row, idx_s1, col_lo + BN, col_hi, num_rows, bt_row, bt_s1,
-                           bt_width, req_ok, block_size, kv_s0, kv_s1, PAGE, FUSED,
-                           row_lay)  # fmt: skip
+    ids = _block_ids(idx_row, idx_s1, col_lo + BN, col_hi, row_lay)
+    base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
+    ids = _block_ids(idx_row, idx_s1, col_lo + 2 * BN, col_hi, row_lay)
     for i in range(n_blocks):
         s = i % NBUF
-        # Block i+1's rows (masked off past the end) and block i+2's slot ids, in flight.
+        # In flight while block i is dequantised and stored: block i+1's rows, block i+2's
+        # block-table pages, block i+3's slot ids (masked off past the end).
+        row, ok = _block_rows(base, off, okb, block_size, num_rows, kv_s0, kv_s1, PAGE, FUSED)
         n0, n1, n2, n3, m0, m1, m2, m3, nkr, nb = _fp8_loads(
             kv_f32, kv_bf16, row, ok, lay, rope_lay
         )
-        row, ok = _row_offsets(idx_row, idx_s1, col_lo + (i + 2) * BN, col_hi, num_rows,
-                               bt_row, bt_s1, bt_width, req_ok, block_size, kv_s0, kv_s1, PAGE,
-                               FUSED, row_lay)  # fmt: skip
+        base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
+        ids = _block_ids(idx_row, idx_s1, col_lo + (i + 3) * BN, col_hi, row_lay)
         mbarrier.wait(empty.index(s), ((i // NBUF) & 1) ^ 1)  # the consumer freed the slot
         if OLD_REINTERPRET:
             kw = k_nope.index(s)._reinterpret(gl.int32, [BN, G_NOPE // 2], words_lay)
@@ -192,21 +215,26 @@ def _producer_bf16(kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, num_rows,
                    NBUF: gl.constexpr, PW: gl.constexpr):  # fmt: skip
     """bf16 cache: cp.async gathers of block i's rows straight into ring slot ``i % NBUF``
     (zeros where invalid); every producer thread's copies arrive on ``ready`` as they land
-    (count ``32 * PW``), plus one arrive after the bias stores. Block i+1's slot
-    ids are loaded while block i's copies are issued."""
+    (count ``32 * PW``), plus one arrive after the bias stores."""
     lay: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [PW, 1], [1, 0])  # 16 B a thread
     rope_lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])
     row_lay: gl.constexpr = gl.SliceLayout(1, lay)
     d = gl.arange(0, 128, layout=gl.SliceLayout(0, lay))
     r = gl.arange(0, G_ROPE, layout=gl.SliceLayout(0, rope_lay))
-    row, ok = _row_offsets(idx_row, idx_s1, col_lo, col_hi, num_rows, bt_row, bt_s1, bt_width,
-                           req_ok, block_size, kv_s0, kv_s1, PAGE, FUSED, row_lay)  # fmt: skip
+    ids = _block_ids(idx_row, idx_s1, col_lo, col_hi, row_lay)
+    base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
+    ids = _block_ids(idx_row, idx_s1, col_lo + BN, col_hi, row_lay)
     for i in range(n_blocks):
         s = i % NBUF
-        nrow, nok = _row_offsets(idx_row, idx_s1, col_lo + (i + 1) * BN, col_hi, num_rows,
-                                 bt_row, bt_s1, bt_width, req_ok, block_size, kv_s0, kv_s1, PAGE,
-                                 FUSED, row_lay)  # fmt: skip
+        row, ok = _block_rows(base, off, okb, block_size, num_rows, kv_s0, kv_s1, PAGE, FUSED)
+        # In flight meanwhile: block i+1's block-table pages and block i+2's slot ids.
+        base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
+        ids = _block_ids(idx_row, idx_s1, col_lo + (i + 2) * BN, col_hi, row_lay)
         mbarrier.wait(empty.index(s), ((i // NBUF) & 1) ^ 1)  # the consumer freed the slot
+        # The bias first, published by one ordinary arrive after all producer warps stored.
+        bias.index(s).store(gl.where(ok, 0.0, float("-inf")))
+        cta_barrier()
+        mbarrier.arrive(ready.index(s), count=1)
         kn = k_nope.index(s)
         mask = ok[:, None]
         for g in gl.static_range(4):
@@ -216,10 +244,6 @@ def _producer_bf16(kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, num_rows,
         rmask = gl.convert_layout(ok, gl.SliceLayout(1, rope_lay))[:, None]
         cp_load(k_rope.index(s), kv_bf16 + rrow[:, None] + r[None, :] * kv_s2, mask=rmask)
         async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
-        bias.index(s).store(gl.where(ok, 0.0, float("-inf")))
-        cta_barrier()  # every producer warp's bias stores before the (single) arrive
-        mbarrier.arrive(ready.index(s), count=1)
-        row, ok = nrow, nok
 
 
 @gluon.jit
@@ -410,7 +434,7 @@ def compile_variants() -> list[dict]:
     """The constexpr combinations the dispatch can launch (compiled for sm_90 in CI)."""
     out = []
     for fp8 in (True, False):
-        for block_h in (16, 32):
+        for block_h in BLOCK_HS[fp8]:
             for fused, split in ((False, False), (True, True)):
                 out.append(dict(
                     PAGE=64, BLOCK_H=block_h, FP8=fp8, FUSED=fused, HAS_LEN=True,
