@@ -33,7 +33,7 @@ def gather_mla_rows(
     num_rows = lay.num_pages * lay.block_size
     valid = (slots >= 0) & (slots < num_rows)
     safe = torch.where(valid, slots.long(), 0)
-    raw = lay.cache3[safe // max(lay.block_size, 1), safe % max(lay.block_size, 1)]
+    raw = lay.cache3[safe // lay.block_size, safe % lay.block_size]
     if not lay.fp8:
         rows = raw.to(dtype)
     else:
