@@ -299,6 +299,42 @@ def test_bad_arguments():
         sparse_mla_decode(q, cache, idx, config=AttentionConfig(num_warps=2), **call)
 
 
+@pytest.mark.parametrize(
+    "field,value,error,match",
+    [
+        ("block_n", 64.0, TypeError, "config.block_n must be an int"),
+        ("block_n", 2**17, ValueError, r"config.block_n must be a power of two in \[16, 64\]"),
+        ("block_n", 0, ValueError, "config.block_n must be a power of two"),
+        ("block_n", 48, ValueError, "config.block_n must be a power of two"),
+        ("block_h", 16.0, TypeError, "config.block_h must be an int"),
+        ("block_h", True, TypeError, "config.block_h must be an int"),
+        ("num_splits", 2.0, TypeError, "config.num_splits must be an int"),
+        ("num_warps", 4.0, TypeError, "config.num_warps must be an int"),
+        ("num_stages", 0, ValueError, "config.num_stages must be >= 1"),
+        ("combine_heads", 8.0, TypeError, "config.combine_heads must be an int"),
+        ("combine_dims", 96, ValueError, "config.combine_dims must be a power of two"),
+        ("pdl", 1, TypeError, "config.pdl must be a bool"),
+    ],
+)
+def test_bad_config_fields(field, value, error, match):
+    """Every field checked for its type and range, by the call and the workspace alike."""
+    g = _gen(0)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16, topk=64))
+    cfg = AttentionConfig(**{field: value})
+    with pytest.raises(error, match=match):
+        sparse_mla_decode(q, cache, idx, sm_scale=SCALE, config=cfg)
+    with pytest.raises(error, match=match):
+        attention_workspace(2, 16, 64, config=cfg, device=DEV)
+
+
+def test_workspace_type_checked_on_every_call():
+    g = _gen(0)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16, topk=64))
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(num_splits=2), None):
+        with pytest.raises(TypeError, match="workspace must come from attention_workspace"):
+            sparse_mla_decode(q, cache, idx, sm_scale=SCALE, config=cfg, workspace=(1, 2))
+
+
 # ---- FlashMLA-shaped entry ---------------------------------------------------------------------
 
 

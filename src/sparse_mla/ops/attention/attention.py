@@ -11,7 +11,13 @@ from ..._launch import PlanCache, launch, scalars_key, tensor_meta, value_key
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
 from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
-from .config import MAX_HEADS, AttentionConfig, choose_attention_config, workspace_rows
+from .config import (
+    MAX_HEADS,
+    AttentionConfig,
+    check_attention_config,
+    choose_attention_config,
+    workspace_rows,
+)
 from .decode import LOG2E, NOPE, ROPE
 
 HEAD_DIM = NOPE + ROPE
@@ -54,14 +60,14 @@ def attention_workspace(
 ) -> AttentionWorkspace:
     """Pre-sized split scratch for :func:`sparse_mla_decode` calls of up to ``num_tokens``
     query rows with ``h_q`` heads and ``topk`` columns on a ``cache_format`` cache ("bf16" or
-    "fp8"), under the default launch shapes or under a fixed ``config``. Its contents need no
-    initialisation."""
+    "fp8"), under the default launch shapes or under a fixed ``config`` (checked as the call
+    checks it). Its contents need no initialisation."""
     check_int("num_tokens", num_tokens, lo=0)
     check_int("h_q", h_q, lo=1, hi=MAX_HEADS)
     check_int("topk", topk, lo=1)
     dev = canonical_device(device)
     if config is not None:
-        splits = config.effective_splits(topk)
+        splits = check_attention_config(config).effective_splits(topk)
         rows = num_tokens * splits if splits > 1 else 0
     else:
         rows = workspace_rows(num_tokens, h_q, topk, cache_format, _sms(dev))
@@ -231,9 +237,16 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
         check_tensor("lse", lse, dtype=torch.float32, device=dev)
         check_output("lse", lse, (num_tokens, h_q))
     fmt = "fp8" if lay.fp8 else "bf16"
-    cfg = config or choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
-    _check_config(cfg, fmt)
+    if config is None:
+        cfg = choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
+    else:
+        cfg = check_attention_config(config)
     splits = cfg.effective_splits(topk)
+    if workspace is not None and not isinstance(workspace, AttentionWorkspace):
+        # (checked even when this call does not split: the next one may)
+        raise TypeError(
+            f"workspace must come from attention_workspace, got {type(workspace).__name__}"
+        )
     if num_tokens and splits > 1 and workspace is not None:
         _check_workspace(workspace, num_tokens * splits, h_q, dev)
     out_s = out.stride() if out is not None else (h_q * NOPE, NOPE, 1)  # made contiguous
@@ -285,26 +298,7 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, ha
     return main, ((num_tokens * head_blocks * dim_blocks,), ints, kwargs)
 
 
-def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
-    if not isinstance(cfg, AttentionConfig):
-        raise TypeError(f"config must be an AttentionConfig, got {type(cfg).__name__}")
-    check_int("config.num_stages", cfg.num_stages, lo=1)
-    if cfg.num_warps not in (4, 8):
-        raise ValueError(f"config.num_warps must be 4 or 8, got {cfg.num_warps}")
-    if cfg.block_h not in (16, 32, 64):
-        raise ValueError(f"config.block_h must be 16, 32 or 64, got {cfg.block_h}")
-    if cfg.block_n < 16 or cfg.block_n != next_pow2(cfg.block_n):
-        raise ValueError(f"config.block_n must be a power of two >= 16, got {cfg.block_n}")
-    check_int("config.num_splits", cfg.num_splits, lo=1)
-    if cfg.combine_heads not in (1, 2, 4, 8, 16):
-        raise ValueError(f"config.combine_heads must be 1, 2, 4, 8 or 16, got {cfg.combine_heads}")
-    if cfg.combine_dims not in (16, 32, 64, 128, 256, 512):
-        raise ValueError(f"config.combine_dims must divide 512, got {cfg.combine_dims}")
-
-
 def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.device) -> None:
-    if not isinstance(ws, AttentionWorkspace):
-        raise TypeError(f"workspace must come from attention_workspace, got {type(ws).__name__}")
     for name, t in (("partial_out", ws.partial_out), ("partial_lse", ws.partial_lse)):
         check_tensor(f"workspace.{name}", t, dtype=torch.float32, device=dev)
         if not t.is_contiguous():
