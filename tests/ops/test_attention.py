@@ -222,6 +222,44 @@ def test_strided_q_and_out(seed):
     assert torch.isnan(out_full[:, :, 1::2].float()).all()  # the gaps were not written
 
 
+def test_strided_1d_inputs(seed):
+    """topk_length, req_id and attn_sink as every-other-element views read as their
+    contiguous copies do, split and unsplit (issue 30: the kernels read them densely)."""
+    g = _gen(seed)
+    q, cache, pos = _case(g, T=4, h=16, topk=64)
+    pos = pos.clamp(-1, 4 * PAGE - 1)
+    bt = torch.randint(0, PAGES, (3, 4), generator=g, dtype=torch.int32)
+    req = torch.tensor([2, 0, 1, 2], dtype=torch.int32)
+    lens = torch.tensor([64, 5, 33, 0], dtype=torch.int32)
+    sink = torch.randn(16, generator=g)
+
+    def spread(t):  # the same values at every other element (a -7 between them)
+        wide = torch.full((2 * t.shape[0],), -7, dtype=t.dtype)
+        wide[::2] = t
+        return wide.to(DEV)[::2]
+
+    args = (q.to(DEV), cache.to(DEV), pos.to(DEV))
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+        kw = dict(sm_scale=SCALE, block_table=bt.to(DEV), config=cfg)
+        dense = sparse_mla_decode(
+            *args, req_id=req.to(DEV), topk_length=lens.to(DEV), attn_sink=sink.to(DEV), **kw
+        )
+        strided = sparse_mla_decode(
+            *args, req_id=spread(req), topk_length=spread(lens), attn_sink=spread(sink), **kw
+        )
+        assert torch.equal(dense[0], strided[0]) and torch.equal(dense[1], strided[1])
+    # FlashMLA's entry with s_q = 1 hands its per-request lengths through as they are.
+    meta, _ = flashmla.get_mla_metadata()
+    call = dict(softmax_scale=SCALE, is_fp8_kvcache=True, indices=args[2].view(4, 1, 64))
+    fm = [
+        flashmla.flash_mla_with_kvcache(
+            args[0].view(4, 1, 16, 576), args[1], None, None, 512, meta, topk_length=n, **call
+        )
+        for n in (lens.to(DEV), spread(lens))
+    ]
+    assert torch.equal(fm[0][0], fm[1][0]) and torch.equal(fm[0][1], fm[1][1])
+
+
 @pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 def test_fused_remap_equals_remap_then_attend(seed, fp8):
     g = _gen(seed)

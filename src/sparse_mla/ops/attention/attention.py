@@ -6,7 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
+from ..._checks import (
+    check_int,
+    check_offsets_fit_int32,
+    check_output,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
 from ..._launch import PlanCache, launch, scalars_key, tensor_meta, value_key
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
@@ -125,7 +132,8 @@ def sparse_mla_decode(
             ``[0, R)`` are invalid entries (skipped, never read).
         sm_scale: softmax scale (V3.2: 0.1352...).
         block_table: int32 ``[R, W]`` page ids (fused remap; with ``req_id``).
-        req_id: int32 ``[T]``: the block-table row of each query row.
+        req_id: int32 ``[T]`` (any stride, as every 1-D input): the block-table row of each
+            query row.
         block_size: positions per block-table page (default: the cache's page size); the slot
             of position p is ``block_table[req, p // block_size] * block_size +
             p % block_size``, exactly as :func:`convert_req_index_to_global_index`.
@@ -230,6 +238,7 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1, device=dev)
         check_shape("attn_sink", attn_sink, (h_q,))
+        check_offsets_fit_int32("attn_sink", attn_sink)  # heads * stride: 32-bit
     if out is not None:
         check_tensor("out", out, dtype=torch.bfloat16, device=dev)
         check_output("out", out, (num_tokens, h_q, NOPE))
@@ -253,18 +262,22 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     lse_s = lse.stride() if lse is not None else (h_q, 1)
     c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
     main, comb = _launch_shapes(
-        cfg, splits, bs, lay, q, c3, indices, block_table, topk_length is not None,
-        attn_sink is not None, out_s, lse_s,
+        cfg, splits, bs, lay, q, c3, indices, block_table, req_id, topk_length, attn_sink, out_s,
+        lse_s,
     )  # fmt: skip
     return _AttnPlan(cfg, splits, fmt, main, comb)
 
 
-def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, has_len,
-                   has_sink, out_s, lse_s) -> tuple[tuple, tuple | None]:  # fmt: skip
+def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, req_id,
+                   topk_length, attn_sink, out_s, lse_s) -> tuple[tuple, tuple | None]:  # fmt: skip
     """The two launches' grids, integer arguments and keywords (see :func:`_launch`)."""
     num_tokens, h_q, _ = q.shape
     topk = indices.shape[1]
     fp8, fused, split = lay.fp8, block_table is not None, splits > 1
+    has_len, has_sink = topk_length is not None, attn_sink is not None
+    # The 1-D inputs' strides (any: a strided view reads as a contiguous copy would; 1 when
+    # absent, the value a contiguous one specialises to).
+    vec_s = tuple(1 if v is None else v.stride(0) for v in (topk_length, req_id, attn_sink))
     kv_s = (c3.stride(0), c3.stride(1), 1) if fp8 else c3.stride()  # fp8: bytes
     head_blocks = cfg.head_blocks(h_q)
     bt = block_table
@@ -272,7 +285,7 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, ha
         h_q, topk, min(lay.num_pages * lay.block_size, INT32_MAX), cfg.split_cols(topk),
         splits, head_blocks, *q.stride(), *kv_s, *indices.stride(),
         *(bt.stride() if fused else (0, 0)), *(bt.shape[::-1] if fused else (0, 0)),
-        block_size if fused else 1, *out_s, *lse_s,
+        block_size if fused else 1, *vec_s, *out_s, *lse_s,
     )  # fmt: skip
     kwargs = dict(
         PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
@@ -288,7 +301,7 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, ha
     block_h = min(cfg.combine_heads, next_pow2(h_q))
     head_blocks = -(-h_q // block_h)
     dim_blocks = NOPE // cfg.combine_dims
-    ints = (h_q, splits, head_blocks, dim_blocks, *out_s, *lse_s)
+    ints = (h_q, splits, head_blocks, dim_blocks, vec_s[2], *out_s, *lse_s)
     kwargs = dict(
         BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
         CHUNK=min(next_pow2(splits), max(1, COMBINE_TILE // (block_h * cfg.combine_dims))),

@@ -20,7 +20,7 @@ from .decode import K_LN2, K_LOG2E, K_NOPE, to_bf16
 @triton.jit
 def _combine_kernel(
     part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr,
-    h_q, num_splits, head_blocks, dim_blocks,
+    h_q, num_splits, head_blocks, dim_blocks, sink_s0,
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P: tl.constexpr, CHUNK: tl.constexpr,
     HAS_SINK: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
@@ -45,7 +45,7 @@ def _combine_kernel(
     lse2 = tl.where(has, m_use + tl.log2(tl.where(has, total, 1.0)), float("-inf"))
     scale = tl.where(has, 1.0 / tl.where(has, total, 1.0), 0.0)
     if HAS_SINK:
-        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
+        sink2 = tl.load(sink_ptr + heads * sink_s0, mask=hmask, other=0.0) * K_LOG2E
         scale = tl.where(has, scale / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
 
     # CHUNK splits' partial outputs per load, all in flight at once (one memory latency for

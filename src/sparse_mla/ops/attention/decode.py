@@ -168,8 +168,8 @@ def _load_queries(q_row, hmask, q_s2):
 @triton.jit
 def _store_result(
     acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q,
-    sink_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0,
-    lse_s1, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+    sink_ptr, sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2,
+    lse_s0, lse_s1, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """Normalise (``O_g = acc_g / l``) and store: the final bf16 out and natural-log lse
     (sink applied), or with splits the fp32 partial and base-2 lse for the combine. A head
@@ -179,7 +179,7 @@ def _store_result(
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     w = inv_l
     if HAS_SINK and not SPLIT:
-        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
+        sink2 = tl.load(sink_ptr + heads * sink_s0, mask=hmask, other=0.0) * K_LOG2E
         # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + 2^(sink2 - lse2)); 0 for empty heads.
         w = tl.where(has, inv_l / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
     d = tl.arange(0, 128)
@@ -208,7 +208,7 @@ def _sparse_mla_decode_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
     h_q, topk, num_rows, split_cols, num_splits, head_blocks,
     q_s0, q_s1, q_s2, kv_s0, kv_s1, kv_s2, idx_s0, idx_s1,
-    bt_s0, bt_s1, bt_width, num_req, block_size,
+    bt_s0, bt_s1, bt_width, num_req, block_size, len_s0, req_s0, sink_s0,
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     qk_scale,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -227,13 +227,13 @@ def _sparse_mla_decode_kernel(
 
     n_valid = topk
     if HAS_LEN:
-        n_valid = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), topk)
+        n_valid = tl.minimum(tl.maximum(tl.load(len_ptr + t64 * len_s0), 0), topk)
     col_lo = split * split_cols
     col_hi = tl.minimum(col_lo + split_cols, n_valid)
     req_ok = True
     bt_row = bt_ptr
     if FUSED:
-        req = tl.load(req_ptr + t)
+        req = tl.load(req_ptr + t64 * req_s0)
         req_ok = (req >= 0) & (req < num_req)
         bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * bt_s0
     idx_row = idx_ptr + t64 * idx_s0
@@ -281,6 +281,6 @@ def _sparse_mla_decode_kernel(
 
     _store_result(
         acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q, sink_ptr,
-        out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
-        HAS_SINK, SPLIT, INTERPRET,
+        sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0,
+        lse_s1, HAS_SINK, SPLIT, INTERPRET,
     )  # fmt: skip
