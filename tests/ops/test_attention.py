@@ -337,6 +337,59 @@ def test_bad_arguments():
         sparse_mla_decode(q, cache, idx, config=AttentionConfig(num_warps=2), **call)
 
 
+def _alias(base: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped as ``like`` over ``base``'s memory (which must hold it)."""
+    assert base.untyped_storage().nbytes() >= like.numel() * like.element_size()
+    view = torch.empty(0, dtype=like.dtype, device=base.device)
+    return view.set_(base.untyped_storage(), 0, like.shape, like.stride())
+
+
+def _roomy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` at the start of a 1024-byte buffer (room for an aliasing output)."""
+    buf = torch.zeros(1024 // t.element_size(), dtype=t.dtype, device=DEV)
+    return buf[: t.numel()].view(t.shape).copy_(t)
+
+
+def test_outputs_overlapping_inputs_are_rejected_on_every_call():
+    """out/lse/workspace sharing memory with an input or with each other: a ValueError
+    naming both, also when the plan is cached (same metadata, other addresses)."""
+    g = _gen(0)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16, topk=64, fp8=False))
+    lens = _roomy(torch.full((2,), 64, dtype=torch.int32))
+    sink = _roomy(torch.zeros(16))
+    out = torch.empty(2, 16, 512, dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty(2, 16, device=DEV)
+    cfg = AttentionConfig(block_n=16, num_splits=2)
+    ws = attention_workspace(2, 16, 64, config=cfg, device=DEV)
+    kw = dict(sm_scale=SCALE, topk_length=lens, attn_sink=sink, config=cfg, workspace=ws)
+    sparse_mla_decode(q, cache, idx, out=out, lse=lse, **kw)  # the plan is cached now
+    bad = [
+        (dict(out=_alias(q, out)), "out overlaps q"),
+        (dict(out=_alias(cache, out)), "out overlaps kv_cache"),
+        (dict(out=out, lse=_alias(out, lse)), "out overlaps lse"),
+        (dict(lse=_alias(idx, lse)), "lse overlaps indices"),
+        (dict(lse=_alias(lens, lse)), "lse overlaps topk_length"),
+        (dict(lse=_alias(sink, lse)), "lse overlaps attn_sink"),
+        (dict(lse=_alias(ws.partial_lse, lse)), "lse overlaps workspace.partial_lse"),
+        (dict(out=_alias(ws.partial_out, out)), "out overlaps workspace.partial_out"),
+    ]
+    for outs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            sparse_mla_decode(q, cache, idx, **{"out": out, "lse": lse, **outs}, **kw)
+    with pytest.raises(ValueError, match="workspace.partial_out overlaps kv_cache"):
+        sparse_mla_decode(q, _alias(ws.partial_out, cache), idx, **kw)
+    with pytest.raises(ValueError, match="workspace.partial_lse overlaps kv_cache"):
+        alias_ws = type(ws)(ws.partial_out, _alias(cache, ws.partial_lse))
+        sparse_mla_decode(q, cache, idx, **{**kw, "workspace": alias_ws})
+    bt = _roomy(torch.zeros(1, 8, dtype=torch.int32))
+    req = _roomy(torch.zeros(2, dtype=torch.int32))
+    for name, t in (("block_table", bt), ("req_id", req)):
+        with pytest.raises(ValueError, match=f"lse overlaps {name}"):
+            sparse_mla_decode(
+                q, cache, idx, sm_scale=SCALE, block_table=bt, req_id=req, lse=_alias(t, lse)
+            )
+
+
 @pytest.mark.parametrize(
     "field,value,error,match",
     [

@@ -14,7 +14,15 @@ from ..._checks import (
     check_shape,
     check_tensor,
 )
-from ..._launch import PlanCache, launch, scalars_key, tensor_meta, value_key
+from ..._launch import (
+    PlanCache,
+    byte_extent,
+    check_disjoint,
+    launch,
+    scalars_key,
+    tensor_meta,
+    value_key,
+)
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
 from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
@@ -142,7 +150,8 @@ def sparse_mla_decode(
         attn_sink: fp32 ``[h_q]`` or None: out is scaled by ``exp(lse) / (exp(lse) +
             exp(sink))`` (lse unchanged; +inf gives 0, -inf leaves out as is).
         out: optional bf16 ``[T, h_q, 512]`` to write into (any strides, no broadcast view).
-        lse: optional fp32 ``[T, h_q]`` to write into.
+        lse: optional fp32 ``[T, h_q]`` to write into. ``out``, ``lse`` and the workspace
+            must share no memory with each other or with any input (checked: ValueError).
         workspace: split scratch from :func:`attention_workspace` (allocated per call when
             None and the call splits); pass one to capture the call in a CUDA graph.
         config: launch shape (default :func:`choose_attention_config`).
@@ -177,6 +186,9 @@ def sparse_mla_decode(
         plan = _PLANS.put(key, _plan(q, kv_cache, indices, sm_scale, block_table, req_id,
                                      block_size, topk_length, attn_sink, out, lse, workspace,
                                      config))  # fmt: skip
+    # Addresses are not in the key: checked on every call.
+    _check_disjoint(plan, (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink),
+                    out, lse, workspace)  # fmt: skip
     num_tokens, h_q, _ = q.shape
     dev = q.device
     if out is None:
@@ -210,6 +222,7 @@ class _AttnPlan:
     # combine (None without splits): fixed by the metadata, so built once per plan.
     main: tuple
     combine: tuple | None
+    extents: tuple  # bytes each reaches: the inputs (_INPUTS), out, lse, the workspace's two
 
 
 def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
@@ -265,7 +278,30 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
         cfg, splits, bs, lay, q, c3, indices, block_table, req_id, topk_length, attn_sink, out_s,
         lse_s,
     )  # fmt: skip
-    return _AttnPlan(cfg, splits, fmt, main, comb)
+    tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
+    ws = (workspace.partial_out, workspace.partial_lse) if workspace is not None else ()
+    extents = tuple(map(byte_extent, (*tensors, *ws)))
+    return _AttnPlan(cfg, splits, fmt, main, comb, extents)
+
+
+_INPUTS = ("q", "kv_cache", "indices", "block_table", "req_id", "topk_length", "attn_sink")
+
+
+def _check_disjoint(plan, inputs, out, lse, workspace) -> None:
+    """The memory a call writes (out, lse; with splits the workspace) shares no byte with
+    what it reads or with each other (ValueError naming both)."""
+    ext = plan.extents
+    named = tuple(zip(_INPUTS, inputs, ext, strict=False))
+    if workspace is not None and plan.combine is not None:
+        ws = (("workspace.partial_out", workspace.partial_out, ext[9]),
+              ("workspace.partial_lse", workspace.partial_lse, ext[10]))  # fmt: skip
+        check_disjoint(*ws[0], (*named, ws[1]))
+        check_disjoint(*ws[1], named)
+        named += ws
+    if out is not None:
+        check_disjoint("out", out, ext[7], (*named, ("lse", lse, ext[8])))
+    if lse is not None:
+        check_disjoint("lse", lse, ext[8], named)
 
 
 def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, req_id,
