@@ -296,6 +296,90 @@ def test_attention_sink(seed):
         assert torch.equal(plain[1].cpu(), lse)  # the sink leaves lse unchanged
 
 
+def _nan_heads(out, lse):
+    """(t, h) whose out is NaN in every dim; asserts out and lse agree on it."""
+    out_nan = torch.isnan(out.float()).all(-1)
+    assert torch.equal(out_nan, torch.isnan(out.float()).any(-1)), "out partly NaN"
+    assert torch.equal(out_nan, torch.isnan(lse)), "out NaN but lse not, or the reverse"
+    return out_nan
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN, interpreted
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_nan_scores_give_nan_out_and_lse(seed, fp8):
+    """NaN in q (one head), in a selected cache row (the whole row t), only past
+    topk_length (nothing), sm_scale NaN: out and lse NaN together, split or not, with or
+    without a sink; the reference agrees; other heads as the reference (issue 30)."""
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=4, h=16, topk=64, fp8=fp8)
+    nan_slot, late_slot = 17, 18
+    idx[(idx == nan_slot) | (idx == late_slot)] = -1
+    idx[1, 5], idx[2, 60] = nan_slot, late_slot
+    lens = torch.tensor([64, 64, 40, 64], dtype=torch.int32)
+    c3 = cache.view(PAGES * PAGE, -1)
+    if fp8:  # a bf16 NaN in the rope part (the interpreter reads e4m3 0x7F as 480, not NaN)
+        c3[[nan_slot, late_slot], 528:530] = torch.tensor([0xC0, 0x7F], dtype=torch.uint8)
+    else:
+        c3[[nan_slot, late_slot], 100] = float("nan")
+    q[0, 3, 7] = float("nan")
+    want = torch.zeros(4, 16, dtype=torch.bool)
+    want[0, 3] = want[1] = True
+    sink = torch.randn(16, generator=g)
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+        for kw in (dict(topk_length=lens), dict(topk_length=lens, attn_sink=sink)):
+            out, lse = sparse_mla_decode(
+                q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=SCALE, config=cfg,
+                **{k: v.to(DEV) for k, v in kw.items()},
+            )  # fmt: skip
+            out, lse = out.cpu(), lse.cpu()
+            assert torch.equal(_nan_heads(out, lse), want)
+            ref = list(
+                sparse_mla_decode_reference(q, cache, idx, sm_scale=SCALE, magnitude=True, **kw)
+            )
+            assert torch.equal(_nan_heads(ref[0], ref[1]), want)
+            ref = [r.masked_fill(want[..., None] if r.dim() == 3 else want, 0) for r in ref]
+            mask = want[..., None]
+            assert attention_error(out.masked_fill(mask, 0), lse.masked_fill(want, 0), *ref) is None
+    for scale in (float("nan"), float("inf")):  # every row with a valid entry NaN
+        idx[3] = -1
+        for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+            out, lse = sparse_mla_decode(
+                q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=scale, config=cfg
+            )
+            nan = _nan_heads(out.cpu(), lse.cpu())
+            assert nan[:3].all() and not nan[3].any() and torch.isneginf(lse[3]).all()
+            ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=scale)
+            assert torch.equal(_nan_heads(*ref), nan)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN, interpreted
+def test_infinite_scores(seed):
+    """sm_scale = inf makes each score +-inf (q . k = +-1 exactly): a row of only -inf
+    scores is an empty row (out 0, lse -inf), one with a +inf score is NaN, as the
+    reference."""
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=3, h=16, topk=64, fp8=False)
+    c3 = cache.view(PAGES * PAGE, 576)
+    c3[:] = 0
+    c3[:40, 0], c3[40:, 0] = -1.0, 1.0  # slots < 40 score -inf, the others +inf
+    q[:] = 0
+    q[..., 0] = 1.0
+    idx[0] = torch.randint(0, 40, (64,), generator=g)
+    idx[1, :32] = 50
+    idx[2] = -1
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+        out, lse = sparse_mla_decode(
+            q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=float("inf"), config=cfg
+        )
+        out, lse = out.cpu(), lse.cpu()
+        nan = _nan_heads(out, lse)
+        assert not nan[0].any() and nan[1].all() and not nan[2].any()
+        assert torch.all(out[0] == 0) and torch.isneginf(lse[0]).all()
+        assert torch.all(out[2] == 0) and torch.isneginf(lse[2]).all()
+        ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=float("inf"))
+        assert torch.equal(_nan_heads(*ref), nan) and torch.isneginf(ref[1][0]).all()
+
+
 # ---- arguments ----------------------------------------------------------------------------------
 
 

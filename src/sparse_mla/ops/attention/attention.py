@@ -161,6 +161,17 @@ def sparse_mla_decode(
         entry gives out 0 and lse ``-inf`` (FlashMLA gives +inf there; -inf is what a DCP
         merge takes as is: such a rank weighs 0). Deterministic: the splits are merged in a
         fixed order, so repeated calls give bitwise identical results.
+
+    Non-finite scores (per row and head, over its valid entries; split or not alike):
+        * a NaN or ``+inf`` score (NaN in ``q`` or in a selected cache row, ``sm_scale`` NaN
+          or infinite, an fp32 overflow of ``q . k``) gives out NaN and lse NaN, never the
+          ``-inf`` of an empty row;
+        * ``-inf`` scores weigh 0; a row whose valid scores are all ``-inf`` is an empty row
+          (out 0, lse ``-inf``);
+        * NaN only in entries that are not valid (masked, past ``topk_length``) is never
+          read and changes nothing. A NaN ``attn_sink`` makes that head's out NaN (lse
+          unchanged). Infinite values in a selected cache row can make out NaN (0 * inf)
+          with a finite lse.
     """
     if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
         from ... import library

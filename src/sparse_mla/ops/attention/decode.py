@@ -54,11 +54,12 @@ def _mma(a, b, acc, INTERPRET: tl.constexpr):
 @triton.jit
 def to_bf16(x, INTERPRET: tl.constexpr):
     """fp32 -> bf16, round to nearest even. Triton 3.9's interpreter truncates instead, so
-    there the rounding is done on the bits (NaN inputs are not expected)."""
+    there the rounding is done on the bits (NaN kept NaN: a payload's carry could wrap)."""
     if INTERPRET:
         bits = x.to(tl.int32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         y = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        y = tl.where(x == x, y, float("nan"))
     else:
         y = x.to(tl.bfloat16)
     return y
@@ -173,15 +174,16 @@ def _store_result(
 ):  # fmt: skip
     """Normalise (``O_g = acc_g / l``) and store: the final bf16 out and natural-log lse
     (sink applied), or with splits the fp32 partial and base-2 lse for the combine. A head
-    with no valid entry gives out 0 and lse -inf."""
-    has = l_i > 0
-    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    with no valid entry (``l == 0``) gives out 0 and lse -inf; one whose scores had a NaN or
+    a +inf (``l`` NaN: inf - inf) gives out and lse NaN."""
+    empty = l_i == 0  # (l >= 1 otherwise: the largest score contributes 2^0)
+    inv_l = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l_i))
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     w = inv_l
     if HAS_SINK and not SPLIT:
         sink2 = tl.load(sink_ptr + heads * sink_s0, mask=hmask, other=0.0) * K_LOG2E
         # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + 2^(sink2 - lse2)); 0 for empty heads.
-        w = tl.where(has, inv_l / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
+        w = tl.where(empty, 0.0, inv_l / (1.0 + tl.exp2(sink2 - tl.where(empty, 0.0, lse2))))
     d = tl.arange(0, 128)
     m = hmask[:, None]
     w = w[:, None]
