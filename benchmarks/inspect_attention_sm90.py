@@ -38,7 +38,7 @@ POINTERS = dict(
     len_ptr="*i32", bt_ptr="*i32", req_ptr="*i32", sink_ptr="*fp32", out_ptr="*bf16",
     lse_ptr="*fp32", part_out_ptr="*fp32", part_lse_ptr="*fp32",
 )  # fmt: skip
-UNIT = ("q_s2", "kv_s2", "idx_s1", "out_s2", "lse_s1", "bt_s1")
+UNIT = ("q_s2", "kv_s2", "idx_s1", "out_s2", "lse_s1", "bt_s1", "len_s0", "req_s0", "sink_s0")
 DIVISIBLE = {"q_s0", "q_s1", "kv_s0", "kv_s1", "idx_s0", "bt_s0", "out_s0", "out_s1", "lse_s0",
              "topk", "split_cols", "block_size"}  # fmt: skip
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sparse_mla import AttentionConfig, TopKConfig, library
+from sparse_mla._runtime import default_device
 from sparse_mla.decode import DecodePlan, DecodePlanConfig
 from sparse_mla.decode.cases import (
     OP_CASE_K,
@@ -22,6 +23,7 @@ from sparse_mla.decode.cases import (
 from sparse_mla.testing import compiled_matches_eager, poison
 
 I32 = torch.int32
+DEV = default_device()
 K = OP_CASE_K
 HEADS = 4
 
@@ -79,6 +81,25 @@ def test_configs_round_trip():
         assert library._decode(library._encode(cfg, kind), kind) == cfg
     assert library._decode(library._encode(None, "topk"), "topk") is None
     assert library._decode("auto", "remap") == "auto"
+
+
+def test_malformed_config_strings_name_the_argument():
+    """A config string an op cannot decode says which argument and what form (issue 30)."""
+    for text in ("(16, 64", "[16, 64]", "(16, 64, 1, 4, 2, 8, 128, True, 9)", "x", "1"):
+        with pytest.raises(ValueError, match=r"config must be None, or the repr .*AttentionConfig"):
+            library._decode(text, "attention")
+    with pytest.raises(ValueError, match=r"layout must be None, 'auto', or .*RemapLayout"):
+        library._decode("(1,", "remap")
+    q = torch.zeros(1, 16, 576, dtype=torch.bfloat16, device=DEV)
+    out = torch.empty(1, 16, 512, dtype=torch.bfloat16, device=DEV)
+    args = (q, torch.zeros(1, 16, 576, dtype=torch.bfloat16, device=DEV),
+            torch.zeros(1, 4, dtype=torch.int32, device=DEV), out, torch.empty(1, 16, device=DEV),
+            None, None, None, None, None, None, 0.1, None)  # fmt: skip
+    with pytest.raises(ValueError, match="config must be None"):
+        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0")
+    # Well-formed but wrong field values: the public function's checks name the field.
+    with pytest.raises(TypeError, match="config.block_n must be an int"):
+        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0, 1, 4, 2, 8, 128, True)")
 
 
 # ---- torch.compile(fullgraph=True) of a whole decode step -----------------------------------

@@ -85,7 +85,18 @@ def _decode(text: str | None, kind: str) -> object:
     """The config an :func:`_encode` string stands for (``"auto"`` and None as they are)."""
     if text is None or text == "auto":
         return text
-    return _CONFIGS[kind](*ast.literal_eval(text))
+    cls = _CONFIGS[kind]
+    try:
+        fields = ast.literal_eval(text)
+        if isinstance(fields, tuple):
+            return cls(*fields)  # the fields' values are checked by the public function
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        pass
+    arg, auto = ("layout", "'auto', ") if kind == "remap" else ("config", "")
+    raise ValueError(
+        f"{arg} must be None, {auto}or the repr of a tuple of the {len(_FIELDS[kind])} "
+        f"{cls.__name__} fields {_FIELDS[kind]} (as library._encode makes it), got {text!r}"
+    )
 
 
 def _eager(fn, *args, **kwargs):

@@ -222,6 +222,44 @@ def test_strided_q_and_out(seed):
     assert torch.isnan(out_full[:, :, 1::2].float()).all()  # the gaps were not written
 
 
+def test_strided_1d_inputs(seed):
+    """topk_length, req_id and attn_sink as every-other-element views read as their
+    contiguous copies do, split and unsplit (issue 30: the kernels read them densely)."""
+    g = _gen(seed)
+    q, cache, pos = _case(g, T=4, h=16, topk=64)
+    pos = pos.clamp(-1, 4 * PAGE - 1)
+    bt = torch.randint(0, PAGES, (3, 4), generator=g, dtype=torch.int32)
+    req = torch.tensor([2, 0, 1, 2], dtype=torch.int32)
+    lens = torch.tensor([64, 5, 33, 0], dtype=torch.int32)
+    sink = torch.randn(16, generator=g)
+
+    def spread(t):  # the same values at every other element (a -7 between them)
+        wide = torch.full((2 * t.shape[0],), -7, dtype=t.dtype)
+        wide[::2] = t
+        return wide.to(DEV)[::2]
+
+    args = (q.to(DEV), cache.to(DEV), pos.to(DEV))
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+        kw = dict(sm_scale=SCALE, block_table=bt.to(DEV), config=cfg)
+        dense = sparse_mla_decode(
+            *args, req_id=req.to(DEV), topk_length=lens.to(DEV), attn_sink=sink.to(DEV), **kw
+        )
+        strided = sparse_mla_decode(
+            *args, req_id=spread(req), topk_length=spread(lens), attn_sink=spread(sink), **kw
+        )
+        assert torch.equal(dense[0], strided[0]) and torch.equal(dense[1], strided[1])
+    # FlashMLA's entry with s_q = 1 hands its per-request lengths through as they are.
+    meta, _ = flashmla.get_mla_metadata()
+    call = dict(softmax_scale=SCALE, is_fp8_kvcache=True, indices=args[2].view(4, 1, 64))
+    fm = [
+        flashmla.flash_mla_with_kvcache(
+            args[0].view(4, 1, 16, 576), args[1], None, None, 512, meta, topk_length=n, **call
+        )
+        for n in (lens.to(DEV), spread(lens))
+    ]
+    assert torch.equal(fm[0][0], fm[1][0]) and torch.equal(fm[0][1], fm[1][1])
+
+
 @pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 def test_fused_remap_equals_remap_then_attend(seed, fp8):
     g = _gen(seed)
@@ -256,6 +294,90 @@ def test_attention_sink(seed):
         assert torch.all(out[:, 0] == 0) and torch.all(out[2] == 0)
         plain = sparse_mla_decode(q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=SCALE, config=cfg)
         assert torch.equal(plain[1].cpu(), lse)  # the sink leaves lse unchanged
+
+
+def _nan_heads(out, lse):
+    """(t, h) whose out is NaN in every dim; asserts out and lse agree on it."""
+    out_nan = torch.isnan(out.float()).all(-1)
+    assert torch.equal(out_nan, torch.isnan(out.float()).any(-1)), "out partly NaN"
+    assert torch.equal(out_nan, torch.isnan(lse)), "out NaN but lse not, or the reverse"
+    return out_nan
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN, interpreted
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_nan_scores_give_nan_out_and_lse(seed, fp8):
+    """NaN in q (one head), in a selected cache row (the whole row t), only past
+    topk_length (nothing), sm_scale NaN: out and lse NaN together, split or not, with or
+    without a sink; the reference agrees; other heads as the reference (issue 30)."""
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=4, h=16, topk=64, fp8=fp8)
+    nan_slot, late_slot = 17, 18
+    idx[(idx == nan_slot) | (idx == late_slot)] = -1
+    idx[1, 5], idx[2, 60] = nan_slot, late_slot
+    lens = torch.tensor([64, 64, 40, 64], dtype=torch.int32)
+    c3 = cache.view(PAGES * PAGE, -1)
+    if fp8:  # a bf16 NaN in the rope part (the interpreter reads e4m3 0x7F as 480, not NaN)
+        c3[[nan_slot, late_slot], 528:530] = torch.tensor([0xC0, 0x7F], dtype=torch.uint8)
+    else:
+        c3[[nan_slot, late_slot], 100] = float("nan")
+    q[0, 3, 7] = float("nan")
+    want = torch.zeros(4, 16, dtype=torch.bool)
+    want[0, 3] = want[1] = True
+    sink = torch.randn(16, generator=g)
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+        for kw in (dict(topk_length=lens), dict(topk_length=lens, attn_sink=sink)):
+            out, lse = sparse_mla_decode(
+                q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=SCALE, config=cfg,
+                **{k: v.to(DEV) for k, v in kw.items()},
+            )  # fmt: skip
+            out, lse = out.cpu(), lse.cpu()
+            assert torch.equal(_nan_heads(out, lse), want)
+            ref = list(
+                sparse_mla_decode_reference(q, cache, idx, sm_scale=SCALE, magnitude=True, **kw)
+            )
+            assert torch.equal(_nan_heads(ref[0], ref[1]), want)
+            ref = [r.masked_fill(want[..., None] if r.dim() == 3 else want, 0) for r in ref]
+            mask = want[..., None]
+            assert attention_error(out.masked_fill(mask, 0), lse.masked_fill(want, 0), *ref) is None
+    for scale in (float("nan"), float("inf")):  # every row with a valid entry NaN
+        idx[3] = -1
+        for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+            out, lse = sparse_mla_decode(
+                q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=scale, config=cfg
+            )
+            nan = _nan_heads(out.cpu(), lse.cpu())
+            assert nan[:3].all() and not nan[3].any() and torch.isneginf(lse[3]).all()
+            ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=scale)
+            assert torch.equal(_nan_heads(*ref), nan)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN, interpreted
+def test_infinite_scores(seed):
+    """sm_scale = inf makes each score +-inf (q . k = +-1 exactly): a row of only -inf
+    scores is an empty row (out 0, lse -inf), one with a +inf score is NaN, as the
+    reference."""
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=3, h=16, topk=64, fp8=False)
+    c3 = cache.view(PAGES * PAGE, 576)
+    c3[:] = 0
+    c3[:40, 0], c3[40:, 0] = -1.0, 1.0  # slots < 40 score -inf, the others +inf
+    q[:] = 0
+    q[..., 0] = 1.0
+    idx[0] = torch.randint(0, 40, (64,), generator=g)
+    idx[1, :32] = 50
+    idx[2] = -1
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+        out, lse = sparse_mla_decode(
+            q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=float("inf"), config=cfg
+        )
+        out, lse = out.cpu(), lse.cpu()
+        nan = _nan_heads(out, lse)
+        assert not nan[0].any() and nan[1].all() and not nan[2].any()
+        assert torch.all(out[0] == 0) and torch.isneginf(lse[0]).all()
+        assert torch.all(out[2] == 0) and torch.isneginf(lse[2]).all()
+        ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=float("inf"))
+        assert torch.equal(_nan_heads(*ref), nan) and torch.isneginf(ref[1][0]).all()
 
 
 # ---- arguments ----------------------------------------------------------------------------------
@@ -297,6 +419,95 @@ def test_bad_arguments():
         sparse_mla_decode(q, cache, idx, config=AttentionConfig(block_h=8), **call)
     with pytest.raises(ValueError, match="num_warps must be 4 or 8"):
         sparse_mla_decode(q, cache, idx, config=AttentionConfig(num_warps=2), **call)
+
+
+def _alias(base: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped as ``like`` over ``base``'s memory (which must hold it)."""
+    assert base.untyped_storage().nbytes() >= like.numel() * like.element_size()
+    view = torch.empty(0, dtype=like.dtype, device=base.device)
+    return view.set_(base.untyped_storage(), 0, like.shape, like.stride())
+
+
+def _roomy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` at the start of a 1024-byte buffer (room for an aliasing output)."""
+    buf = torch.zeros(1024 // t.element_size(), dtype=t.dtype, device=DEV)
+    return buf[: t.numel()].view(t.shape).copy_(t)
+
+
+def test_outputs_overlapping_inputs_are_rejected_on_every_call():
+    """out/lse/workspace sharing memory with an input or with each other: a ValueError
+    naming both, also when the plan is cached (same metadata, other addresses)."""
+    g = _gen(0)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16, topk=64, fp8=False))
+    lens = _roomy(torch.full((2,), 64, dtype=torch.int32))
+    sink = _roomy(torch.zeros(16))
+    out = torch.empty(2, 16, 512, dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty(2, 16, device=DEV)
+    cfg = AttentionConfig(block_n=16, num_splits=2)
+    ws = attention_workspace(2, 16, 64, config=cfg, device=DEV)
+    kw = dict(sm_scale=SCALE, topk_length=lens, attn_sink=sink, config=cfg, workspace=ws)
+    sparse_mla_decode(q, cache, idx, out=out, lse=lse, **kw)  # the plan is cached now
+    bad = [
+        (dict(out=_alias(q, out)), "out overlaps q"),
+        (dict(out=_alias(cache, out)), "out overlaps kv_cache"),
+        (dict(out=out, lse=_alias(out, lse)), "out overlaps lse"),
+        (dict(lse=_alias(idx, lse)), "lse overlaps indices"),
+        (dict(lse=_alias(lens, lse)), "lse overlaps topk_length"),
+        (dict(lse=_alias(sink, lse)), "lse overlaps attn_sink"),
+        (dict(lse=_alias(ws.partial_lse, lse)), "lse overlaps workspace.partial_lse"),
+        (dict(out=_alias(ws.partial_out, out)), "out overlaps workspace.partial_out"),
+    ]
+    for outs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            sparse_mla_decode(q, cache, idx, **{"out": out, "lse": lse, **outs}, **kw)
+    with pytest.raises(ValueError, match="workspace.partial_out overlaps kv_cache"):
+        sparse_mla_decode(q, _alias(ws.partial_out, cache), idx, **kw)
+    with pytest.raises(ValueError, match="workspace.partial_lse overlaps kv_cache"):
+        alias_ws = type(ws)(ws.partial_out, _alias(cache, ws.partial_lse))
+        sparse_mla_decode(q, cache, idx, **{**kw, "workspace": alias_ws})
+    bt = _roomy(torch.zeros(1, 8, dtype=torch.int32))
+    req = _roomy(torch.zeros(2, dtype=torch.int32))
+    for name, t in (("block_table", bt), ("req_id", req)):
+        with pytest.raises(ValueError, match=f"lse overlaps {name}"):
+            sparse_mla_decode(
+                q, cache, idx, sm_scale=SCALE, block_table=bt, req_id=req, lse=_alias(t, lse)
+            )
+
+
+@pytest.mark.parametrize(
+    "field,value,error,match",
+    [
+        ("block_n", 64.0, TypeError, "config.block_n must be an int"),
+        ("block_n", 2**17, ValueError, r"config.block_n must be a power of two in \[16, 64\]"),
+        ("block_n", 0, ValueError, "config.block_n must be a power of two"),
+        ("block_n", 48, ValueError, "config.block_n must be a power of two"),
+        ("block_h", 16.0, TypeError, "config.block_h must be an int"),
+        ("block_h", True, TypeError, "config.block_h must be an int"),
+        ("num_splits", 2.0, TypeError, "config.num_splits must be an int"),
+        ("num_warps", 4.0, TypeError, "config.num_warps must be an int"),
+        ("num_stages", 0, ValueError, "config.num_stages must be >= 1"),
+        ("combine_heads", 8.0, TypeError, "config.combine_heads must be an int"),
+        ("combine_dims", 96, ValueError, "config.combine_dims must be a power of two"),
+        ("pdl", 1, TypeError, "config.pdl must be a bool"),
+    ],
+)
+def test_bad_config_fields(field, value, error, match):
+    """Every field checked for its type and range, by the call and the workspace alike."""
+    g = _gen(0)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16, topk=64))
+    cfg = AttentionConfig(**{field: value})
+    with pytest.raises(error, match=match):
+        sparse_mla_decode(q, cache, idx, sm_scale=SCALE, config=cfg)
+    with pytest.raises(error, match=match):
+        attention_workspace(2, 16, 64, config=cfg, device=DEV)
+
+
+def test_workspace_type_checked_on_every_call():
+    g = _gen(0)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=2, h=16, topk=64))
+    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(num_splits=2), None):
+        with pytest.raises(TypeError, match="workspace must come from attention_workspace"):
+            sparse_mla_decode(q, cache, idx, sm_scale=SCALE, config=cfg, workspace=(1, 2))
 
 
 # ---- FlashMLA-shaped entry ---------------------------------------------------------------------

@@ -983,3 +983,5 @@ def test_expand_config_and_enable_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
         expand_decode_tokens(
             i32([5]), bt[:1], 2, max_decode_len=2, config=ExpandConfig(min_copy_chunk=3)
         )
+    with pytest.raises(ValueError, match="config.pdl"):  # 2.0 == 2: the type is checked too
+        expand_decode_tokens(i32([5]), bt[:1], 2, max_decode_len=2, config=ExpandConfig(pdl=2.0))

@@ -216,7 +216,7 @@ def test_two_d_lengths_arbitrary(seed):
     g = torch.Generator().manual_seed(seed)
     n, num_req = 3, 4
     q, w, cache, bt = make_case(g, num_req=num_req, n=n, fp8=False)
-    lens = torch.randint(-20, 400, (num_req, n), generator=g).to(DEV)  # int64, <0, > capacity
+    lens = torch.randint(-20, 400, (num_req, n), generator=g).int().to(DEV)  # <0, > capacity
     got = index_logits(q, w, cache, lens, bt, next_n=n)
     check_close(got, q, w, cache, lens, bt)
 
@@ -284,7 +284,7 @@ def test_poisoned_strided_out_and_max_len(seed, max_len):
         check_close(out, q, w, cache, lens, bt, next_n=n, max_len=max_len)
 
 
-def test_strided_q_weights_and_int64_tables(seed):
+def test_strided_q_weights_and_tables(seed):
     g = torch.Generator().manual_seed(seed)
     n, num_req, heads, dim = 2, 3, 8, 32
     q, w, cache, bt = make_case(g, num_req=num_req, n=n, fp8=False)
@@ -292,10 +292,13 @@ def test_strided_q_weights_and_int64_tables(seed):
     q_view = q_big.permute(1, 2, 0)[:, ::2]  # [rows, H, D] with D the slowest dimension
     q_view.copy_(q)
     w_view = w.t().contiguous().t()  # column-major [rows, H]
-    lens = rand_lens(g, num_req, 320).long().to(DEV)
-    bt64 = bt.long()
-    got = index_logits(q_view, w_view, cache, lens, bt64, next_n=n)
-    want = index_logits(q, w, cache, lens.int(), bt, next_n=n)
+    lens = rand_lens(g, num_req, 320).to(DEV)
+    bt_view = torch.zeros(bt.shape[1], 2 * bt.shape[0], dtype=torch.int32, device=DEV).t()[::2]
+    bt_view.copy_(bt)  # [B, W], column-major rows of a wider table
+    lens_view = torch.zeros(2 * num_req, dtype=torch.int32, device=DEV)[::2]
+    lens_view.copy_(lens)
+    got = index_logits(q_view, w_view, cache, lens_view, bt_view, next_n=n)
+    want = index_logits(q, w, cache, lens, bt, next_n=n)
     assert torch.equal(got, want)
     # a bf16 cache with padded strides ([P, page, 1, D] 4-D view of a wider buffer)
     big = torch.zeros(cache.shape[0], cache.shape[1], 1, dim + 8, dtype=torch.bfloat16, device=DEV)
@@ -332,6 +335,11 @@ def test_bad_inputs():
         index_logits(q, w.double(), cache, lens, bt, next_n=2)
     with pytest.raises(TypeError, match="seq_lens must have dtype"):
         index_logits(q, w, cache, lens.float(), bt, next_n=2)
+    # One integer rule (README): int32 ids and lengths; only slot_mapping takes int64 too.
+    with pytest.raises(TypeError, match="seq_lens must have dtype torch.int32, got torch.int64"):
+        index_logits(q, w, cache, lens.long(), bt, next_n=2)
+    with pytest.raises(TypeError, match="block_table must have dtype torch.int32"):
+        index_logits(q, w, cache, lens, bt.long(), next_n=2)
     with pytest.raises(ValueError, match="out must have shape"):
         index_logits(
             q, w, cache, lens, bt, next_n=2, max_len=50, out=torch.empty(4, 49, device=DEV)

@@ -360,6 +360,35 @@ def test_bad_inputs():
         )
 
 
+def test_page_size_zero_is_rejected_by_every_paged_cache_reader():
+    """A ``[P, 0, ...]`` cache has no slots and a page size the kernels divide by: each
+    op that takes a paged cache rejects it by name (issue 30, W09)."""
+    from sparse_mla import index_logits, sparse_mla_decode
+
+    slots = torch.zeros(1, dtype=torch.int32, device=DEV)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    bf16 = dict(dtype=torch.bfloat16, device=DEV)
+    mla = (torch.zeros(2, 0, 576, **bf16), torch.zeros(2, 0, 1, 656, dtype=torch.uint8, device=DEV))
+    for cache in mla:
+        with pytest.raises(ValueError, match=r"kv_cache: block_size \(dimension 1\) must be >= 1"):
+            sparse_mla_decode(
+                torch.zeros(1, 16, 576, **bf16), cache, torch.zeros(1, 4, **i32), sm_scale=0.1
+            )
+        with pytest.raises(ValueError, match="kv_cache: block_size"):
+            write_mla_latent(torch.zeros(1, 512, **bf16), torch.zeros(1, 64, **bf16), cache, slots)
+    idx = (torch.zeros(2, 0, 32, **bf16), torch.zeros(2, 0, 1, 36, dtype=torch.uint8, device=DEV))
+    for cache in idx:
+        with pytest.raises(ValueError, match="k_cache: block_size"):
+            write_indexer_k(torch.zeros(1, 32, **bf16), cache, slots)
+        fp8 = cache.dtype == torch.uint8
+        q = torch.zeros(1, 8, 32, **bf16).to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
+        with pytest.raises(ValueError, match="k_cache: block_size"):
+            index_logits(
+                q, torch.zeros(1, 8, device=DEV), cache, torch.ones(1, **i32),
+                torch.zeros(1, 1, **i32),
+            )  # fmt: skip
+
+
 def test_empty_and_all_skipped():
     cache = poisoned(new_indexer_k_cache(2, 16, 32, fp8=True, device=DEV))
     write_indexer_k(

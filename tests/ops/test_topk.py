@@ -781,6 +781,15 @@ def test_eager_plans_spare_the_host():
         validate_config(TopKConfig(eager_prefilter=1))
     with pytest.raises(ValueError, match="eager_row_max_n"):
         validate_config(TopKConfig(eager_row_max_n=-1))
+    # Floats and bools equal to valid ints, also after the equal valid config was checked
+    # (the check is cached per config: issue 30).
+    validate_config(TopKConfig())
+    for bad in (dict(tile_radix_bits=5.0), dict(pdl=3.0), dict(pdl=True)):
+        with pytest.raises(ValueError, match="tile_radix_bits|pdl"):
+            validate_config(TopKConfig(**bad))
+    for name in ("fallback_side_stream", "pdl_early_prefilter"):
+        with pytest.raises(TypeError, match=name):
+            validate_config(TopKConfig(**{name: 1}))
 
 
 def test_plan_follows_the_config():

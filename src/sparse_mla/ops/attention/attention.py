@@ -6,17 +6,30 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._checks import check_int, check_output, check_same_device, check_shape, check_tensor
-from ..._launch import PlanCache, launch, scalars_key, tensor_meta, value_key
+from ..._checks import (
+    check_int,
+    check_offsets_fit_int32,
+    check_output,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
+from ..._launch import (
+    PlanCache,
+    byte_extent,
+    check_disjoint,
+    launch,
+    scalars_key,
+    tensor_meta,
+    value_key,
+)
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
 from ..kv_cache.kv_cache import mla_cache_layout
 from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
 from .config import (
-    KERNELS,
     MAX_HEADS,
-    SM90_BLOCK_N,
-    SM90_MAX_BLOCK_H,
     AttentionConfig,
+    check_attention_config,
     choose_attention_config,
     workspace_rows,
 )
@@ -82,14 +95,14 @@ def attention_workspace(
 ) -> AttentionWorkspace:
     """Pre-sized split scratch for :func:`sparse_mla_decode` calls of up to ``num_tokens``
     query rows with ``h_q`` heads and ``topk`` columns on a ``cache_format`` cache ("bf16" or
-    "fp8"), under the default launch shapes or under a fixed ``config``. Its contents need no
-    initialisation."""
+    "fp8"), under the default launch shapes or under a fixed ``config`` (checked as the call
+    checks it). Its contents need no initialisation."""
     check_int("num_tokens", num_tokens, lo=0)
     check_int("h_q", h_q, lo=1, hi=MAX_HEADS)
     check_int("topk", topk, lo=1)
     dev = canonical_device(device)
     if config is not None:
-        splits = config.effective_splits(topk)
+        splits = check_attention_config(config).effective_splits(topk)
         rows = num_tokens * splits if splits > 1 else 0
     else:
         rows = workspace_rows(num_tokens, h_q, topk, cache_format, _sms(dev))
@@ -147,7 +160,8 @@ def sparse_mla_decode(
             ``[0, R)`` are invalid entries (skipped, never read).
         sm_scale: softmax scale (V3.2: 0.1352...).
         block_table: int32 ``[R, W]`` page ids (fused remap; with ``req_id``).
-        req_id: int32 ``[T]``: the block-table row of each query row.
+        req_id: int32 ``[T]`` (any stride, as every 1-D input): the block-table row of each
+            query row.
         block_size: positions per block-table page (default: the cache's page size); the slot
             of position p is ``block_table[req, p // block_size] * block_size +
             p % block_size``, exactly as :func:`convert_req_index_to_global_index`.
@@ -156,7 +170,8 @@ def sparse_mla_decode(
         attn_sink: fp32 ``[h_q]`` or None: out is scaled by ``exp(lse) / (exp(lse) +
             exp(sink))`` (lse unchanged; +inf gives 0, -inf leaves out as is).
         out: optional bf16 ``[T, h_q, 512]`` to write into (any strides, no broadcast view).
-        lse: optional fp32 ``[T, h_q]`` to write into.
+        lse: optional fp32 ``[T, h_q]`` to write into. ``out``, ``lse`` and the workspace
+            must share no memory with each other or with any input (checked: ValueError).
         workspace: split scratch from :func:`attention_workspace` (allocated per call when
             None and the call splits); pass one to capture the call in a CUDA graph.
         config: launch shape (default :func:`choose_attention_config`).
@@ -166,6 +181,17 @@ def sparse_mla_decode(
         entry gives out 0 and lse ``-inf`` (FlashMLA gives +inf there; -inf is what a DCP
         merge takes as is: such a rank weighs 0). Deterministic: the splits are merged in a
         fixed order, so repeated calls give bitwise identical results.
+
+    Non-finite scores (per row and head, over its valid entries; split or not alike):
+        * a NaN or ``+inf`` score (NaN in ``q`` or in a selected cache row, ``sm_scale`` NaN
+          or infinite, an fp32 overflow of ``q . k``) gives out NaN and lse NaN, never the
+          ``-inf`` of an empty row;
+        * ``-inf`` scores weigh 0; a row whose valid scores are all ``-inf`` is an empty row
+          (out 0, lse ``-inf``);
+        * NaN only in entries that are not valid (masked, past ``topk_length``) is never
+          read and changes nothing. A NaN ``attn_sink`` makes that head's out NaN (lse
+          unchanged). Infinite values in a selected cache row can make out NaN (0 * inf)
+          with a finite lse.
     """
     if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
         from ... import library
@@ -191,6 +217,9 @@ def sparse_mla_decode(
         plan = _PLANS.put(key, _plan(q, kv_cache, indices, sm_scale, block_table, req_id,
                                      block_size, topk_length, attn_sink, out, lse, workspace,
                                      config))  # fmt: skip
+    # Addresses are not in the key: checked on every call.
+    _check_disjoint(plan, (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink),
+                    out, lse, workspace)  # fmt: skip
     num_tokens, h_q, _ = q.shape
     dev = q.device
     if out is None:
@@ -224,6 +253,7 @@ class _AttnPlan:
     # combine (None without splits): fixed by the metadata, so built once per plan.
     main: tuple
     combine: tuple | None
+    extents: tuple  # bytes each reaches: the inputs (_INPUTS), out, lse, the workspace's two
 
 
 def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
@@ -252,6 +282,7 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1, device=dev)
         check_shape("attn_sink", attn_sink, (h_q,))
+        check_offsets_fit_int32("attn_sink", attn_sink)  # heads * stride: 32-bit
     if out is not None:
         check_tensor("out", out, dtype=torch.bfloat16, device=dev)
         check_output("out", out, (num_tokens, h_q, NOPE))
@@ -259,38 +290,63 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
         check_tensor("lse", lse, dtype=torch.float32, device=dev)
         check_output("lse", lse, (num_tokens, h_q))
     fmt = "fp8" if lay.fp8 else "bf16"
-    cfg = config or choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
-    _check_config(cfg, fmt)
+    if config is None:
+        cfg = choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
+    else:
+        cfg = check_attention_config(config)
     if cfg.kernel == "sm90":
-        if not sm90_available(dev):
-            raise ValueError(
-                f"config.kernel='sm90' needs an sm_90 GPU and a Triton with Gluon; {dev} has "
-                "neither or this is the interpreter: use kernel='triton'"
-            )
-        if cfg.block_h not in _sm90_kernel().BLOCK_HS[lay.fp8]:
-            raise ValueError(
-                f"config.kernel='sm90' takes block_h in {_sm90_kernel().BLOCK_HS[lay.fp8]} on "
-                f"a {fmt} cache, got {cfg.block_h}"
-            )
+        _check_sm90(cfg, dev, lay.fp8)
     splits = cfg.effective_splits(topk)
+    if workspace is not None and not isinstance(workspace, AttentionWorkspace):
+        # (checked even when this call does not split: the next one may)
+        raise TypeError(
+            f"workspace must come from attention_workspace, got {type(workspace).__name__}"
+        )
     if num_tokens and splits > 1 and workspace is not None:
         _check_workspace(workspace, num_tokens * splits, h_q, dev)
     out_s = out.stride() if out is not None else (h_q * NOPE, NOPE, 1)  # made contiguous
     lse_s = lse.stride() if lse is not None else (h_q, 1)
     c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
     main, comb = _launch_shapes(
-        cfg, splits, bs, lay, q, c3, indices, block_table, topk_length is not None,
-        attn_sink is not None, out_s, lse_s,
+        cfg, splits, bs, lay, q, c3, indices, block_table, req_id, topk_length, attn_sink, out_s,
+        lse_s,
     )  # fmt: skip
-    return _AttnPlan(cfg, splits, fmt, main, comb)
+    tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
+    ws = (workspace.partial_out, workspace.partial_lse) if workspace is not None else ()
+    extents = tuple(map(byte_extent, (*tensors, *ws)))
+    return _AttnPlan(cfg, splits, fmt, main, comb, extents)
 
 
-def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, has_len,
-                   has_sink, out_s, lse_s) -> tuple[tuple, tuple | None]:  # fmt: skip
+_INPUTS = ("q", "kv_cache", "indices", "block_table", "req_id", "topk_length", "attn_sink")
+
+
+def _check_disjoint(plan, inputs, out, lse, workspace) -> None:
+    """The memory a call writes (out, lse; with splits the workspace) shares no byte with
+    what it reads or with each other (ValueError naming both)."""
+    ext = plan.extents
+    named = tuple(zip(_INPUTS, inputs, ext, strict=False))
+    if workspace is not None and plan.combine is not None:
+        ws = (("workspace.partial_out", workspace.partial_out, ext[9]),
+              ("workspace.partial_lse", workspace.partial_lse, ext[10]))  # fmt: skip
+        check_disjoint(*ws[0], (*named, ws[1]))
+        check_disjoint(*ws[1], named)
+        named += ws
+    if out is not None:
+        check_disjoint("out", out, ext[7], (*named, ("lse", lse, ext[8])))
+    if lse is not None:
+        check_disjoint("lse", lse, ext[8], named)
+
+
+def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, req_id,
+                   topk_length, attn_sink, out_s, lse_s) -> tuple[tuple, tuple | None]:  # fmt: skip
     """The two launches' grids, integer arguments and keywords (see :func:`_launch`)."""
     num_tokens, h_q, _ = q.shape
     topk = indices.shape[1]
     fp8, fused, split = lay.fp8, block_table is not None, splits > 1
+    has_len, has_sink = topk_length is not None, attn_sink is not None
+    # The 1-D inputs' strides (any: a strided view reads as a contiguous copy would; 1 when
+    # absent, the value a contiguous one specialises to).
+    vec_s = tuple(1 if v is None else v.stride(0) for v in (topk_length, req_id, attn_sink))
     kv_s = (c3.stride(0), c3.stride(1), 1) if fp8 else c3.stride()  # fp8: bytes
     head_blocks = cfg.head_blocks(h_q)
     bt = block_table
@@ -298,7 +354,7 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, ha
         h_q, topk, min(lay.num_pages * lay.block_size, INT32_MAX), cfg.split_cols(topk),
         splits, head_blocks, *q.stride(), *kv_s, *indices.stride(),
         *(bt.stride() if fused else (0, 0)), *(bt.shape[::-1] if fused else (0, 0)),
-        block_size if fused else 1, *out_s, *lse_s,
+        block_size if fused else 1, *vec_s, *out_s, *lse_s,
     )  # fmt: skip
     if cfg.kernel == "sm90":
         pw, regs = _sm90_kernel().producer_shape(fp8)
@@ -322,7 +378,7 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, ha
     block_h = min(cfg.combine_heads, next_pow2(h_q))
     head_blocks = -(-h_q // block_h)
     dim_blocks = NOPE // cfg.combine_dims
-    ints = (h_q, splits, head_blocks, dim_blocks, *out_s, *lse_s)
+    ints = (h_q, splits, head_blocks, dim_blocks, vec_s[2], *out_s, *lse_s)
     kwargs = dict(
         BLOCK_H=block_h, BLOCK_D=cfg.combine_dims, SPLITS_P=next_pow2(splits),
         CHUNK=min(next_pow2(splits), max(1, COMBINE_TILE // (block_h * cfg.combine_dims))),
@@ -332,36 +388,22 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, ha
     return main, ((num_tokens * head_blocks * dim_blocks,), ints, kwargs)
 
 
-def _check_config(cfg: AttentionConfig, cache_format: str) -> None:
-    if not isinstance(cfg, AttentionConfig):
-        raise TypeError(f"config must be an AttentionConfig, got {type(cfg).__name__}")
-    check_int("config.num_stages", cfg.num_stages, lo=1)
-    if cfg.num_warps not in (4, 8):
-        raise ValueError(f"config.num_warps must be 4 or 8, got {cfg.num_warps}")
-    if cfg.block_h not in (16, 32, 64):
-        raise ValueError(f"config.block_h must be 16, 32 or 64, got {cfg.block_h}")
-    if cfg.block_n < 16 or cfg.block_n != next_pow2(cfg.block_n):
-        raise ValueError(f"config.block_n must be a power of two >= 16, got {cfg.block_n}")
-    check_int("config.num_splits", cfg.num_splits, lo=1)
-    if cfg.kernel not in KERNELS:
-        raise ValueError(f"config.kernel must be one of {KERNELS}, got {cfg.kernel!r}")
-    if cfg.kernel == "sm90" and (
-        cfg.block_h > SM90_MAX_BLOCK_H or cfg.block_n != SM90_BLOCK_N or cfg.num_warps != 4
-        or cfg.num_stages > 2
-    ):  # fmt: skip
+def _check_sm90(cfg: AttentionConfig, dev: torch.device, fp8: bool) -> None:
+    """The Gluon kernel runs here, and takes ``cfg.block_h`` heads on this cache format."""
+    if not sm90_available(dev):
         raise ValueError(
-            f"config.kernel='sm90' takes block_h 16 or 32, block_n {SM90_BLOCK_N}, num_warps 4 "
-            f"and num_stages 1 or 2, got {cfg}"
+            f"config.kernel='sm90' needs an sm_90 GPU and a Triton with Gluon; {dev} has "
+            "neither or this is the interpreter: use kernel='triton'"
         )
-    if cfg.combine_heads not in (1, 2, 4, 8, 16):
-        raise ValueError(f"config.combine_heads must be 1, 2, 4, 8 or 16, got {cfg.combine_heads}")
-    if cfg.combine_dims not in (16, 32, 64, 128, 256, 512):
-        raise ValueError(f"config.combine_dims must divide 512, got {cfg.combine_dims}")
+    allowed = _sm90_kernel().BLOCK_HS[fp8]
+    if cfg.block_h not in allowed:
+        raise ValueError(
+            f"config.kernel='sm90' takes block_h in {allowed} on a "
+            f"{'fp8' if fp8 else 'bf16'} cache, got {cfg.block_h}"
+        )
 
 
 def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.device) -> None:
-    if not isinstance(ws, AttentionWorkspace):
-        raise TypeError(f"workspace must come from attention_workspace, got {type(ws).__name__}")
     for name, t in (("partial_out", ws.partial_out), ("partial_lse", ws.partial_lse)):
         check_tensor(f"workspace.{name}", t, dtype=torch.float32, device=dev)
         if not t.is_contiguous():

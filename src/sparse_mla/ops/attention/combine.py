@@ -4,7 +4,9 @@ Each split wrote its normalised partial output ``o_s`` (fp32) and base-2 log-sum
 the row's ``lse = log2 sum_s 2^l_s`` and ``out = sum_s 2^(l_s - lse) o_s``, summed in a
 fixed order (chunks of splits in order, a fixed reduction tree inside a chunk; no atomics:
 the result is bitwise identical run to run). Splits without a valid entry
-have ``l_s = -inf`` and weigh 0; a row where every split is empty gives out 0, lse -inf.
+have ``l_s = -inf`` and weigh 0; a row where every split is empty gives out 0, lse -inf. A
+split with ``l_s`` NaN (a NaN or +inf score there) makes the row's out and lse NaN, as the
+unsplit kernel gives.
 The attention sink, when given, is applied here (the splits cannot know the full lse).
 """
 
@@ -20,7 +22,7 @@ from .decode import K_LN2, K_LOG2E, K_NOPE, to_bf16
 @triton.jit
 def _combine_kernel(
     part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr,
-    h_q, num_splits, head_blocks, dim_blocks,
+    h_q, num_splits, head_blocks, dim_blocks, sink_s0,
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P: tl.constexpr, CHUNK: tl.constexpr,
     HAS_SINK: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
@@ -40,13 +42,13 @@ def _combine_kernel(
     l_s = tl.load(part_lse_ptr + rows, mask=lmask, other=float("-inf"))
     m = tl.max(l_s, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.sum(tl.exp2(l_s - m_use[None, :]), 0)
-    has = total > 0
-    lse2 = tl.where(has, m_use + tl.log2(tl.where(has, total, 1.0)), float("-inf"))
-    scale = tl.where(has, 1.0 / tl.where(has, total, 1.0), 0.0)
+    total = tl.sum(tl.exp2(l_s - m_use[None, :]), 0)  # NaN if a split's l_s is NaN
+    empty = total == 0
+    lse2 = tl.where(empty, float("-inf"), m_use + tl.log2(tl.where(empty, 1.0, total)))
+    scale = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, total))
     if HAS_SINK:
-        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
-        scale = tl.where(has, scale / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
+        sink2 = tl.load(sink_ptr + heads * sink_s0, mask=hmask, other=0.0) * K_LOG2E
+        scale = tl.where(empty, 0.0, scale / (1.0 + tl.exp2(sink2 - tl.where(empty, 0.0, lse2))))
 
     # CHUNK splits' partial outputs per load, all in flight at once (one memory latency for
     # a small T's many splits, where one split at a time waited for each).
@@ -66,7 +68,8 @@ def _combine_kernel(
             part_out_ptr + base[None, :, :] + (s0 + ch)[:, None, None].to(tl.int64) * h_q * K_NOPE,
             mask=m3, other=0.0,
         )  # fmt: skip
-        acc += tl.sum(tl.where(w[:, :, None] > 0, o * w[:, :, None], 0.0), 0)
+        # (w != 0, not w > 0: a NaN weight, the row's NaN, must reach out)
+        acc += tl.sum(tl.where(w[:, :, None] != 0, o * w[:, :, None], 0.0), 0)
 
     o_ptr = out_ptr + t64 * out_s0 + heads[:, None].to(tl.int64) * out_s1 + d[None, :] * out_s2
     tl.store(o_ptr, to_bf16(acc, INTERPRET), mask=hmask[:, None])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..._checks import check_int
 from ..._runtime import cdiv, next_pow2
 
 CACHE_FORMATS = ("bf16", "fp8")
@@ -22,6 +23,9 @@ MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
 # warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
 MIN_BLOCK_H, MAX_BLOCK_H = 16, 64
+# Cache rows per loop step: 16 (tl.dot's smallest K) to 64, the widest the H200 launch-shape
+# sweep checks (benchmarks/gpu_attention.py); wider steps never ran on a GPU.
+MIN_BLOCK_N, MAX_BLOCK_N = 16, 64
 # Split the top-k axis until about this many programs per SM are in flight (up to 32 heads;
 # one above, where the larger partial outputs make the combine costlier).
 TARGET_PROGRAMS_PER_SM = 2
@@ -36,11 +40,11 @@ class AttentionConfig:
     """How :func:`sparse_mla.sparse_mla_decode` tiles one call.
 
     block_h: heads per program (power of two, 16..64; heads past ``h_q`` are masked).
-    block_n: selected cache rows per loop step (power of two >= 16).
+    block_n: selected cache rows per loop step (power of two, 16..64).
     num_splits: programs per (row, head block) along the top-k axis; > 1 writes partial
         results to the workspace and runs the combine kernel.
-    num_warps, num_stages: Triton launch options of the main kernel (``num_stages``
-        pipelines the row gathers).
+    num_warps, num_stages: Triton launch options of the main kernel (4 or 8 warps;
+        ``num_stages >= 1`` pipelines the row gathers).
     combine_heads: heads per combine program (power of two, 1..16).
     combine_dims: output dims per combine program (power of two dividing 512).
     kernel: "triton" (the portable kernel, any GPU and the interpreter) or "sm90" (Hopper
@@ -50,6 +54,9 @@ class AttentionConfig:
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
         attribute must wait before reading our outputs (the CUDA contract, README).
+
+    Every field is an int (not a float, not a bool) but ``pdl``, a bool:
+    :func:`check_attention_config` says which field is wrong.
     """
 
     block_h: int = 16
@@ -73,6 +80,40 @@ class AttentionConfig:
     def effective_splits(self, topk: int) -> int:
         """Splits that own at least one column (``num_splits`` rounded down to fit)."""
         return max(1, cdiv(topk, self.split_cols(topk)))
+
+
+def check_attention_config(cfg: object) -> AttentionConfig:
+    """``cfg`` if it is an :class:`AttentionConfig` the kernels can run, else a
+    TypeError/ValueError naming the field (the decode call's and the workspace's check)."""
+    if not isinstance(cfg, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(cfg).__name__}")
+    _check_pow2("config.block_h", cfg.block_h, MIN_BLOCK_H, MAX_BLOCK_H)
+    _check_pow2("config.block_n", cfg.block_n, MIN_BLOCK_N, MAX_BLOCK_N)
+    check_int("config.num_splits", cfg.num_splits, lo=1, hi=2**31 - 1)
+    if check_int("config.num_warps", cfg.num_warps) not in (4, 8):
+        raise ValueError(f"config.num_warps must be 4 or 8, got {cfg.num_warps}")
+    check_int("config.num_stages", cfg.num_stages, lo=1)
+    _check_pow2("config.combine_heads", cfg.combine_heads, 1, 16)
+    _check_pow2("config.combine_dims", cfg.combine_dims, 16, 512)  # the divisors of 512
+    if not isinstance(cfg.pdl, bool):
+        raise TypeError(f"config.pdl must be a bool, got {type(cfg.pdl).__name__}")
+    if cfg.kernel not in KERNELS:
+        raise ValueError(f"config.kernel must be one of {KERNELS}, got {cfg.kernel!r}")
+    if cfg.kernel == "sm90" and (
+        cfg.block_h > SM90_MAX_BLOCK_H or cfg.block_n != SM90_BLOCK_N or cfg.num_warps != 4
+        or cfg.num_stages > 2
+    ):  # fmt: skip
+        raise ValueError(
+            f"config.kernel='sm90' takes block_h 16 or 32, block_n {SM90_BLOCK_N}, num_warps 4 "
+            f"and num_stages 1 or 2, got {cfg}"
+        )
+    return cfg
+
+
+def _check_pow2(name: str, v: object, lo: int, hi: int) -> None:
+    check_int(name, v)  # first: a float or a bool has no bit arithmetic
+    if not lo <= v <= hi or v & (v - 1):
+        raise ValueError(f"{name} must be a power of two in [{lo}, {hi}], got {v}")
 
 
 def choose_attention_config(

@@ -54,11 +54,12 @@ def _mma(a, b, acc, INTERPRET: tl.constexpr):
 @triton.jit
 def to_bf16(x, INTERPRET: tl.constexpr):
     """fp32 -> bf16, round to nearest even. Triton 3.9's interpreter truncates instead, so
-    there the rounding is done on the bits (NaN inputs are not expected)."""
+    there the rounding is done on the bits (NaN kept NaN: a payload's carry could wrap)."""
     if INTERPRET:
         bits = x.to(tl.int32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         y = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        y = tl.where(x == x, y, float("nan"))
     else:
         y = x.to(tl.bfloat16)
     return y
@@ -168,20 +169,21 @@ def _load_queries(q_row, hmask, q_s2):
 @triton.jit
 def _store_result(
     acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q,
-    sink_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0,
-    lse_s1, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+    sink_ptr, sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2,
+    lse_s0, lse_s1, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """Normalise (``O_g = acc_g / l``) and store: the final bf16 out and natural-log lse
     (sink applied), or with splits the fp32 partial and base-2 lse for the combine. A head
-    with no valid entry gives out 0 and lse -inf."""
-    has = l_i > 0
-    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    with no valid entry (``l == 0``) gives out 0 and lse -inf; one whose scores had a NaN or
+    a +inf (``l`` NaN: inf - inf) gives out and lse NaN."""
+    empty = l_i == 0  # (l >= 1 otherwise: the largest score contributes 2^0)
+    inv_l = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l_i))
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     w = inv_l
     if HAS_SINK and not SPLIT:
-        sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0) * K_LOG2E
+        sink2 = tl.load(sink_ptr + heads * sink_s0, mask=hmask, other=0.0) * K_LOG2E
         # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + 2^(sink2 - lse2)); 0 for empty heads.
-        w = tl.where(has, inv_l / (1.0 + tl.exp2(sink2 - tl.where(has, lse2, 0.0))), 0.0)
+        w = tl.where(empty, 0.0, inv_l / (1.0 + tl.exp2(sink2 - tl.where(empty, 0.0, lse2))))
     d = tl.arange(0, 128)
     m = hmask[:, None]
     w = w[:, None]
@@ -208,7 +210,7 @@ def _sparse_mla_decode_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
     h_q, topk, num_rows, split_cols, num_splits, head_blocks,
     q_s0, q_s1, q_s2, kv_s0, kv_s1, kv_s2, idx_s0, idx_s1,
-    bt_s0, bt_s1, bt_width, num_req, block_size,
+    bt_s0, bt_s1, bt_width, num_req, block_size, len_s0, req_s0, sink_s0,
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     qk_scale,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -227,13 +229,13 @@ def _sparse_mla_decode_kernel(
 
     n_valid = topk
     if HAS_LEN:
-        n_valid = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), topk)
+        n_valid = tl.minimum(tl.maximum(tl.load(len_ptr + t64 * len_s0), 0), topk)
     col_lo = split * split_cols
     col_hi = tl.minimum(col_lo + split_cols, n_valid)
     req_ok = True
     bt_row = bt_ptr
     if FUSED:
-        req = tl.load(req_ptr + t)
+        req = tl.load(req_ptr + t64 * req_s0)
         req_ok = (req >= 0) & (req < num_req)
         bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * bt_s0
     idx_row = idx_ptr + t64 * idx_s0
@@ -281,6 +283,6 @@ def _sparse_mla_decode_kernel(
 
     _store_result(
         acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q, sink_ptr,
-        out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
-        HAS_SINK, SPLIT, INTERPRET,
+        sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0,
+        lse_s1, HAS_SINK, SPLIT, INTERPRET,
     )  # fmt: skip

@@ -175,9 +175,7 @@ def _producer_fp8(kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, nu
     ids = _block_ids(idx_row, idx_s1, col_lo, col_hi, row_lay)
     base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
     row, ok = _block_rows(base, off, okb, block_size, num_rows, kv_s0, kv_s1, PAGE, FUSED)
-    w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = _fp8_loads(
-        kv_f32, kv_bf16, row, ok, lay, rope_lay
-    )
+    w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = _fp8_loads(kv_f32, kv_bf16, row, ok, lay, rope_lay)
     ids = _block_ids(idx_row, idx_s1, col_lo + BN, col_hi, row_lay)
     base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
     ids = _block_ids(idx_row, idx_s1, col_lo + 2 * BN, col_hi, row_lay)
@@ -238,8 +236,11 @@ def _producer_bf16(kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, num_rows,
         kn = k_nope.index(s)
         mask = ok[:, None]
         for g in gl.static_range(4):
-            cp_load(kn.slice(g * 128, 128, dim=1),
-                    kv_bf16 + row[:, None] + (g * 128 + d)[None, :] * kv_s2, mask=mask)
+            cp_load(
+                kn.slice(g * 128, 128, dim=1),
+                kv_bf16 + row[:, None] + (g * 128 + d)[None, :] * kv_s2,
+                mask=mask,
+            )
         rrow = gl.convert_layout(row, gl.SliceLayout(1, rope_lay)) + 512 * kv_s2
         rmask = gl.convert_layout(ok, gl.SliceLayout(1, rope_lay))[:, None]
         cp_load(k_rope.index(s), kv_bf16 + rrow[:, None] + r[None, :] * kv_s2, mask=rmask)
@@ -266,8 +267,8 @@ def _consumer(q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, 
         st = warpgroup_mma(kn, q_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         st = warpgroup_mma(k_rope.index(s), q_rope.permute((1, 0)), st, is_async=True)
         st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
-        b = bias.index(s).load(gl.SliceLayout(1, L))
-        st = st * qk_scale + b[:, None]
+        valid = bias.index(s).load(gl.SliceLayout(1, L)) == 0.0
+        st = gl.where(valid[:, None], st * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(st, 0))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
@@ -284,10 +285,12 @@ def _consumer(q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, 
 
 
 @gluon.jit
-def _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, out_ptr, lse_ptr,
+def _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, sink_s0, out_ptr,
+                  lse_ptr,
                   part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
                   H: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
-    """As decode.py's ``_store_result``, from ``O^T``: out 0 and lse -inf for empty heads."""
+    """As decode.py's ``_store_result``, from ``O^T``: out 0 and lse -inf for heads with no
+    valid entry (``l == 0``), out and lse NaN where a score was NaN or +inf (``l`` NaN)."""
     # d contiguous a thread (coalesced stores along the output's last dimension)
     OL: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
     acc = gl.convert_layout(acc, OL)
@@ -297,13 +300,13 @@ def _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, out_
     heads = hb * H + gl.arange(0, H, layout=hl)
     hmask = heads < h_q
     d = gl.arange(0, G_NOPE, layout=gl.SliceLayout(1, OL))
-    has = l_i > 0
-    inv_l = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
-    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    empty = l_i == 0
+    inv_l = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
+    lse2 = gl.where(empty, float("-inf"), m_i + gl.log2(gl.where(empty, 1.0, l_i)))
     w = inv_l
     if HAS_SINK and not SPLIT:
-        sink2 = gl.load(sink_ptr + heads, mask=hmask, other=0.0) * G_LOG2E
-        w = gl.where(has, inv_l / (1.0 + gl.exp2(sink2 - gl.where(has, lse2, 0.0))), 0.0)
+        sink2 = gl.load(sink_ptr + heads * sink_s0, mask=hmask, other=0.0) * G_LOG2E
+        w = gl.where(empty, 0.0, inv_l / (1.0 + gl.exp2(sink2 - gl.where(empty, 0.0, lse2))))
     o = acc * w[None, :]
     m2 = hmask[None, :]
     if SPLIT:
@@ -340,7 +343,7 @@ def sparse_mla_decode_sm90_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
     h_q, topk, num_rows, split_cols, num_splits, head_blocks,
     q_s0, q_s1, q_s2, kv_s0, kv_s1, kv_s2, idx_s0, idx_s1,
-    bt_s0, bt_s1, bt_width, num_req, block_size,
+    bt_s0, bt_s1, bt_width, num_req, block_size, len_s0, req_s0, sink_s0,
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     qk_scale,
     PAGE: gl.constexpr, BLOCK_H: gl.constexpr, FP8: gl.constexpr, FUSED: gl.constexpr,
@@ -356,13 +359,13 @@ def sparse_mla_decode_sm90_kernel(
     t64 = t.to(gl.int64)
     n_valid = topk
     if HAS_LEN:
-        n_valid = gl.minimum(gl.maximum(gl.load(len_ptr + t), 0), topk)
+        n_valid = gl.minimum(gl.maximum(gl.load(len_ptr + t64 * len_s0), 0), topk)
     col_lo = split * split_cols
     col_hi = gl.minimum(col_lo + split_cols, n_valid)
     req_ok = True
     bt_row = bt_ptr
     if FUSED:
-        req = gl.load(req_ptr + t)
+        req = gl.load(req_ptr + t64 * req_s0)
         req_ok = (req >= 0) & (req < num_req)
         bt_row = bt_ptr + gl.where(req_ok, req, 0).to(gl.int64) * bt_s0
 
@@ -382,9 +385,7 @@ def sparse_mla_decode_sm90_kernel(
     pt = gl.allocate_shared_memory(
         bf16, [BN, BLOCK_H], gl.NVMMASharedLayout.get_default_for([BN, BLOCK_H], bf16)
     )
-    bias = gl.allocate_shared_memory(
-        gl.float32, [NBUF, BN], gl.SwizzledSharedLayout(1, 1, 1, [0])
-    )
+    bias = gl.allocate_shared_memory(gl.float32, [NBUF, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NBUF):
@@ -425,7 +426,8 @@ def sparse_mla_decode_sm90_kernel(
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
         )  # fmt: skip
-    _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, out_ptr, lse_ptr,
+    _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, sink_s0, out_ptr,
+                  lse_ptr,
                   part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1, BLOCK_H,
                   HAS_SINK, SPLIT)  # fmt: skip
 

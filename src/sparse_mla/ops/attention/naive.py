@@ -33,7 +33,7 @@ def gather_mla_rows(
     num_rows = lay.num_pages * lay.block_size
     valid = (slots >= 0) & (slots < num_rows)
     safe = torch.where(valid, slots.long(), 0)
-    raw = lay.cache3[safe // max(lay.block_size, 1), safe % max(lay.block_size, 1)]
+    raw = lay.cache3[safe // lay.block_size, safe % lay.block_size]
     if not lay.fp8:
         rows = raw.to(dtype)
     else:
@@ -77,9 +77,11 @@ def sparse_mla_decode_reference(
 
     Returns:
         out ``dtype`` ``[T, h_q, 512]`` and lse ``dtype`` ``[T, h_q]`` (natural log); a row
-        with no valid entry gives out 0 and lse ``-inf``. With ``magnitude``, also
-        ``out_mag`` ``[T, h_q, 512]`` = ``sum_j p_j |v_j|`` (times the sink weight) and
-        ``score_mag`` ``[T, h_q]`` = ``max_j |sm_scale| sum_d |q_d k_jd|`` (0 for empty rows).
+        with no valid entry (or only ``-inf`` scores) gives out 0 and lse ``-inf``, one with
+        a NaN or ``+inf`` valid score gives out and lse NaN (the kernel's contract). With
+        ``magnitude``, also ``out_mag`` ``[T, h_q, 512]`` = ``sum_j p_j |v_j|`` (times the
+        sink weight) and ``score_mag`` ``[T, h_q]`` = ``max_j |sm_scale| sum_d |q_d k_jd|`` (0
+        for empty rows).
     """
     slots = indices
     if block_table is not None:
@@ -101,10 +103,14 @@ def sparse_mla_decode_reference(
         t1 = min(t0 + chunk, num_tokens)
         rows, valid = gather_mla_rows(kv_cache, slots[t0:t1], dtype)  # [c, topk, 576]
         valid &= keep[t0:t1]
+        rows = rows.masked_fill(~valid[..., None], 0.0)  # entries past n are never read
         s = torch.einsum("chd,ckd->chk", q[t0:t1].to(dtype), rows) * sm_scale
         s = s.masked_fill(~valid[:, None, :], float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is valid
-        p = torch.exp(s - row_lse.nan_to_num(neginf=0.0)[..., None])
+        # NaN (torch gives +inf for a +inf score) where a valid score is NaN or +inf: the
+        # kernel's contract; p, hence out, is then NaN too.
+        row_lse = row_lse.masked_fill((s.isnan() | s.isposinf()).any(-1), float("nan"))
+        p = torch.exp(s - row_lse.masked_fill(row_lse.isneginf(), 0.0)[..., None])
         out[t0:t1] = torch.einsum("chk,ckd->chd", p, rows[..., :MLA_NOPE_DIM])
         lse[t0:t1] = row_lse
         if magnitude:
@@ -114,8 +120,9 @@ def sparse_mla_decode_reference(
             s_abs = s_abs * abs(sm_scale) * valid[:, None, :]
             score_mag[t0:t1] = s_abs.amax(dim=-1) if topk else 0.0
     if attn_sink is not None:
-        # exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink); 0 for an empty row.
-        w = torch.sigmoid(lse - attn_sink.to(dtype)[None, :]).nan_to_num(nan=0.0)
+        # exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink); 0 for an empty row (also
+        # with sink -inf), NaN for a NaN row.
+        w = torch.sigmoid(lse - attn_sink.to(dtype)[None, :]).masked_fill(lse.isneginf(), 0.0)
         out = out * w[..., None]
         out_mag = out_mag * w[..., None]
     if magnitude:

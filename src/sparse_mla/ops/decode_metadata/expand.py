@@ -91,7 +91,7 @@ def _check_config(config: ExpandConfig | None) -> ExpandConfig:
         v = getattr(config, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
             raise ValueError(f"config.{name} must be a power of two >= 1, got {v!r}")
-    if isinstance(config.pdl, bool) or config.pdl not in (0, 1, 2, 3):
+    if type(config.pdl) is not int or config.pdl not in (0, 1, 2, 3):
         raise ValueError(f"config.pdl must be 0, 1, 2 or 3, got {config.pdl!r}")
     if config.store_evict not in ("", "evict_first", "evict_last"):
         raise ValueError("config.store_evict must be '', 'evict_first' or 'evict_last'")

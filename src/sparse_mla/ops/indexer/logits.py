@@ -323,11 +323,11 @@ def index_logits(
         k_cache: bf16 ``[num_pages, block_size, D]`` (or ``[..., 1, D]``), or uint8
             ``[num_pages, block_size, 1, D + 4]`` in DeepGEMM's fp8 layout (per page: block_size*D
             e4m3 values, then block_size fp32 scales; see :mod:`sparse_mla.ops.kv_cache`).
-        seq_lens: int32/int64, ``[B]`` total length of each request (including its n tokens),
+        seq_lens: int32, ``[B]`` total length of each request (including its n tokens),
             or ``[B, n]`` per-row visible lengths. Device data, clamped in the kernel to
             ``[0, W * block_size]`` (``W = block_table.shape[1]``): a length larger than the
             block table can address never reads past it; negative lengths mean 0.
-        block_table: int32/int64 ``[B, W]`` page ids of each request. Entries are trusted to
+        block_table: int32 ``[B, W]`` page ids of each request. Entries are trusted to
             be valid page ids; one outside ``[0, num_pages)`` is not read (its positions get
             ``-inf``).
         next_n: query tokens per request, 1..8. Default: 1 for 1-D ``seq_lens``,
@@ -394,8 +394,8 @@ def _plan(q, weights, k_cache, seq_lens, block_table, next_n, max_len, out, conf
     """Checks every argument of :func:`index_logits` and picks its launch (no data read)."""
     check_tensor("q", q, dtype=(torch.bfloat16, torch.float8_e4m3fn), ndim=3)
     check_tensor("weights", weights, dtype=torch.float32, ndim=2)
-    check_tensor("seq_lens", seq_lens, dtype=(torch.int32, torch.int64))
-    check_tensor("block_table", block_table, dtype=(torch.int32, torch.int64), ndim=2)
+    check_tensor("seq_lens", seq_lens, dtype=torch.int32)  # README: integer dtypes
+    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
     lay = indexer_k_cache_layout(k_cache)
     rows, heads, dim = q.shape
     if weights.shape != (rows, heads):

@@ -94,12 +94,14 @@ def _as_3d(name: str, cache: torch.Tensor) -> torch.Tensor:
                 f"{name}: a 4-D cache must be [num_pages, block_size, 1, bytes_or_dim], "
                 f"got shape {tuple(cache.shape)}"
             )
-        return cache[:, :, 0, :]
-    if cache.dim() != 3:
+        cache = cache[:, :, 0, :]
+    elif cache.dim() != 3:
         raise ValueError(
             f"{name} must be 3-D [num_pages, block_size, dim] or 4-D [num_pages, block_size, 1, "
             f"dim], got shape {tuple(cache.shape)}"
         )
+    if cache.shape[1] < 1:  # kernels split slots by it (slot // block_size)
+        raise ValueError(f"{name}: block_size (dimension 1) must be >= 1, got 0")
     return cache
 
 

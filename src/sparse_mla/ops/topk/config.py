@@ -98,11 +98,13 @@ def validate_config(config: TopKConfig) -> None:
     """Reject a config the kernels cannot run (TypeError/ValueError naming the field)."""
     if not isinstance(config, TopKConfig):
         raise TypeError(f"config must be a TopKConfig, got {type(config).__name__}")
-    _validate(config)
+    # With its fields' types: 5.0 == 5 and True == 1, so a config equal to a checked one may
+    # still hold a float or a bool.
+    _validate(config, tuple(type(v) for v in config.__dict__.values()))
 
 
 @lru_cache(maxsize=64)  # called on every launch: a config is checked once
-def _validate(config: TopKConfig) -> None:
+def _validate(config: TopKConfig, _types: tuple) -> None:
     def pow2(v: int) -> bool:
         return v >= 1 and v & (v - 1) == 0
 
@@ -128,11 +130,13 @@ def _validate(config: TopKConfig) -> None:
         v = getattr(config, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"config.{name} must be an int >= 0, got {v!r}")
-    if config.tile_radix_bits not in (5, 6, 8):
-        raise ValueError(f"config.tile_radix_bits must be 5, 6 or 8, got {config.tile_radix_bits}")
-    if not isinstance(config.eager_prefilter, bool):
-        raise TypeError(f"config.eager_prefilter must be a bool, got {config.eager_prefilter!r}")
-    if isinstance(config.pdl, bool) or config.pdl not in (0, 1, 2, 3):
+    bits = config.tile_radix_bits
+    if type(bits) is not int or bits not in (5, 6, 8):  # (5.0 and True compare equal to ints)
+        raise ValueError(f"config.tile_radix_bits must be 5, 6 or 8, got {bits!r}")
+    for name in ("fallback_side_stream", "pdl_early_prefilter", "eager_prefilter"):
+        if not isinstance(getattr(config, name), bool):
+            raise TypeError(f"config.{name} must be a bool, got {getattr(config, name)!r}")
+    if type(config.pdl) is not int or config.pdl not in (0, 1, 2, 3):
         raise ValueError(f"config.pdl must be 0, 1, 2 or 3, got {config.pdl!r}")
 
 
