@@ -78,7 +78,7 @@ def check(dev) -> bool:
         ):  # fmt: skip
             key = f"{fmt} h={h} T={t} topk={topk} splits={splits} nbuf={nbuf} fused={fused}"
             try:
-                block_h = 16 if h <= 16 else 32
+                block_h = 16 if h <= 16 or fmt == "fp8" else 32  # fp8 takes 16 (BLOCK_HS)
                 cfg = AttentionConfig(block_h=block_h, block_n=64, num_splits=splits,
                                       num_stages=nbuf, kernel="sm90")  # fmt: skip
                 qf = torch.randn(t, h + 3, 576, device=dev, generator=g).bfloat16()
@@ -176,7 +176,8 @@ def _time_shape(fm, cache, fmt: str, h: int, t: int, quick: bool, dev) -> None:
 
     tri = _graph_us(calls())
     cells, best = [], None
-    for block_h, splits in [(16, s) for s in (1, 2, 4, 8)] + ([(32, 1)] if h > 16 else []):
+    wide = [(32, 1)] if h > 16 and fmt == "bf16" else []  # fp8 takes 16 heads (BLOCK_HS)
+    for block_h, splits in [(16, s) for s in (1, 2, 4, 8)] + wide:
         cfg = AttentionConfig(block_h=block_h, block_n=64, num_splits=splits, kernel="sm90")
         ws = attention_workspace(t, h, TOPK, cache_format=fmt, config=cfg, device=dev)
         try:
