@@ -85,7 +85,7 @@ def test_configs_round_trip():
 
 def test_malformed_config_strings_name_the_argument():
     """A config string an op cannot decode says which argument and what form (issue 30)."""
-    for text in ("(16, 64", "[16, 64]", "(16, 64, 1, 4, 2, 8, 128, True, 9)", "x", "1"):
+    for text in ("(16, 64", "[16, 64]", "(16, 64, 1, 4, 2, 8, 128, True, 'triton', 9)", "x", "1"):
         with pytest.raises(ValueError, match=r"config must be None, or the repr .*AttentionConfig"):
             library._decode(text, "attention")
     with pytest.raises(ValueError, match=r"layout must be None, 'auto', or .*RemapLayout"):
