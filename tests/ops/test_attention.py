@@ -14,11 +14,14 @@ from sparse_mla.compat import flashmla
 from sparse_mla.ops.attention import (
     AttentionConfig,
     attention_workspace,
+    check_attention_config,
     choose_attention_config,
+    choose_sm90_config,
     sparse_mla_decode,
     sparse_mla_decode_reference,
     workspace_rows,
 )
+from sparse_mla.ops.attention.config import SM90_MIN_TOKENS
 from sparse_mla.testing import (
     attention_error,
     poison,
@@ -105,13 +108,55 @@ def test_config_choice():
     assert choose_attention_config(1024, 16, 2048, "bf16", 132).block_n == 64
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+def test_sm90_config_choice(fmt):
+    """Where the Gluon kernel can run, it takes the calls of up to 32 heads and at least
+    SM90_MIN_TOKENS rows; the rest stay on the Triton kernel, as without it."""
+    for h in range(1, 129):
+        for t in (1, 8, SM90_MIN_TOKENS - 1, SM90_MIN_TOKENS, 64, 128, 4096):
+            cfg = choose_attention_config(t, h, 2048, fmt, 132, sm90=True)
+            if h > 32 or t < SM90_MIN_TOKENS:
+                assert cfg == choose_attention_config(t, h, 2048, fmt, 132)
+                continue
+            assert cfg.kernel == "sm90" and check_attention_config(cfg) is cfg
+            assert cfg.block_h == (32 if fmt == "bf16" and h > 16 else 16)
+            assert cfg.block_n == 64 and cfg.num_stages == 2 and cfg.num_warps == 4
+            programs = t * cfg.head_blocks(h)
+            sp = cfg.num_splits
+            assert sp & (sp - 1) == 0 and 1 <= sp <= 8
+            assert programs * sp <= 132 or sp == 1  # about one program an SM
+            assert sp == 8 or programs * sp * 2 > 132
+    assert choose_sm90_config(128, 16, 2048, fmt, 132).num_splits == 1
+    assert choose_sm90_config(32, 16, 2048, fmt, 132).num_splits == 4
+    assert choose_sm90_config(32, 16, 64, fmt, 132).num_splits == 1  # one block: no split
+
+
+def test_sm90_config_fields_checked():
+    ok = AttentionConfig(block_h=16, block_n=64, num_splits=3, kernel="sm90")
+    assert check_attention_config(ok) is ok
+    for bad in (dict(block_h=64), dict(block_n=32), dict(num_warps=8), dict(num_stages=3)):
+        with pytest.raises(ValueError, match="kernel='sm90' takes"):
+            check_attention_config(AttentionConfig(**{**vars(ok), **bad}))
+    with pytest.raises(ValueError, match="config.kernel must be one of"):
+        check_attention_config(AttentionConfig(kernel="cuda"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU has no sm_90 kernel to refuse")
+def test_sm90_kernel_refused_off_hopper():
+    q, cache, idx = _case(_gen(0), T=2, h=16, fp8=True)
+    cfg = AttentionConfig(block_h=16, block_n=64, kernel="sm90")
+    with pytest.raises(ValueError, match="needs an sm_90 GPU"):
+        sparse_mla_decode(q, cache, idx, sm_scale=0.1, config=cfg)
+
+
 def test_workspace_rows_cover_every_call():
     for h in (8, 16, 128):
-        need = workspace_rows(300, h, 2048, "fp8", 132)
-        for t in range(1, 301):
-            cfg = choose_attention_config(t, h, 2048, "fp8", 132)
-            splits = cfg.effective_splits(2048)
-            assert splits == 1 or t * splits <= need
+        for sm90 in (False, True):
+            need = workspace_rows(300, h, 2048, "fp8", 132, sm90=sm90)
+            for t in range(1, 301):
+                cfg = choose_attention_config(t, h, 2048, "fp8", 132, sm90=sm90)
+                splits = cfg.effective_splits(2048)
+                assert splits == 1 or t * splits <= need
 
 
 # ---- numerics -----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,7 @@ def _sm90_kernel():
     return decode_sm90
 
 
+@functools.cache
 def sm90_available(device: torch.device) -> bool:
     """Whether the Gluon kernel can run on ``device``: an sm_90 NVIDIA GPU (not the
     interpreter) and a Triton whose Gluon it compiles with."""
@@ -105,7 +107,8 @@ def attention_workspace(
         splits = check_attention_config(config).effective_splits(topk)
         rows = num_tokens * splits if splits > 1 else 0
     else:
-        rows = workspace_rows(num_tokens, h_q, topk, cache_format, _sms(dev))
+        rows = workspace_rows(num_tokens, h_q, topk, cache_format, _sms(dev),
+                              sm90=sm90_available(dev))  # fmt: skip
     return AttentionWorkspace(
         torch.empty((rows, h_q, NOPE), dtype=torch.float32, device=dev),
         torch.empty((rows, h_q), dtype=torch.float32, device=dev),
@@ -291,7 +294,8 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
         check_output("lse", lse, (num_tokens, h_q))
     fmt = "fp8" if lay.fp8 else "bf16"
     if config is None:
-        cfg = choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev))
+        cfg = choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev),
+                                      sm90=sm90_available(dev))  # fmt: skip
     else:
         cfg = check_attention_config(config)
     if cfg.kernel == "sm90":

@@ -19,6 +19,10 @@ CACHE_FORMATS = ("bf16", "fp8")
 KERNELS = ("triton", "sm90")
 SM90_BLOCK_N = 64
 SM90_MAX_BLOCK_H = 32
+# The Gluon kernel is chosen from this many query rows (the H200 crossover, docs/PERF.md),
+# with at most this many splits.
+SM90_MIN_TOKENS = 32
+SM90_MAX_SPLITS = 8
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
 # warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
@@ -117,7 +121,7 @@ def _check_pow2(name: str, v: object, lo: int, hi: int) -> None:
 
 
 def choose_attention_config(
-    num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int
+    num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int, *, sm90: bool = False
 ) -> AttentionConfig:
     """Heuristic launch shape for ``num_tokens`` query rows of ``h_q`` heads over ``topk``
     columns of a ``cache_format`` ("bf16" or "fp8") cache on ``num_sms`` multiprocessors.
@@ -134,7 +138,14 @@ def choose_attention_config(
     a power of two giving about ``TARGET_PROGRAMS_PER_SM`` programs per SM, each split at
     least one block, at most ``MAX_SPLITS_MULTI_ROW`` for more than one row; none once the
     rows fill the chip.
+
+    ``sm90``: the Gluon kernel can run (an sm_90 GPU, a Triton with Gluon); then the calls
+    it wins take it (:func:`choose_sm90_config`).
     """
+    if sm90:
+        cfg = choose_sm90_config(num_tokens, h_q, topk, cache_format, num_sms)
+        if cfg is not None:
+            return cfg
     if cache_format not in CACHE_FORMATS:
         raise ValueError(f"cache_format must be one of {CACHE_FORMATS}, got {cache_format!r}")
     if not 1 <= h_q <= MAX_HEADS:
@@ -164,13 +175,35 @@ def choose_attention_config(
     return AttentionConfig(block_h, block_n, splits, num_warps, num_stages, combine_heads, 128)
 
 
-def workspace_rows(num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int) -> int:
+def choose_sm90_config(
+    num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int
+) -> AttentionConfig | None:
+    """The Gluon kernel's launch shape where it beats the Triton kernel on the H200, else None.
+
+    Measured (benchmarks/gpu_attention_sm90.py, docs/PERF.md): at up to 32 heads it wins
+    once the call has at least ``SM90_MIN_TOKENS`` query rows, and loses below (its one
+    program an SM and 64-row steps leave few rows too little to overlap). 16 heads a program
+    (32 for more than 16 heads on a bf16 cache), a two-slot ring, and splits (a power of two,
+    at most ``SM90_MAX_SPLITS``) until the programs about fill the SMs once.
+    """
+    if h_q > SM90_MAX_BLOCK_H or num_tokens < SM90_MIN_TOKENS:
+        return None
+    block_h = 32 if h_q > 16 and cache_format == "bf16" else 16
+    programs = num_tokens * cdiv(h_q, block_h)
+    splits = max(1, min(SM90_MAX_SPLITS, num_sms // programs, cdiv(topk, SM90_BLOCK_N)))
+    splits = 1 << (splits.bit_length() - 1)
+    return AttentionConfig(block_h, SM90_BLOCK_N, splits, 4, 2, kernel="sm90")
+
+
+def workspace_rows(
+    num_tokens: int, h_q: int, topk: int, cache_format: str, num_sms: int, *, sm90: bool = False
+) -> int:
     """Partial-result rows (one per query row and split) that any call of up to
-    ``num_tokens`` rows needs under :func:`choose_attention_config`: the largest
-    ``T * splits`` over ``T <= num_tokens`` with more than one split."""
+    ``num_tokens`` rows needs under :func:`choose_attention_config` (with ``sm90`` as the
+    call's): the largest ``T * splits`` over ``T <= num_tokens`` with more than one split."""
     need = 0
     for t in range(1, num_tokens + 1):
-        cfg = choose_attention_config(t, h_q, topk, cache_format, num_sms)
+        cfg = choose_attention_config(t, h_q, topk, cache_format, num_sms, sm90=sm90)
         splits = cfg.effective_splits(topk)
         if splits > 1:
             need = max(need, t * splits)
