@@ -152,6 +152,20 @@ def _combine_inputs(world: int, gen: torch.Generator, t: int = 6, h: int = 8, d:
     return outs, lses
 
 
+def _invalid_lses(outs: torch.Tensor, lses: torch.Tensor):
+    """The same inputs with NaN / +inf lses (a NaN attention row) at a few (rank, row, head);
+    returns (outs, lses, the (row, head) whose merge must be NaN: bool [T, H])."""
+    outs, lses = outs.clone(), lses.clone()
+    lses[-1, 4, 1] = float("nan")  # its out finite
+    lses[0, 4, 6] = float("nan")
+    outs[0, 4, 6] = float("nan")
+    lses[1, 5, 3] = float("inf")
+    lses[1, 0, 5] = float("nan")  # beside the only rank that saw row 0
+    lses[0, 1, 2] = float("nan")  # a row no other rank saw
+    lses[:, 5, 7] = float("nan")  # every rank
+    return outs, lses, (torch.isnan(lses) | (lses == float("inf"))).any(0)
+
+
 def _check_close(name: str, got, want, *, atol: float, rtol: float) -> str | None:
     got = got.float()
     if torch.isnan(got).any():
@@ -166,8 +180,22 @@ def _check_close(name: str, got, want, *, atol: float, rtol: float) -> str | Non
     return None
 
 
+def _check_nan_only_at(name: str, got, clean, nan_at: torch.Tensor) -> str | None:
+    """``got`` NaN exactly where ``nan_at`` (a [T, H] mask, broadcast over D), elsewhere bit for
+    bit ``clean``."""
+    mask = nan_at if got.dim() == 2 else nan_at[..., None].expand(got.shape)
+    nan = torch.isnan(got.float())
+    if not torch.equal(nan, mask):
+        at = (nan if nan.dim() == 2 else nan.any(-1)).nonzero().tolist()
+        return f"{name}: NaN at (row, head) {at} (not all of D?), want {nan_at.nonzero().tolist()}"
+    if not torch.equal(got[~mask], clean[~mask]):
+        return f"{name}: values without an invalid lse changed"
+    return None
+
+
 def combine_cases(group, rank: int, world: int, seed: int) -> str | None:
     outs, lses = _combine_inputs(world, _gen(seed, 3))
+    bad_outs, bad_lses, nan_at = _invalid_lses(outs, lses)
     heads = outs.shape[2]
     hs = slice(rank * heads // world, (rank + 1) * heads // world)
     errs = []
@@ -179,23 +207,33 @@ def combine_cases(group, rank: int, world: int, seed: int) -> str | None:
     ]
     results = []
     for reduce, dtype, sum_dtype in cases:
-        mine = outs[rank].to(dtype)
-        want_out, want_lse = combine_reference(outs.to(dtype), lses)
-        shape = (mine.shape[0], heads // world if reduce != "all_reduce" else heads, mine.shape[2])
-        buf = None if sum_dtype is None else torch.empty(shape, dtype=sum_dtype)
-        lse_view = lses[rank].t().contiguous().t()  # a strided lse
-        got_out, got_lse = dcp.combine(mine, lse_view, group=group, reduce=reduce, out_buffer=buf)
-        results.append((reduce, dtype, sum_dtype, got_out, got_lse, want_out, want_lse))
-    for reduce, dtype, sum_dtype, got_out, got_lse, want_out, want_lse in results:
+        got = []
+        for o, s in ((outs, lses), (bad_outs, bad_lses)):
+            mine = o[rank].to(dtype)
+            heads_here = heads // world if reduce != "all_reduce" else heads
+            shape = (mine.shape[0], heads_here, mine.shape[2])
+            buf = None if sum_dtype is None else torch.empty(shape, dtype=sum_dtype)
+            lse_view = s[rank].t().contiguous().t()  # a strided lse
+            got.append(dcp.combine(mine, lse_view, group=group, reduce=reduce, out_buffer=buf))
+        results.append((reduce, dtype, sum_dtype, *got))
+    for reduce, dtype, sum_dtype, (got_out, got_lse), (bad_out, bad_lse) in results:
         name = f"combine {reduce} {dtype} (sum in {sum_dtype or dtype})"
+        want_out, want_lse = combine_reference(outs.to(dtype), lses)
+        ref_bad_out, ref_bad_lse = combine_reference(bad_outs.to(dtype), bad_lses)
+        nan_out = nan_at
         if reduce != "all_reduce":
-            want_out = want_out[:, hs]
+            want_out, ref_bad_out, nan_out = want_out[:, hs], ref_bad_out[:, hs], nan_at[:, hs]
         # The reference sums the same (bf16) inputs in fp64: an fp32 sum is off by fp32
         # rounding; a bf16 one rounds each weighted part and each partial sum to bf16.
         fp32_sum = (sum_dtype or dtype) == torch.float32
         atol = 1e-5 if fp32_sum else world * 2.0**-7
         errs.append(_check_close(name + " out", got_out, want_out, atol=atol, rtol=atol))
         errs.append(_check_close(name + " lse", got_lse, want_lse, atol=1e-5, rtol=1e-6))
+        # A NaN or +inf lse on any rank: NaN there, everything else as without it.
+        errs.append(_check_nan_only_at(name + " NaN-lse out", bad_out, got_out, nan_out))
+        errs.append(_check_nan_only_at(name + " NaN-lse lse", bad_lse, got_lse, nan_at))
+        errs.append(_check_nan_only_at("reference NaN-lse out", ref_bad_out, want_out, nan_out))
+        errs.append(_check_nan_only_at("reference NaN-lse lse", ref_bad_lse, want_lse, nan_at))
     return _joined(errs)
 
 

@@ -3,9 +3,14 @@
 Each rank attends over the selected tokens it owns and holds (out_r, lse_r); the attention
 over all of them is ``lse = logsumexp_r lse_r`` and ``out = sum_r exp(lse_r - lse) * out_r``.
 One all_gather of the lse ``[W, T, H]``, a Triton kernel that computes the global lse and this
-rank's weighted out (weight 0 where it is not finite, and a zero product, never 0 * NaN), then
+rank's weighted out (weight 0 where its lse is -inf, and a zero product, never 0 * NaN), then
 a sum over ranks: ``all_reduce`` (every rank gets all heads) or ``reduce_scatter`` over heads
 (rank r gets heads ``[r * H / W, (r + 1) * H / W)``), as vLLM's ``cp_lse_ag_out_rs``.
+
+NaN propagates as in the attention (``sparse_mla_decode``): a NaN lse (a NaN or +inf score
+in that rank's row) on any rank, or a +inf one (no valid lse either), makes that (token,
+head)'s merged out and lse NaN; every rank's weighted part of it is NaN, so both reductions
+give NaN there. -inf means the rank saw nothing; a (token, head) no rank saw gives (0, -inf).
 """
 
 from __future__ import annotations
@@ -108,7 +113,8 @@ def _lse_combine_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """Program (t, head block, dim block): global lse of row t (written by dim block 0), and
-    this rank's weighted out.
+    this rank's weighted out. A head with a NaN or +inf lse on any rank gets lse NaN and a NaN
+    part (from every rank); -inf ranks weigh 0 (their out is not used).
 
     ``lse_all`` fp32 ``[DCP_SIZE, tokens, heads]``. ``dest`` (the sum's dtype) gets head h of
     row t at ``[h // heads_per_chunk, t, h % heads_per_chunk, :]`` of a
@@ -121,7 +127,10 @@ def _lse_combine_kernel(
     r = tl.arange(0, W_P2)
     ld = lse_all + (r[:, None] * tokens + t) * heads + h[None, :]
     lse_r = tl.load(ld, mask=(r[:, None] < DCP_SIZE) & in_h[None, :], other=float("-inf"))
-    # NaN and +inf (device data) count as "saw nothing", like -inf.
+    # NaN and +inf are not an lse (a NaN attention row): the head's merged (out, lse) is NaN.
+    # -inf: the rank saw nothing (weight 0). Padding ranks and heads read -inf.
+    invalid = (lse_r != lse_r) | (lse_r == float("inf"))
+    nan_head = tl.max(invalid.to(tl.int32), axis=0) > 0
     finite = (lse_r == lse_r) & (lse_r != float("inf")) & (lse_r != float("-inf"))
     lse_r = tl.where(finite, lse_r, float("-inf"))
     m = tl.max(lse_r, axis=0)
@@ -130,7 +139,8 @@ def _lse_combine_kernel(
     total = tl.sum(tl.where(finite, tl.exp(lse_r - m0[None, :]), 0.0), axis=0)
     lse = tl.where(any_row, m0 + tl.log(tl.where(any_row, total, 1.0)), 0.0)  # 0: unused
     if tl.program_id(2) == 0:
-        tl.store(lse_out + t * s_lt + h * s_lh, tl.where(any_row, lse, float("-inf")), mask=in_h)
+        lse_st = tl.where(nan_head, float("nan"), tl.where(any_row, lse, float("-inf")))
+        tl.store(lse_out + t * s_lt + h * s_lh, lse_st, mask=in_h)
 
     mine = tl.load(lse_all + (rank * tokens + t) * heads + h, mask=in_h, other=float("-inf"))
     mine_ok = (mine == mine) & (mine != float("inf")) & (mine != float("-inf")) & any_row
@@ -141,6 +151,7 @@ def _lse_combine_kernel(
     m2 = in_h[:, None] & (d[None, :] < dim)
     o = tl.load(out + t * s_ot + h[:, None] * s_oh + d[None, :] * s_od, mask=m2, other=0.0)
     val = tl.where(use[:, None], weight[:, None] * o.to(tl.float32), 0.0)
+    val = tl.where(nan_head[:, None], float("nan"), val)  # every rank's part: the sum is NaN
     tl.store(dest + dst_h[:, None] + d[None, :], val.to(dest.dtype.element_ty), mask=m2)
 
 
@@ -188,17 +199,19 @@ def rescale_partial(
     lse_out: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The local step of :func:`combine` (no collective): the global lse, and this rank's
-    out weighted by ``exp(lse_r - lse)`` (0 where that is not finite; never 0 * NaN).
+    out weighted by ``exp(lse_r - lse)`` (0 where lse_r is -inf; never 0 * NaN). Where any
+    rank's lse is NaN or +inf, the global lse and ``dest`` are NaN (on every rank).
 
     Args:
         out: ``[T, H, D]`` bf16, fp16 or fp32 (any strides), rank ``dcp_rank``'s attention.
-        lse_all: contiguous fp32 ``[W, T, H]``, every rank's lse (device data: NaN and +inf
-            read as -inf).
+        lse_all: contiguous fp32 ``[W, T, H]``, every rank's lse (-inf: the rank saw
+            nothing; NaN or +inf: a NaN row, the (token, head) becomes NaN).
         dcp_rank: this rank, in ``[0, W)``.
         reduce: the layout of ``dest``: ``"all_reduce"``: ``[T, H, D]``;
             ``"reduce_scatter_heads"``: ``[W, T, H / W, D]`` (head chunk ``c`` at ``[c]``).
         dest: contiguous bf16, fp16 or fp32 tensor of ``T * H * D`` elements, that layout.
-        lse_out: fp32 ``[T, H]`` (any strides), the global lse.
+        lse_out: fp32 ``[T, H]`` (any strides), the global lse (-inf where no rank saw the
+            head, NaN where a rank's lse is NaN or +inf).
 
     Returns:
         ``(dest, lse_out)``; summing ``dest`` over ranks gives the merged out.
@@ -260,15 +273,20 @@ def combine(
 
     Every rank of ``group`` calls it with its own partial result. Exact up to rounding:
     ``lse = logsumexp_r lse_r``, ``out = sum_r exp(lse_r - lse) * out_r``; a rank whose lse is
-    not finite (-inf: it owns none of the row's tokens; NaN or +inf read the same) adds
-    nothing, whatever its out holds (never 0 * NaN); a row no rank saw gives (0, -inf).
+    -inf (it owns none of the row's tokens) adds nothing, whatever its out holds (never
+    0 * NaN); a (token, head) no rank saw gives (0, -inf). NaN propagates as in the
+    attention: a NaN lse on any rank (its attention of that row and head is NaN), or a +inf
+    one (no valid lse either), gives out NaN and lse NaN for that (token, head), whatever the
+    other ranks hold; the other heads and tokens are unaffected. A NaN in the out of a rank
+    with a finite lse and a nonzero weight makes the merged out NaN too.
     The weighted parts are rounded to the result's dtype and summed in it by the collective
     (pass an fp32 ``out_buffer`` for an fp32 sum of bf16 parts).
 
     Args:
         out: ``[T, H, D]`` bf16, fp16 or fp32 (any strides), this rank's attention over its
             tokens.
-        lse: fp32 ``[T, H]`` (any strides), natural-log sum of exp of this rank's scores.
+        lse: fp32 ``[T, H]`` (any strides), natural-log sum of exp of this rank's scores
+            (-inf: none; NaN: a NaN row, as ``sparse_mla_decode`` gives).
         group: the DCP process group; the same shapes and dtypes on every rank.
         reduce: ``"all_reduce"`` (every rank gets every head) or ``"reduce_scatter_heads"``
             (rank r gets heads ``[r * H / W, (r + 1) * H / W)``; W must divide H).
@@ -280,7 +298,7 @@ def combine(
 
     Returns:
         ``(out, lse)``: the merged out (``out_buffer``) and the global lse fp32 ``[T, H]`` of
-        every head on every rank (the same values on every rank).
+        every head on every rank (the same values on every rank; NaN as above).
 
     Raises:
         ValueError / TypeError naming the argument, before any collective.

@@ -122,19 +122,24 @@ def combine_reference(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Ten
     Args:
         outs: ``[W, T, H, D]`` (any float dtype), rank ``r``'s attention over its shard.
         lses: fp32 ``[W, T, H]``, natural-log sum of exp of that rank's scores; -inf where the
-            rank saw no token (its out is then ignored, whatever it holds).
+            rank saw no token (its out is then ignored, whatever it holds); NaN (or +inf, no
+            valid lse either) where the rank's attention of that (row, head) is NaN.
 
     Returns:
         ``(out fp32 [T, H, D], lse fp32 [T, H])``: ``lse = logsumexp_r lse_r``,
-        ``out = sum_r exp(lse_r - lse) * out_r``; rows no rank saw give (0, -inf).
+        ``out = sum_r exp(lse_r - lse) * out_r`` over the ranks with a finite lse; a (row,
+        head) where any rank's lse is NaN or +inf gives (NaN, NaN), whatever the other ranks
+        hold; rows no rank saw give (0, -inf).
     """
     lse64 = lses.double()
+    nan_head = (torch.isnan(lse64) | (lse64 == float("inf"))).any(0)  # [T, H]
     lse64 = torch.where(torch.isfinite(lse64), lse64, float("-inf"))
     lse = torch.logsumexp(lse64, dim=0)  # -inf where every rank has -inf
     weight = torch.exp(lse64 - lse)  # NaN where lse is -inf
     weight = torch.where(torch.isfinite(lse64) & torch.isfinite(lse), weight, 0.0)
     parts = torch.where(weight[..., None] > 0, weight[..., None] * outs.double(), 0.0)
-    return parts.sum(0).float(), lse.float()
+    out = torch.where(nan_head[..., None], float("nan"), parts.sum(0))
+    return out.float(), torch.where(nan_head, float("nan"), lse).float()
 
 
 def attention_rows_reference(
