@@ -28,6 +28,7 @@ from sparse_mla.bench.floor import PEAK_FLOPS, attention_bytes, attention_flops
 from sparse_mla.ops.attention import (
     AttentionConfig,
     attention_workspace,
+    choose_attention_config,
     sparse_mla_decode,
     sparse_mla_decode_reference,
 )
@@ -151,8 +152,8 @@ def timings(dev, quick: bool) -> None:
     shapes = [(16, 1), (16, 8), (16, 32), (16, 128), (32, 128), (8, 128), (16, 512)]
     if quick:
         shapes = [(16, 8), (16, 128), (32, 128)]
-    _log("fmt  h_q     T | floor us | triton us | sm90 us: 16 heads x splits 1/2/4/8 "
-         "(, 32 heads x 1) | FlashMLA us")
+    _log("fmt  h_q     T | floor us | triton us | sm90 us, heads x splits x ring slots: "
+         "16x1x2 16x2x2 16x4x2 16x8x2 16x2x1 (32x1x2) | FlashMLA us")
     for fmt in ("fp8", "bf16"):
         for h, t in shapes:
             _time_shape(fm if fmt == "fp8" else None, caches[fmt], fmt, h, t, quick, dev)
@@ -174,20 +175,25 @@ def _time_shape(fm, cache, fmt: str, h: int, t: int, quick: bool, dev) -> None:
         return [(lambda ix=ix: sparse_mla_decode(q, cache, ix, sm_scale=SCALE, out=out, lse=lse,
                                                  workspace=ws, config=cfg)) for ix in idx]
 
-    tri = _graph_us(calls())
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    tri = _graph_us(calls(choose_attention_config(t, h, TOPK, fmt, sms)))  # the Triton kernel
     cells, best = [], None
-    wide = [(32, 1)] if h > 16 and fmt == "bf16" else []  # fp8 takes 16 heads (BLOCK_HS)
-    for block_h, splits in [(16, s) for s in (1, 2, 4, 8)] + wide:
-        cfg = AttentionConfig(block_h=block_h, block_n=64, num_splits=splits, kernel="sm90")
+    # (heads a program, splits, ring slots): one slot leaves room for two programs an SM
+    shapes = [(16, sp, 2) for sp in (1, 2, 4, 8)] + [(16, 2, 1)]
+    if h > 16 and fmt == "bf16":  # fp8 takes 16 heads (BLOCK_HS)
+        shapes.append((32, 1, 2))
+    for block_h, splits, nbuf in shapes:
+        cfg = AttentionConfig(block_h=block_h, block_n=64, num_splits=splits, num_stages=nbuf,
+                              kernel="sm90")  # fmt: skip
         ws = attention_workspace(t, h, TOPK, cache_format=fmt, config=cfg, device=dev)
         try:
             us = _graph_us(calls(cfg, ws))
         except Exception as e:  # noqa: BLE001
-            _log(f"  sm90 splits={splits} failed: {e!r}"[:300])
+            _log(f"  sm90 {block_h}x{splits}x{nbuf} failed: {e!r}"[:300])
             us = float("nan")
         cells.append(f"{us:7.1f}")
         if best is None or us < best[0]:
-            best = (us, f"{block_h}x{splits}", cfg, ws)
+            best = (us, f"{block_h}x{splits}x{nbuf}", cfg, ws)
     anchor = ""
     if fm is not None:
         launch, _ = flashmla_launch(fm, q, cache, SCALE)
@@ -196,10 +202,10 @@ def _time_shape(fm, cache, fmt: str, h: int, t: int, quick: bool, dev) -> None:
         except Exception as e:  # noqa: BLE001
             anchor = f"failed {e!r}"[:80]
     _log(f"{fmt:4} {h:3} {t:5} | {floor:8.1f} | {tri:9.1f} | {' '.join(cells)} | {anchor}"
-         f"  (best sm90 {best[0]:.1f} at heads x splits {best[1]}, {tri / best[0]:.2f}x triton)")
+         f"  (best sm90 {best[0]:.1f} at {best[1]}, {tri / best[0]:.2f}x triton)")
     if not quick:
         us_e = _eager_us(calls(best[2], best[3])[0])
-        tri_e = _eager_us(calls()[0])
+        tri_e = _eager_us(calls(choose_attention_config(t, h, TOPK, fmt, sms))[0])
         _log(f"     eager: sm90 {us_e:.1f} us, triton {tri_e:.1f} us")
 
 

@@ -436,11 +436,12 @@ def compile_variants() -> list[dict]:
     """The constexpr combinations the dispatch can launch (compiled for sm_90 in CI)."""
     out = []
     for fp8 in (True, False):
+        warps, regs = producer_shape(fp8)
         for block_h in BLOCK_HS[fp8]:
-            for fused, split in ((False, False), (True, True)):
+            for fused, split, nbuf in ((False, False, 2), (True, True, 2), (False, True, 1)):
                 out.append(dict(
                     PAGE=64, BLOCK_H=block_h, FP8=fp8, FUSED=fused, HAS_LEN=True,
-                    HAS_SINK=True, SPLIT=split, NBUF=2, PRODUCER_WARPS=producer_shape(fp8)[0],
-                    PRODUCER_REGS=producer_shape(fp8)[1],
+                    HAS_SINK=True, SPLIT=split, NBUF=nbuf, PRODUCER_WARPS=warps,
+                    PRODUCER_REGS=regs,
                 ))  # fmt: skip
     return out
