@@ -79,7 +79,7 @@ def check(dev) -> bool:
         ):  # fmt: skip
             key = f"{fmt} h={h} T={t} topk={topk} splits={splits} nbuf={nbuf} fused={fused}"
             try:
-                block_h = 16 if h <= 16 or fmt == "fp8" else 32  # fp8 takes 16 (BLOCK_HS)
+                block_h = 16 if h <= 16 or fmt == "fp8" else 32  # fp8 takes 16 (SHAPES)
                 cfg = AttentionConfig(block_h=block_h, block_n=64, num_splits=splits,
                                       num_stages=nbuf, kernel="sm90")  # fmt: skip
                 qf = torch.randn(t, h + 3, 576, device=dev, generator=g).bfloat16()
@@ -180,7 +180,7 @@ def _time_shape(fm, cache, fmt: str, h: int, t: int, quick: bool, dev) -> None:
     cells, best = [], None
     # (heads a program, splits, ring slots): one slot leaves room for two programs an SM
     shapes = [(16, sp, 2) for sp in (1, 2, 4, 8)] + [(16, 2, 1)]
-    if h > 16 and fmt == "bf16":  # fp8 takes 16 heads (BLOCK_HS)
+    if h > 16 and fmt == "bf16":  # fp8 takes 16 heads (SHAPES)
         shapes.append((32, 1, 2))
     for block_h, splits, nbuf in shapes:
         cfg = AttentionConfig(block_h=block_h, block_n=64, num_splits=splits, num_stages=nbuf,

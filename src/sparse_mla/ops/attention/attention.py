@@ -393,17 +393,17 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, re
 
 
 def _check_sm90(cfg: AttentionConfig, dev: torch.device, fp8: bool) -> None:
-    """The Gluon kernel runs here, and takes ``cfg.block_h`` heads on this cache format."""
+    """The Gluon kernel runs here, and has a variant of ``cfg``'s shape for this format."""
     if not sm90_available(dev):
         raise ValueError(
             f"config.kernel='sm90' needs an sm_90 GPU and a Triton with Gluon; {dev} has "
             "neither or this is the interpreter: use kernel='triton'"
         )
-    allowed = _sm90_kernel().BLOCK_HS[fp8]
-    if cfg.block_h not in allowed:
+    allowed = _sm90_kernel().SHAPES[fp8]
+    if (cfg.block_h, cfg.num_stages) not in allowed:
         raise ValueError(
-            f"config.kernel='sm90' takes block_h in {allowed} on a "
-            f"{'fp8' if fp8 else 'bf16'} cache, got {cfg.block_h}"
+            f"config.kernel='sm90' takes (block_h, num_stages) in {allowed} on a "
+            f"{'fp8' if fp8 else 'bf16'} cache, got {(cfg.block_h, cfg.num_stages)}"
         )
 
 
