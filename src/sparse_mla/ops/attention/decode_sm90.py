@@ -202,7 +202,9 @@ def _producer_fp8(kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, nu
         _dequant_store(w3, sc3, kw.slice(192, 64, dim=1))
         k_rope.index(s).store(kr)
         bias.index(s).store(b)
-        fence_async_shared()  # generic-proxy stores before the consumer's wgmma reads
+        # No proxy fence here: it compiles to MEMBAR.ALL.CTA, which would wait for the next
+        # block's gathers in flight. The consumer fences after its wait instead (the arrive
+        # releases these stores, the wait acquires them, its fence hands them to wgmma).
         cta_barrier()  # every producer warp's stores before the (single) arrive
         mbarrier.arrive(ready.index(s), count=1)
         w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = n0, n1, n2, n3, m0, m1, m2, m3, nkr, nb
@@ -264,7 +266,7 @@ def _consumer(q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, 
     for i in range(n_blocks):
         s = i % NBUF
         mbarrier.wait(ready.index(s), (i // NBUF) & 1)
-        fence_async_shared()  # cp.async (generic-proxy) writes before the wgmma reads
+        fence_async_shared()  # the producer's generic-proxy writes before the wgmma reads
         kn = k_nope.index(s)
         st = warpgroup_mma(kn, q_nope.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         st = warpgroup_mma(k_rope.index(s), q_rope.permute((1, 0)), st, is_async=True)
