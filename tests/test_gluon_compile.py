@@ -18,12 +18,18 @@ import torch
 SCRIPT = Path(__file__).with_name("gluon_compile.py")
 
 
-def _compile(python: str, tmp_path: Path) -> str:
+def _env(tmp_path: Path) -> dict:
+    """The compiler's environment (this process runs kernels interpreted; a venv with only
+    Triton has no numpy for the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
                TRITON_CACHE_DIR=str(tmp_path / "cache"))  # fmt: skip
-    res = subprocess.run([python, str(SCRIPT)], env=env, capture_output=True, text=True,
-                         timeout=900)  # fmt: skip
+    return env
+
+
+def _compile(python: str, tmp_path: Path) -> str:
+    res = subprocess.run([python, str(SCRIPT)], env=_env(tmp_path), capture_output=True,
+                         text=True, timeout=900)  # fmt: skip
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
     return res.stdout
 
@@ -46,7 +52,8 @@ def test_gluon_variants_compile_for_sm90_with_the_gpu_machines_triton(tmp_path: 
     if not python:
         pytest.skip("SPARSE_MLA_TRITON36_PYTHON unset (make test builds that venv)")
     version = subprocess.run([python, "-c", "import triton; print(triton.__version__)"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+                             env=_env(tmp_path), capture_output=True, text=True,
+                             check=True).stdout.strip()  # fmt: skip
     assert version.startswith("3.6"), version
     out = _compile(python, tmp_path)
     assert "Gluon variants compiled for sm_90 within limits" in out, out
