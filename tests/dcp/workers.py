@@ -153,17 +153,18 @@ def _combine_inputs(world: int, gen: torch.Generator, t: int = 6, h: int = 8, d:
 
 
 def _invalid_lses(outs: torch.Tensor, lses: torch.Tensor):
-    """The same inputs with NaN / +inf lses (a NaN attention row) at a few (rank, row, head);
-    returns (outs, lses, the (row, head) whose merge must be NaN: bool [T, H])."""
+    """The same inputs with NaN lses (a NaN attention row) at a few (rank, row, head) and a
+    +inf one (FlashMLA's empty marker) where the rank saw nothing; returns (outs, lses, the
+    (row, head) whose merge must be NaN: bool [T, H])."""
     outs, lses = outs.clone(), lses.clone()
     lses[-1, 4, 1] = float("nan")  # its out finite
     lses[0, 4, 6] = float("nan")
     outs[0, 4, 6] = float("nan")
-    lses[1, 5, 3] = float("inf")
     lses[1, 0, 5] = float("nan")  # beside the only rank that saw row 0
     lses[0, 1, 2] = float("nan")  # a row no other rank saw
+    lses[1, 0, 4] = float("inf")  # empty, as FlashMLA marks it (rank 1 saw nothing of row 0)
     lses[:, 5, 7] = float("nan")  # every rank
-    return outs, lses, (torch.isnan(lses) | (lses == float("inf"))).any(0)
+    return outs, lses, torch.isnan(lses).any(0)
 
 
 def _check_close(name: str, got, want, *, atol: float, rtol: float) -> str | None:

@@ -8,9 +8,10 @@ a sum over ranks: ``all_reduce`` (every rank gets all heads) or ``reduce_scatter
 (rank r gets heads ``[r * H / W, (r + 1) * H / W)``), as vLLM's ``cp_lse_ag_out_rs``.
 
 NaN propagates as in the attention (``sparse_mla_decode``): a NaN lse (a NaN or +inf score
-in that rank's row) on any rank, or a +inf one (no valid lse either), makes that (token,
-head)'s merged out and lse NaN; every rank's weighted part of it is NaN, so both reductions
-give NaN there. -inf means the rank saw nothing; a (token, head) no rank saw gives (0, -inf).
+in that rank's row) on any rank makes that (token, head)'s merged out and lse NaN; every
+rank's weighted part of it is NaN, so both reductions give NaN there. -inf means the rank
+saw nothing, and so does +inf (FlashMLA's and ``compat.flashmla``'s marker of an empty row);
+a (token, head) no rank saw gives (0, -inf).
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def _lse_combine_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """Program (t, head block, dim block): global lse of row t (written by dim block 0), and
-    this rank's weighted out. A head with a NaN or +inf lse on any rank gets lse NaN and a NaN
-    part (from every rank); -inf ranks weigh 0 (their out is not used).
+    this rank's weighted out. A head with a NaN lse on any rank gets lse NaN and a NaN part
+    (from every rank); -inf and +inf (empty) ranks weigh 0 (their out is not used).
 
     ``lse_all`` fp32 ``[DCP_SIZE, tokens, heads]``. ``dest`` (the sum's dtype) gets head h of
     row t at ``[h // heads_per_chunk, t, h % heads_per_chunk, :]`` of a
@@ -127,10 +128,9 @@ def _lse_combine_kernel(
     r = tl.arange(0, W_P2)
     ld = lse_all + (r[:, None] * tokens + t) * heads + h[None, :]
     lse_r = tl.load(ld, mask=(r[:, None] < DCP_SIZE) & in_h[None, :], other=float("-inf"))
-    # NaN and +inf are not an lse (a NaN attention row): the head's merged (out, lse) is NaN.
-    # -inf: the rank saw nothing (weight 0). Padding ranks and heads read -inf.
-    invalid = (lse_r != lse_r) | (lse_r == float("inf"))
-    nan_head = tl.max(invalid.to(tl.int32), axis=0) > 0
+    # NaN (a NaN attention row): the head's merged (out, lse) is NaN. -inf, and FlashMLA's
+    # +inf: the rank saw nothing (weight 0). Padding ranks and heads read -inf.
+    nan_head = tl.max((lse_r != lse_r).to(tl.int32), axis=0) > 0
     finite = (lse_r == lse_r) & (lse_r != float("inf")) & (lse_r != float("-inf"))
     lse_r = tl.where(finite, lse_r, float("-inf"))
     m = tl.max(lse_r, axis=0)
@@ -199,19 +199,19 @@ def rescale_partial(
     lse_out: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The local step of :func:`combine` (no collective): the global lse, and this rank's
-    out weighted by ``exp(lse_r - lse)`` (0 where lse_r is -inf; never 0 * NaN). Where any
-    rank's lse is NaN or +inf, the global lse and ``dest`` are NaN (on every rank).
+    out weighted by ``exp(lse_r - lse)`` (0 where lse_r is -inf or +inf; never 0 * NaN).
+    Where any rank's lse is NaN, the global lse and ``dest`` are NaN (on every rank).
 
     Args:
         out: ``[T, H, D]`` bf16, fp16 or fp32 (any strides), rank ``dcp_rank``'s attention.
-        lse_all: contiguous fp32 ``[W, T, H]``, every rank's lse (-inf: the rank saw
-            nothing; NaN or +inf: a NaN row, the (token, head) becomes NaN).
+        lse_all: contiguous fp32 ``[W, T, H]``, every rank's lse (-inf, or FlashMLA's +inf:
+            the rank saw nothing; NaN: a NaN row, the (token, head) becomes NaN).
         dcp_rank: this rank, in ``[0, W)``.
         reduce: the layout of ``dest``: ``"all_reduce"``: ``[T, H, D]``;
             ``"reduce_scatter_heads"``: ``[W, T, H / W, D]`` (head chunk ``c`` at ``[c]``).
         dest: contiguous bf16, fp16 or fp32 tensor of ``T * H * D`` elements, that layout.
         lse_out: fp32 ``[T, H]`` (any strides), the global lse (-inf where no rank saw the
-            head, NaN where a rank's lse is NaN or +inf).
+            head, NaN where a rank's lse is NaN).
 
     Returns:
         ``(dest, lse_out)``; summing ``dest`` over ranks gives the merged out.
@@ -273,10 +273,10 @@ def combine(
 
     Every rank of ``group`` calls it with its own partial result. Exact up to rounding:
     ``lse = logsumexp_r lse_r``, ``out = sum_r exp(lse_r - lse) * out_r``; a rank whose lse is
-    -inf (it owns none of the row's tokens) adds nothing, whatever its out holds (never
-    0 * NaN); a (token, head) no rank saw gives (0, -inf). NaN propagates as in the
-    attention: a NaN lse on any rank (its attention of that row and head is NaN), or a +inf
-    one (no valid lse either), gives out NaN and lse NaN for that (token, head), whatever the
+    -inf (it owns none of the row's tokens; +inf, FlashMLA's empty marker, reads the same)
+    adds nothing, whatever its out holds (never 0 * NaN); a (token, head) no rank saw gives
+    (0, -inf). NaN propagates as in the attention: a NaN lse on any rank (its attention of
+    that row and head is NaN) gives out NaN and lse NaN for that (token, head), whatever the
     other ranks hold; the other heads and tokens are unaffected. A NaN in the out of a rank
     with a finite lse and a nonzero weight makes the merged out NaN too.
     The weighted parts are rounded to the result's dtype and summed in it by the collective

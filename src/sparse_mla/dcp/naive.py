@@ -121,18 +121,18 @@ def combine_reference(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Ten
 
     Args:
         outs: ``[W, T, H, D]`` (any float dtype), rank ``r``'s attention over its shard.
-        lses: fp32 ``[W, T, H]``, natural-log sum of exp of that rank's scores; -inf where the
-            rank saw no token (its out is then ignored, whatever it holds); NaN (or +inf, no
-            valid lse either) where the rank's attention of that (row, head) is NaN.
+        lses: fp32 ``[W, T, H]``, natural-log sum of exp of that rank's scores; -inf (or
+            FlashMLA's +inf) where the rank saw no token (its out is then ignored, whatever it
+            holds); NaN where the rank's attention of that (row, head) is NaN.
 
     Returns:
         ``(out fp32 [T, H, D], lse fp32 [T, H])``: ``lse = logsumexp_r lse_r``,
         ``out = sum_r exp(lse_r - lse) * out_r`` over the ranks with a finite lse; a (row,
-        head) where any rank's lse is NaN or +inf gives (NaN, NaN), whatever the other ranks
-        hold; rows no rank saw give (0, -inf).
+        head) where any rank's lse is NaN gives (NaN, NaN), whatever the other ranks hold;
+        rows no rank saw give (0, -inf).
     """
     lse64 = lses.double()
-    nan_head = (torch.isnan(lse64) | (lse64 == float("inf"))).any(0)  # [T, H]
+    nan_head = torch.isnan(lse64).any(0)  # [T, H]
     lse64 = torch.where(torch.isfinite(lse64), lse64, float("-inf"))
     lse = torch.logsumexp(lse64, dim=0)  # -inf where every rank has -inf
     weight = torch.exp(lse64 - lse)  # NaN where lse is -inf
