@@ -21,6 +21,7 @@ from sparse_mla.ops.attention import (
     sparse_mla_decode_reference,
     workspace_rows,
 )
+from sparse_mla.ops.attention.attention import sm90_available
 from sparse_mla.ops.attention.config import SM90_MIN_TOKENS
 from sparse_mla.testing import (
     attention_error,
@@ -44,6 +45,15 @@ def _case(g, *, T=2, h=16, topk=128, fp8=True, arbitrary=False, q_scale=1.0):
     q = (torch.randn(T, h, 576, generator=g) * q_scale).bfloat16()
     idx = random_attention_indices(g, T, topk, ROWS, invalid_tail=7, invalid_frac=0.1)
     return q, cache, idx
+
+
+def _configs() -> list[AttentionConfig]:
+    """Unsplit and split launches of the Triton kernel, and of the sm90 kernel where it runs
+    (the contract tests hold both to the reference)."""
+    cfgs = [AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)]
+    if sm90_available(DEV):
+        cfgs += [AttentionConfig(block_n=64, num_splits=s, kernel="sm90") for s in (1, 2)]
+    return cfgs
 
 
 def _dequantised(cache):
@@ -141,7 +151,9 @@ def test_sm90_config_fields_checked():
         check_attention_config(AttentionConfig(kernel="cuda"))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU has no sm_90 kernel to refuse")
+@pytest.mark.skipif(
+    sm90_available(default_device()), reason="here the sm90 kernel runs (a GPU test checks it)"
+)
 def test_sm90_kernel_refused_off_hopper():
     q, cache, idx = _case(_gen(0), T=2, h=16, fp8=True)
     cfg = AttentionConfig(block_h=16, block_n=64, kernel="sm90")
@@ -284,7 +296,7 @@ def test_strided_1d_inputs(seed):
         return wide.to(DEV)[::2]
 
     args = (q.to(DEV), cache.to(DEV), pos.to(DEV))
-    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+    for cfg in _configs():
         kw = dict(sm_scale=SCALE, block_table=bt.to(DEV), config=cfg)
         dense = sparse_mla_decode(
             *args, req_id=req.to(DEV), topk_length=lens.to(DEV), attn_sink=sink.to(DEV), **kw
@@ -370,7 +382,7 @@ def test_nan_scores_give_nan_out_and_lse(seed, fp8):
     want = torch.zeros(4, 16, dtype=torch.bool)
     want[0, 3] = want[1] = True
     sink = torch.randn(16, generator=g)
-    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+    for cfg in _configs():
         for kw in (dict(topk_length=lens), dict(topk_length=lens, attn_sink=sink)):
             out, lse = sparse_mla_decode(
                 q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=SCALE, config=cfg,
@@ -387,7 +399,7 @@ def test_nan_scores_give_nan_out_and_lse(seed, fp8):
             assert attention_error(out.masked_fill(mask, 0), lse.masked_fill(want, 0), *ref) is None
     for scale in (float("nan"), float("inf")):  # every row with a valid entry NaN
         idx[3] = -1
-        for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+        for cfg in _configs():
             out, lse = sparse_mla_decode(
                 q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=scale, config=cfg
             )
@@ -412,7 +424,7 @@ def test_infinite_scores(seed):
     idx[0] = torch.randint(0, 40, (64,), generator=g)
     idx[1, :32] = 50
     idx[2] = -1
-    for cfg in (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)):
+    for cfg in _configs():
         out, lse = sparse_mla_decode(
             q.to(DEV), cache.to(DEV), idx.to(DEV), sm_scale=float("inf"), config=cfg
         )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from ..._checks import (
     check_int,
@@ -61,12 +63,19 @@ class AttentionWorkspace:
         return self.partial_lse.shape[0]
 
 
+# The Triton releases whose Gluon the sm90 kernel is written and compile-checked for.
+SM90_TRITON = ((3, 6), (3, 9))
+
+
 def _sm90_kernel():
-    """The Gluon kernel module, or None where this Triton has no Gluon (imported on first
-    use: Gluon is experimental and its import costs time)."""
+    """The Gluon kernel module, or None where this Triton's Gluon is not one it was written
+    for (imported on first use: Gluon is experimental and its import costs time)."""
+    version = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2])
+    if not SM90_TRITON[0] <= version <= SM90_TRITON[1]:
+        return None
     try:
         from . import decode_sm90
-    except ImportError:  # a Triton without Gluon (or with an older Gluon API)
+    except Exception:  # noqa: BLE001  (any failure of an experimental API: use the Triton kernel)
         return None
     return decode_sm90
 
@@ -74,7 +83,7 @@ def _sm90_kernel():
 @functools.cache
 def sm90_available(device: torch.device) -> bool:
     """Whether the Gluon kernel can run on ``device``: an sm_90 NVIDIA GPU (not the
-    interpreter) and a Triton whose Gluon it compiles with."""
+    interpreter) and a Triton in ``SM90_TRITON`` whose Gluon it compiles with."""
     if INTERPRETER or device.type != "cuda" or torch.version.hip:
         return False
     if torch.cuda.get_device_capability(canonical_device(device)) != (9, 0):
@@ -107,8 +116,11 @@ def attention_workspace(
         splits = check_attention_config(config).effective_splits(topk)
         rows = num_tokens * splits if splits > 1 else 0
     else:
-        rows = workspace_rows(num_tokens, h_q, topk, cache_format, _sms(dev),
-                              sm90=sm90_available(dev))  # fmt: skip
+        # Either kernel may take a call (the sm90 one not on every cache): room for both.
+        rows = max(
+            workspace_rows(num_tokens, h_q, topk, cache_format, _sms(dev), sm90=sm90)
+            for sm90 in {False, sm90_available(dev)}
+        )
     return AttentionWorkspace(
         torch.empty((rows, h_q, NOPE), dtype=torch.float32, device=dev),
         torch.empty((rows, h_q), dtype=torch.float32, device=dev),
@@ -210,6 +222,7 @@ def sparse_mla_decode(
         key = (
             *map(tensor_meta, (*tensors, *ws)),
             type(workspace),
+            kv_cache.data_ptr() % 16,  # the sm90 kernel's 16-byte copies need it
             scalars_key(type(sm_scale), block_size),
             value_key(config),
         )
@@ -294,12 +307,12 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
         check_output("lse", lse, (num_tokens, h_q))
     fmt = "fp8" if lay.fp8 else "bf16"
     if config is None:
-        cfg = choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev),
-                                      sm90=sm90_available(dev))  # fmt: skip
+        sm90 = sm90_available(dev) and _sm90_fits(kv_cache, lay.fp8)
+        cfg = choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev), sm90=sm90)
     else:
         cfg = check_attention_config(config)
     if cfg.kernel == "sm90":
-        _check_sm90(cfg, dev, lay.fp8)
+        _check_sm90(cfg, dev, kv_cache, lay.fp8)
     splits = cfg.effective_splits(topk)
     if workspace is not None and not isinstance(workspace, AttentionWorkspace):
         # (checked even when this call does not split: the next one may)
@@ -392,8 +405,21 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, re
     return main, ((num_tokens * head_blocks * dim_blocks,), ints, kwargs)
 
 
-def _check_sm90(cfg: AttentionConfig, dev: torch.device, fp8: bool) -> None:
-    """The Gluon kernel runs here, and has a variant of ``cfg``'s shape for this format."""
+def _sm90_fits(kv_cache: torch.Tensor, fp8: bool) -> bool:
+    """The sm90 kernel's copies take this cache: fp8 rows are read as 32-bit words (as the
+    Triton kernel reads them); bf16 rows by 16-byte cp.async, which needs contiguous rows
+    whose row and page starts are 16-byte aligned."""
+    if fp8:
+        return True
+    c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
+    s0, s1, s2 = c3.stride()
+    return s2 == 1 and s0 % 8 == 0 and s1 % 8 == 0 and c3.data_ptr() % 16 == 0
+
+
+def _check_sm90(cfg: AttentionConfig, dev: torch.device, kv_cache: torch.Tensor,
+                fp8: bool) -> None:  # fmt: skip
+    """The Gluon kernel runs here, takes this cache, and has a variant of ``cfg``'s shape
+    for this format."""
     if not sm90_available(dev):
         raise ValueError(
             f"config.kernel='sm90' needs an sm_90 GPU and a Triton with Gluon; {dev} has "
@@ -404,6 +430,12 @@ def _check_sm90(cfg: AttentionConfig, dev: torch.device, fp8: bool) -> None:
         raise ValueError(
             f"config.kernel='sm90' takes (block_h, num_stages) in {allowed} on a "
             f"{'fp8' if fp8 else 'bf16'} cache, got {(cfg.block_h, cfg.num_stages)}"
+        )
+    if not _sm90_fits(kv_cache, fp8):
+        raise ValueError(
+            "config.kernel='sm90' reads a bf16 kv_cache by 16-byte copies: its rows must be "
+            f"contiguous and start 16-byte aligned (strides {kv_cache.stride()}); use "
+            "kernel='triton'"
         )
 
 

@@ -53,7 +53,8 @@ class AttentionConfig:
     combine_dims: output dims per combine program (power of two dividing 512).
     kernel: "triton" (the portable kernel, any GPU and the interpreter) or "sm90" (Hopper
         only, a Triton with Gluon: ``block_h`` 16 or 32, ``block_n`` 64, 4 warps;
-        ``num_stages`` is its shared-memory ring depth, 1 or 2).
+        ``num_stages`` is its shared-memory ring depth, 1 or 2; ``pdl`` does not apply:
+        it launches the usual way, and its combine waits for it as ever).
     pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
         the previous kernel's tail and waits for it before touching memory; with splits the
         combine launches early and waits the same way. A kernel launched next *with* the PDL
@@ -142,14 +143,14 @@ def choose_attention_config(
     ``sm90``: the Gluon kernel can run (an sm_90 GPU, a Triton with Gluon); then the calls
     it wins take it (:func:`choose_sm90_config`).
     """
-    if sm90:
-        cfg = choose_sm90_config(num_tokens, h_q, topk, cache_format, num_sms)
-        if cfg is not None:
-            return cfg
     if cache_format not in CACHE_FORMATS:
         raise ValueError(f"cache_format must be one of {CACHE_FORMATS}, got {cache_format!r}")
     if not 1 <= h_q <= MAX_HEADS:
         raise ValueError(f"h_q must be in [1, {MAX_HEADS}], got {h_q}")
+    if sm90:
+        cfg = choose_sm90_config(num_tokens, h_q, topk, cache_format, num_sms)
+        if cfg is not None:
+            return cfg
     tokens = max(num_tokens, 1)
     block_h = min(MAX_BLOCK_H, max(MIN_BLOCK_H, next_pow2(h_q)))
     if block_h == MAX_BLOCK_H and tokens * cdiv(h_q, MAX_BLOCK_H) < 4:

@@ -3,17 +3,19 @@
 Same contract as the portable Triton kernel (``decode.py``), for up to 32 heads per program
 ("swap-AB": the heads are the wgmma's N dimension, the cache rows its M):
 
-- a producer partition (4 warps) gathers the next 64 selected rows of the cache into a
-  shared-memory ring (fp8 rows dequantised to bf16 on the way), with a 0 / -inf bias per
-  row for invalid entries, and signals ``ready``;
+- a producer partition (8 warps on an fp8 cache, 4 on bf16) gathers the next 64 selected
+  rows of the cache into a shared-memory ring (fp8 rows dequantised to bf16 on the way),
+  with a 0 / -inf bias per row for invalid entries, and signals ``ready``;
 - the default partition (one warpgroup) computes ``S^T [64, H] = K Q^T`` (nope + rope),
   the online softmax over the rows, writes ``P^T`` to shared memory and accumulates
   ``O^T [512, H] += V^T P^T`` with V^T read from the same rows, then frees the ring slot.
 
 One program owns query row ``t``, one split of its columns and ``BLOCK_H`` heads; its
 results go to the same places as the Triton kernel's (bf16 out and lse, or the fp32 split
-partials the combine kernel merges). Gluon has no interpreter: this file is compiled for
-sm_90 in CI (tests/test_gluon_compile.py) and runs only on a GPU.
+partials the combine kernel merges); ``_store_result`` repeats decode.py's normalisation
+(Gluon cannot call a ``triton.jit`` function, and this module imports only Triton so that a
+venv of the GPU machine's Triton can compile it). Gluon has no interpreter: this file is
+compiled for sm_90 in CI (tests/test_gluon_compile.py) and runs only on a GPU.
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ SHAPES = {True: ((16, 2), (16, 1)), False: ((16, 2), (16, 1), (32, 2))}
 
 
 def producer_shape(fp8: bool) -> tuple[int, int]:
-    """(warps, registers a thread) of the producer partition: fp8 keeps two blocks of bytes in
-    registers (8 warps, so that fits in 152 registers a thread beside a 208-register consumer
-    warpgroup); bf16's cp.async copies need few registers (4 warps, the rest to the consumer)."""
+    """(warps, registers a thread after ``setmaxnreg``) of the producer partition: fp8 keeps
+    two blocks of 32-bit words in registers (8 warps, so that fits in 152 registers a thread;
+    the kernel is compiled for 65536 / 384 = 168); bf16's cp.async copies need few registers
+    (4 warps)."""
     return (8, 152) if fp8 else (4, 232)
 
 
@@ -437,15 +440,23 @@ def sparse_mla_decode_sm90_kernel(
 
 
 def compile_variants() -> list[dict]:
-    """The constexpr combinations the dispatch can launch (compiled for sm_90 in CI)."""
+    """A sample of the specialisations the dispatch can launch, compiled for sm_90 in CI:
+    every (format, heads, ring slots) of ``SHAPES``, each with the fused remap and splits
+    both on, both off, and one of them on (lengths and sink off, pages of 16)."""
     out = []
+    cases = (
+        (False, False, True, 64),
+        (True, True, True, 64),
+        (False, True, False, 64),
+        (True, False, False, 16),
+    )  # (FUSED, SPLIT, HAS_LEN and HAS_SINK, PAGE)
     for fp8 in (True, False):
         warps, regs = producer_shape(fp8)
         for block_h, nbuf in SHAPES[fp8]:
-            for fused, split in ((False, False), (True, True)):
+            for fused, split, extras, page in cases:
                 out.append(dict(
-                    PAGE=64, BLOCK_H=block_h, FP8=fp8, FUSED=fused, HAS_LEN=True,
-                    HAS_SINK=True, SPLIT=split, NBUF=nbuf, PRODUCER_WARPS=warps,
+                    PAGE=page, BLOCK_H=block_h, FP8=fp8, FUSED=fused, HAS_LEN=extras,
+                    HAS_SINK=extras, SPLIT=split, NBUF=nbuf, PRODUCER_WARPS=warps,
                     PRODUCER_REGS=regs,
                 ))  # fmt: skip
     return out
