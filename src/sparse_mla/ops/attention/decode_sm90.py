@@ -293,8 +293,7 @@ def _consumer(q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, 
 
 @gluon.jit
 def _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, sink_s0, out_ptr,
-                  lse_ptr,
-                  part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
+                  lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
                   H: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
     """As decode.py's ``_store_result``, from ``O^T``: out 0 and lse -inf for heads with no
     valid entry (``l == 0``), out and lse NaN where a score was NaN or +inf (``l`` NaN)."""
@@ -358,7 +357,8 @@ def sparse_mla_decode_sm90_kernel(
     NBUF: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
     """The decode_sm90 program: (token, split, head block) from the program id, as the
-    Triton kernel's grid."""
+    Triton kernel's grid. Its arguments are the Triton kernel's (``kv_u8`` unused: the fp8
+    rows are read as 32-bit words)."""
     pid = gl.program_id(0)
     hb = pid % head_blocks
     split = (pid // head_blocks) % num_splits
@@ -434,9 +434,8 @@ def sparse_mla_decode_sm90_kernel(
             [PRODUCER_REGS],
         )  # fmt: skip
     _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, sink_s0, out_ptr,
-                  lse_ptr,
-                  part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1, BLOCK_H,
-                  HAS_SINK, SPLIT)  # fmt: skip
+                  lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
+                  BLOCK_H, HAS_SINK, SPLIT)  # fmt: skip
 
 
 def compile_variants() -> list[dict]:
