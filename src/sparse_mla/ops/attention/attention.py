@@ -329,7 +329,7 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
         lse_s,
     )  # fmt: skip
     tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
-    ws = (workspace.partial_out, workspace.partial_lse) if workspace is not None else ()
+    ws = (workspace.partial_out, workspace.partial_lse) if workspace is not None else (None,) * 2
     extents = tuple(map(byte_extent, (*tensors, *ws)))
     return _AttnPlan(cfg, splits, fmt, main, comb, extents)
 
@@ -340,18 +340,19 @@ _INPUTS = ("q", "kv_cache", "indices", "block_table", "req_id", "topk_length", "
 def _check_disjoint(plan, inputs, out, lse, workspace) -> None:
     """The memory a call writes (out, lse; with splits the workspace) shares no byte with
     what it reads or with each other (ValueError naming both)."""
-    ext = plan.extents
-    named = tuple(zip(_INPUTS, inputs, ext, strict=False))
+    n = len(_INPUTS)
+    out_ext, lse_ext, po_ext, pl_ext = plan.extents[n:]  # (the plan's order, after inputs)
+    named = tuple(zip(_INPUTS, inputs, plan.extents[:n], strict=True))
     if workspace is not None and plan.combine is not None:
-        ws = (("workspace.partial_out", workspace.partial_out, ext[9]),
-              ("workspace.partial_lse", workspace.partial_lse, ext[10]))  # fmt: skip
+        ws = (("workspace.partial_out", workspace.partial_out, po_ext),
+              ("workspace.partial_lse", workspace.partial_lse, pl_ext))  # fmt: skip
         check_disjoint(*ws[0], (*named, ws[1]))
         check_disjoint(*ws[1], named)
         named += ws
     if out is not None:
-        check_disjoint("out", out, ext[7], (*named, ("lse", lse, ext[8])))
+        check_disjoint("out", out, out_ext, (*named, ("lse", lse, lse_ext)))
     if lse is not None:
-        check_disjoint("lse", lse, ext[8], named)
+        check_disjoint("lse", lse, lse_ext, named)
 
 
 def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, req_id,
