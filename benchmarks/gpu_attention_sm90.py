@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+from gpu_attention import BW, NKV, PAGE, SCALE, TOPK, eager_us, graph_us  # (this folder)
 
 from sparse_mla.bench.attention import flashmla_launch, import_flashmla
 from sparse_mla.bench.floor import PEAK_FLOPS, attention_bytes, attention_flops
@@ -34,10 +35,6 @@ from sparse_mla.ops.attention import (
 )
 from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
 from sparse_mla.testing import attention_error, attention_max_errors, poison
-
-BW = 4.3e12
-TOPK, PAGE, NKV = 2048, 64, 1 << 20
-SCALE = 0.1352
 
 
 def _log(msg: str) -> None:
@@ -121,29 +118,6 @@ def check(dev) -> bool:
     return ok_all
 
 
-def _graph_us(fns) -> float:
-    from triton.testing import do_bench
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(s)
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        for f in fns:
-            f()
-    return do_bench(gr.replay, warmup=5, rep=60, return_mode="median") * 1e3 / len(fns)
-
-
-def _eager_us(fn) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3
-
-
 def timings(dev, quick: bool) -> None:
     fm, why = import_flashmla()
     if fm is None:
@@ -152,8 +126,10 @@ def timings(dev, quick: bool) -> None:
     shapes = [(16, 1), (16, 8), (16, 32), (16, 128), (32, 128), (8, 128), (16, 512)]
     if quick:
         shapes = [(16, 8), (16, 128), (32, 128)]
-    _log("fmt  h_q     T | floor us | triton us | sm90 us, heads x splits x ring slots: "
-         "16x1x2 16x2x2 16x4x2 16x8x2 16x2x1 (32x1x2) | FlashMLA us")
+    _log(
+        "fmt  h_q     T | floor us | triton us | sm90 us, heads x splits x ring slots: "
+        "16x1x2 16x2x2 16x4x2 16x8x2 16x2x1 (32x1x2) | FlashMLA us"
+    )
     for fmt in ("fp8", "bf16"):
         for h, t in shapes:
             _time_shape(fm if fmt == "fp8" else None, caches[fmt], fmt, h, t, quick, dev)
@@ -172,11 +148,17 @@ def _time_shape(fm, cache, fmt: str, h: int, t: int, quick: bool, dev) -> None:
                 attention_flops(h, t, TOPK) / PEAK_FLOPS) * 1e6  # fmt: skip
 
     def calls(cfg=None, ws=None):
-        return [(lambda ix=ix: sparse_mla_decode(q, cache, ix, sm_scale=SCALE, out=out, lse=lse,
-                                                 workspace=ws, config=cfg)) for ix in idx]
+        return [
+            (
+                lambda ix=ix: sparse_mla_decode(
+                    q, cache, ix, sm_scale=SCALE, out=out, lse=lse, workspace=ws, config=cfg
+                )
+            )
+            for ix in idx
+        ]
 
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    tri = _graph_us(calls(choose_attention_config(t, h, TOPK, fmt, sms)))  # the Triton kernel
+    tri = graph_us(calls(choose_attention_config(t, h, TOPK, fmt, sms)))  # the Triton kernel
     cells, best = [], None
     # (heads a program, splits, ring slots): one slot leaves room for two programs an SM
     shapes = [(16, sp, 2) for sp in (1, 2, 4, 8)] + [(16, 2, 1)]
@@ -187,7 +169,7 @@ def _time_shape(fm, cache, fmt: str, h: int, t: int, quick: bool, dev) -> None:
                               kernel="sm90")  # fmt: skip
         ws = attention_workspace(t, h, TOPK, cache_format=fmt, config=cfg, device=dev)
         try:
-            us = _graph_us(calls(cfg, ws))
+            us = graph_us(calls(cfg, ws))
         except Exception as e:  # noqa: BLE001
             _log(f"  sm90 {block_h}x{splits}x{nbuf} failed: {e!r}"[:300])
             us = float("nan")
@@ -198,14 +180,16 @@ def _time_shape(fm, cache, fmt: str, h: int, t: int, quick: bool, dev) -> None:
     if fm is not None:
         launch, _ = flashmla_launch(fm, q, cache, SCALE)
         try:
-            anchor = f"{_graph_us([(lambda ix=ix: launch(ix)) for ix in idx]):8.1f}"
+            anchor = f"{graph_us([(lambda ix=ix: launch(ix)) for ix in idx]):8.1f}"
         except Exception as e:  # noqa: BLE001
             anchor = f"failed {e!r}"[:80]
-    _log(f"{fmt:4} {h:3} {t:5} | {floor:8.1f} | {tri:9.1f} | {' '.join(cells)} | {anchor}"
-         f"  (best sm90 {best[0]:.1f} at {best[1]}, {tri / best[0]:.2f}x triton)")
+    _log(
+        f"{fmt:4} {h:3} {t:5} | {floor:8.1f} | {tri:9.1f} | {' '.join(cells)} | {anchor}"
+        f"  (best sm90 {best[0]:.1f} at {best[1]}, {tri / best[0]:.2f}x triton)"
+    )
     if not quick:
-        us_e = _eager_us(calls(best[2], best[3])[0])
-        tri_e = _eager_us(calls(choose_attention_config(t, h, TOPK, fmt, sms))[0])
+        us_e = eager_us(calls(best[2], best[3])[0])
+        tri_e = eager_us(calls(choose_attention_config(t, h, TOPK, fmt, sms))[0])
         _log(f"     eager: sm90 {us_e:.1f} us, triton {tri_e:.1f} us")
 
 
