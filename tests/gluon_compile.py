@@ -31,6 +31,7 @@ POINTERS = {
     "q_ptr": "bf16", "kv_u8": "u8", "kv_f32": "fp32", "kv_bf16": "bf16", "idx_ptr": "i32",
     "len_ptr": "i32", "bt_ptr": "i32", "req_ptr": "i32", "sink_ptr": "fp32",
     "out_ptr": "bf16", "lse_ptr": "fp32", "part_out_ptr": "fp32", "part_lse_ptr": "fp32",
+    "max_ptr": "fp32",
 }  # fmt: skip
 # Integer arguments a typical launch passes as multiples of 16 (contiguous q, cache pages,
 # indices, outputs), which Triton's launcher marks as such: the 16-byte gathers need it.
@@ -117,7 +118,8 @@ def main(argv: list[str]) -> int:
         try:
             k = triton.compile(
                 GluonASTSource(fn, signature, {**cx, **dict.fromkeys(UNIT, 1)}, attrs),
-                target=target, options={"num_warps": 4},
+                target=target,
+                options={"num_warps": decode_sm90.default_warps(cx["FP8"], cx["BLOCK_H"])},
             )  # fmt: skip
         except Exception as e:  # noqa: BLE001  (report every failure, then fail)
             failed += 1

@@ -491,7 +491,7 @@ def filter_and_convert_dcp_index(
 # ---- attention ------------------------------------------------------------------------------
 
 
-@_op("sparse_mla_decode", ("out", "lse", "partial_out", "partial_lse"))
+@_op("sparse_mla_decode", ("out", "lse", "partial_out", "partial_lse", "max_logits"))
 def _decode_op(
     q: Tensor,
     kv_cache: Tensor,
@@ -507,21 +507,23 @@ def _decode_op(
     sm_scale: float,
     block_size: int | None,
     config: str | None,
+    max_logits: Tensor | None = None,
 ) -> None:
-    """sparse_mla.sparse_mla_decode into ``out``/``lse``; ``partial_*`` (the
-    AttentionWorkspace's two tensors, or None) are scratch."""
+    """sparse_mla.sparse_mla_decode into ``out``/``lse`` (and ``max_logits``); ``partial_*``
+    (the AttentionWorkspace's two tensors, or None) are scratch."""
     ws = None if partial_out is None else _attn.AttentionWorkspace(partial_out, partial_lse)
     _eager(
         _attn.sparse_mla_decode, q, kv_cache, indices, sm_scale=sm_scale,
         block_table=block_table, req_id=req_id, block_size=block_size, topk_length=topk_length,
         attn_sink=attn_sink, out=out, lse=lse, workspace=ws,
-        config=_decode(config, "attention"),
+        config=_decode(config, "attention"), max_logits=max_logits,
     )  # fmt: skip
 
 
 def sparse_mla_decode(
     q, kv_cache, indices, *, sm_scale, block_table=None, req_id=None, block_size=None,
     topk_length=None, attn_sink=None, out=None, lse=None, workspace=None, config=None,
+    max_logits=None,
 ):  # fmt: skip
     """:func:`sparse_mla.sparse_mla_decode` through ``torch.ops.sparse_mla``."""
     t, h = q.shape[0], q.shape[1]
@@ -532,7 +534,7 @@ def sparse_mla_decode(
     ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
     torch.ops.sparse_mla.sparse_mla_decode(
         q, kv_cache, indices, out, lse, block_table, req_id, topk_length, attn_sink, *ws,
-        float(sm_scale), block_size, _encode(config, "attention"),
+        float(sm_scale), block_size, _encode(config, "attention"), max_logits,
     )  # fmt: skip
     return out, lse
 

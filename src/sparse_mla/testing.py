@@ -138,6 +138,22 @@ def attention_error(
     return None
 
 
+def max_logits_error(got: torch.Tensor, ref: torch.Tensor, score_mag: torch.Tensor) -> str | None:
+    """Why ``max_logits`` differ from the reference's (None when they agree): the ``-inf``
+    pattern (empty rows) exact, the rest within lse's tolerance."""
+    got, ref, score_mag = got.double().cpu(), ref.double().cpu(), score_mag.double().cpu()
+    if torch.isnan(got).any():
+        return f"{int(torch.isnan(got).sum())} NaN in max_logits (or poison left)"
+    if not torch.equal(torch.isneginf(got), torch.isneginf(ref)):
+        return "max_logits -inf pattern differs from the reference's"
+    fin = torch.isfinite(ref)
+    err = (got[fin] - ref[fin]).abs()
+    tol = ATTN_LSE_ATOL + ATTN_LSE_RTOL * score_mag[fin]
+    if not torch.all(err <= tol):
+        return f"max_logits: max err {err.max().item():.3g}, max err/tol {(err / tol).max():.3g}"
+    return None
+
+
 def attention_max_errors(
     out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor
 ) -> tuple[float, float]:

@@ -704,7 +704,7 @@ def _run_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | N
     """Random T, topk, page size, invalid entries, hostile slots, valid counts, sink, fused
     remap and forced splits against the fp64 reference (sparse_mla.testing's tolerance);
     the fused call must equal remap-then-attend bit for bit. Where the Hopper Gluon kernel
-    runs, half the forced launch shapes of up to 32 heads force it instead."""
+    runs, half the forced launch shapes force it instead."""
     from .ops.attention import AttentionConfig, sparse_mla_decode, sparse_mla_decode_reference
     from .ops.attention.attention import sm90_available
     from .testing import attention_error, random_attention_indices, random_mla_cache
@@ -740,9 +740,15 @@ def _run_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | N
             combine_heads=_rand_choice(g, (1, 4, 8)),
             num_stages=_rand_int(g, 1, 2),
         )
-        if cfg.num_warps == 8 and heads <= 32 and sm90_available(dev):  # (no extra draw)
-            cfg = AttentionConfig(block_h=16 if p["fp8"] or heads <= 16 else 32, block_n=64,
-                                  num_splits=cfg.num_splits, kernel="sm90")  # fmt: skip
+        if cfg.num_warps == 8 and sm90_available(dev):  # (no extra draw)
+            block_h = 64 if heads > 32 else 16 if p["fp8"] or heads <= 16 else 32
+            cfg = AttentionConfig(
+                block_h=block_h,
+                block_n=64,
+                num_splits=cfg.num_splits,
+                num_warps=8 if block_h == 64 else 4,
+                kernel="sm90",
+            )
     ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=0.1352, magnitude=True, **kw)
     dkw = {k: v.to(dev) for k, v in kw.items()}
     out = torch.full((tokens, heads, 512), float("nan"), dtype=torch.bfloat16, device=dev)

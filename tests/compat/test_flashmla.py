@@ -9,7 +9,13 @@ import torch
 from sparse_mla import sparse_mla_decode
 from sparse_mla._runtime import default_device
 from sparse_mla.compat import flashmla
-from sparse_mla.testing import random_attention_indices, random_mla_cache
+from sparse_mla.ops.attention import sparse_mla_decode_reference
+from sparse_mla.testing import (
+    attention_error,
+    max_logits_error,
+    random_attention_indices,
+    random_mla_cache,
+)
 
 DEV = default_device()
 PAGES, PAGE, SCALE = 4, 64, 0.1352
@@ -139,3 +145,50 @@ def test_bad_arguments_are_named(seed):
         with pytest.raises(err, match=match):
             flashmla.flash_mla_with_kvcache(*args, is_fp8_kvcache=True, indices=idx, **kw)
     assert not meta.have_initialized  # nothing above reached the schedule
+
+
+def _prefill_case(seed: int, s_q: int = 6, h: int = 20, s_kv: int = 300, k: int = 96):
+    """q ``[s_q, h, 576]``, kv ``[s_kv, 1, 576]`` and indices ``[s_q, 1, k]`` with -1, other
+    negative and past-the-end entries, an all -1 row (1) and per-row lengths (0 in row 2)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(s_q, h, 576, generator=g).bfloat16()
+    kv = torch.randn(s_kv, 1, 576, generator=g).bfloat16()
+    idx = torch.randint(-3, s_kv + 30, (s_q, 1, k), generator=g, dtype=torch.int32)
+    idx[1] = -1
+    idx[0, 0, :3] = s_kv - 1  # the last row, three times
+    lens = torch.randint(0, k + 1, (s_q,), generator=g, dtype=torch.int32)
+    lens[0], lens[2] = k, 0
+    sink = torch.randn(h, generator=g)
+    return q.to(DEV), kv.to(DEV), idx.to(DEV), lens.to(DEV), sink.to(DEV)
+
+
+def test_sparse_prefill_matches_flashmlas_reference_formula(seed):
+    """flash_mla_sparse_fwd against the fp64 reference (FlashMLA's tests/ref.py formula):
+    out with the sink, max_logits -inf and lse +inf for rows with no valid index."""
+    q, kv, idx, lens, sink = _prefill_case(seed)
+    for kw in ({}, {"topk_length": lens, "attn_sink": sink}):
+        out, mx, lse = flashmla.flash_mla_sparse_fwd(q, kv, idx, SCALE, **kw)
+        ref = sparse_mla_decode_reference(q.cpu(), kv.cpu(), idx[:, 0].cpu(), sm_scale=SCALE,
+                                          magnitude=True, with_max=True,
+                                          **{k: v.cpu() for k, v in kw.items()})  # fmt: skip
+        assert torch.isposinf(lse[1]).all() and torch.isneginf(mx[1]).all()
+        ours = torch.where(torch.isposinf(lse), float("-inf"), lse)
+        assert attention_error(out, ours, *ref[:4]) is None
+        assert max_logits_error(mx, ref[4], ref[3]) is None
+        assert out.shape == (6, 20, 512) and mx.shape == lse.shape == (6, 20)
+
+
+def test_sparse_prefill_bad_arguments_are_named(seed):
+    q, kv, idx, _, _ = _prefill_case(seed)
+    bad = [
+        ((q, kv, idx, SCALE, 256), ValueError, "d_v must be 512"),
+        ((q, kv[:, :, :512], idx, SCALE), ValueError, r"kv must be \[s_kv, 1, 576\]"),
+        ((q, kv.expand(-1, 2, -1), idx, SCALE), ValueError, r"kv must be \[s_kv, 1, 576\]"),
+        ((q, kv, idx[:2], SCALE), ValueError, r"indices must be \[s_q, 1, topk\]"),
+        ((q, kv, idx.long(), SCALE), TypeError, "indices must have dtype torch.int32"),
+        ((q, kv.float(), idx, SCALE), TypeError, "kv must have dtype torch.bfloat16"),
+        ((q, kv, idx, "0.1"), TypeError, "sm_scale must be a float"),
+    ]
+    for args, err, match in bad:
+        with pytest.raises(err, match=match):
+            flashmla.flash_mla_sparse_fwd(*args)

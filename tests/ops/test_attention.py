@@ -22,9 +22,14 @@ from sparse_mla.ops.attention import (
     workspace_rows,
 )
 from sparse_mla.ops.attention.attention import sm90_available
-from sparse_mla.ops.attention.config import SM90_MIN_TOKENS
+from sparse_mla.ops.attention.config import (
+    SM90_MIN_TOKENS,
+    SM90_WIDE_FORMATS,
+    SM90_WIDE_MIN_TOKENS,
+)
 from sparse_mla.testing import (
     attention_error,
+    max_logits_error,
     poison,
     random_attention_indices,
     random_mla_cache,
@@ -53,6 +58,8 @@ def _configs() -> list[AttentionConfig]:
     cfgs = [AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3)]
     if sm90_available(DEV):
         cfgs += [AttentionConfig(block_n=64, num_splits=s, kernel="sm90") for s in (1, 2)]
+        cfgs.append(AttentionConfig(block_h=64, block_n=64, num_splits=2, num_warps=8,
+                                    kernel="sm90"))  # fmt: skip
     return cfgs
 
 
@@ -121,16 +128,19 @@ def test_config_choice():
 @pytest.mark.parametrize("fmt", ["fp8", "bf16"])
 def test_sm90_config_choice(fmt):
     """Where the Gluon kernel can run, it takes the calls of up to 32 heads and at least
-    SM90_MIN_TOKENS rows; the rest stay on the Triton kernel, as without it."""
+    SM90_MIN_TOKENS rows, and those of more heads and at least SM90_WIDE_MIN_TOKENS rows on
+    the SM90_WIDE_FORMATS; the rest stay on the Triton kernel, as without it."""
     for h in range(1, 129):
         for t in (1, 8, SM90_MIN_TOKENS - 1, SM90_MIN_TOKENS, 64, 128, 4096):
             cfg = choose_attention_config(t, h, 2048, fmt, 132, sm90=True)
-            if h > 32 or t < SM90_MIN_TOKENS:
+            wide_off = h > 32 and fmt not in SM90_WIDE_FORMATS
+            if wide_off or t < (SM90_WIDE_MIN_TOKENS if h > 32 else SM90_MIN_TOKENS):
                 assert cfg == choose_attention_config(t, h, 2048, fmt, 132)
                 continue
             assert cfg.kernel == "sm90" and check_attention_config(cfg) is cfg
-            assert cfg.block_h == (32 if fmt == "bf16" and h > 16 else 16)
-            assert cfg.block_n == 64 and cfg.num_stages == 2 and cfg.num_warps == 4
+            assert cfg.block_h == (64 if h > 32 else 32 if fmt == "bf16" and h > 16 else 16)
+            assert cfg.block_n == 64 and cfg.num_stages == 2
+            assert cfg.num_warps == (8 if h > 32 else 4)
             programs = t * cfg.head_blocks(h)
             sp = cfg.num_splits
             assert sp & (sp - 1) == 0 and 1 <= sp <= 8
@@ -144,6 +154,8 @@ def test_sm90_config_choice(fmt):
 def test_sm90_config_fields_checked():
     ok = AttentionConfig(block_h=16, block_n=64, num_splits=3, kernel="sm90")
     assert check_attention_config(ok) is ok
+    wide = AttentionConfig(block_h=64, block_n=64, num_warps=8, kernel="sm90")
+    assert check_attention_config(wide) is wide
     for bad in (dict(block_h=64), dict(block_n=32), dict(num_warps=8), dict(num_stages=3)):
         with pytest.raises(ValueError, match="kernel='sm90' takes"):
             check_attention_config(AttentionConfig(**{**vars(ok), **bad}))
@@ -597,3 +609,31 @@ def test_flashmla_compat(seed):
             q.view(b, s_q, h, 576).to(DEV), cache.to(DEV), None, None, 512, meta,
             softmax_scale=SCALE, is_fp8_kvcache=False, indices=idx.view(b, s_q, topk).to(DEV),
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_max_logits(fp8):
+    """max_logits (FlashMLA's prefill output) against the reference under the default and
+    every unsplit config (-inf for an empty row, poison overwritten); a splitting config,
+    a non-contiguous or overlapping buffer: ValueError."""
+    g = _gen(5)
+    q, cache, idx = (t.to(DEV) for t in _case(g, T=4, h=20, topk=96, fp8=fp8))
+    idx[1] = -1
+    ref = sparse_mla_decode_reference(q.cpu(), cache.cpu(), idx.cpu(), sm_scale=SCALE,
+                                      magnitude=True, with_max=True)  # fmt: skip
+    for cfg in [None, *(c for c in _configs() if c.num_splits == 1)]:
+        mx = torch.empty(4, 20, device=DEV)
+        poison(mx)
+        out, lse = sparse_mla_decode(q, cache, idx, sm_scale=SCALE, max_logits=mx, config=cfg)
+        assert attention_error(out, lse, *ref[:4]) is None
+        assert max_logits_error(mx, ref[4], ref[3]) is None, cfg
+        assert torch.isneginf(mx[1]).all()
+    mx = torch.empty(4, 20, device=DEV)
+    with pytest.raises(ValueError, match="max_logits needs an unsplit launch"):
+        cfg = AttentionConfig(block_n=16, num_splits=2)
+        sparse_mla_decode(q, cache, idx, sm_scale=SCALE, max_logits=mx, config=cfg)
+    with pytest.raises(ValueError, match="max_logits must be contiguous"):
+        sparse_mla_decode(q, cache, idx, sm_scale=SCALE, max_logits=mx.t().contiguous().t())
+    lse = torch.empty(4, 20, device=DEV)
+    with pytest.raises(ValueError, match="max_logits overlaps lse"):
+        sparse_mla_decode(q, cache, idx, sm_scale=SCALE, lse=lse, max_logits=_alias(lse, mx))

@@ -1,4 +1,5 @@
-"""FlashMLA's sparse decode entry points, same names and conventions, backed by our kernel.
+"""FlashMLA's sparse entry points (decode, and prefill: :func:`flash_mla_sparse_fwd`), same
+names and conventions, backed by our kernel.
 
 An engine that calls ``flash_mla.get_mla_metadata`` / ``flash_mla.flash_mla_with_kvcache``
 with ``indices=`` (DeepSeek-V3.2 sparse decode) can import these instead. Conventions kept:
@@ -262,3 +263,55 @@ def flash_mla_with_kvcache(
     # FlashMLA's layout: a [b, h_q, s_q] view of a [b, s_q, h_q] buffer (vLLM's DCP merge
     # reads it as such), not a contiguous copy.
     return out.view(b, s_q, h_q, HEAD_DIM_V), lse.view(b, s_q, h_q).transpose(1, 2)
+
+
+def flash_mla_sparse_fwd(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = HEAD_DIM_V,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashMLA's sparse prefill: attention of each query row over its ``indices`` into one
+    bf16 latent array (our decode kernel over ``kv`` read as a cache of one-row pages).
+
+    Args:
+        q: bf16 ``[s_q, h_q, 576]`` (any ``h_q`` in 1..128; FlashMLA: 64 or 128 on Hopper).
+        kv: bf16 ``[s_kv, 1, 576]`` (h_kv = 1, as V3.2), rows 16-byte aligned for the Hopper
+            kernel (else the portable one runs).
+        indices: int32 ``[s_q, 1, topk]`` rows of ``kv``; -1, any other negative value and
+            values ``>= s_kv`` are invalid (skipped, never read).
+        sm_scale: softmax scale. d_v: must be 512.
+        attn_sink: fp32 ``[h_q]`` or None: out scaled by ``exp(lse) / (exp(lse) +
+            exp(sink))`` (lse and max_logits unchanged).
+        topk_length: int32 ``[s_q]`` or None: row t reads only its first ``topk_length[t]``
+            indices.
+
+    Returns:
+        out bf16 ``[s_q, h_q, 512]`` (0 for a row with no valid index), max_logits fp32
+        ``[s_q, h_q]`` (the largest ``sm_scale * q . k``; ``-inf`` for such a row) and lse
+        fp32 ``[s_q, h_q]`` (natural log; ``+inf`` for such a row), as FlashMLA's.
+    """
+    if check_int("d_v", d_v) != HEAD_DIM_V:
+        raise ValueError(f"d_v must be {HEAD_DIM_V}, got {d_v}")
+    check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
+    s_q, h_q, _ = q.shape
+    check_tensor("kv", kv, dtype=torch.bfloat16, ndim=3, device=q.device)
+    if kv.shape[1:] != (1, LATENT_DIM):
+        raise ValueError(f"kv must be [s_kv, 1, {LATENT_DIM}] (h_kv = 1), got {tuple(kv.shape)}")
+    check_tensor("indices", indices, dtype=torch.int32, ndim=3, device=q.device)
+    if indices.shape[:2] != (s_q, 1):
+        got = tuple(indices.shape)
+        raise ValueError(f"indices must be [s_q, 1, topk] with s_q={s_q} as q, got {got}")
+    scale_ok = isinstance(sm_scale, Real) and not isinstance(sm_scale, bool)
+    if not scale_ok:
+        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    out, lse = sparse_mla_decode(
+        q, kv, indices[:, 0], sm_scale=float(sm_scale), topk_length=topk_length,
+        attn_sink=attn_sink, max_logits=max_logits,
+    )  # fmt: skip
+    lse.masked_fill_(torch.isneginf(lse), float("inf"))  # FlashMLA's empty row: +inf
+    return out, max_logits, lse

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -156,6 +157,7 @@ def sparse_mla_decode(
     lse: torch.Tensor | None = None,
     workspace: AttentionWorkspace | None = None,
     config: AttentionConfig | None = None,
+    max_logits: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode attention (DeepSeek-V3.2 DSA) over the selected cache rows.
 
@@ -190,6 +192,10 @@ def sparse_mla_decode(
         workspace: split scratch from :func:`attention_workspace` (allocated per call when
             None and the call splits); pass one to capture the call in a CUDA graph.
         config: launch shape (default :func:`choose_attention_config`).
+        max_logits: optional contiguous fp32 ``[T, h_q]``: also write each row's largest
+            score ``max_j s_j`` into it (``-inf`` for a row with no valid entry; unspecified
+            where lse is NaN), as FlashMLA's sparse prefill returns it. The call then runs
+            unsplit (a ``config`` that splits is refused: ValueError).
 
     Returns:
         (out bf16 ``[T, h_q, 512]``, lse fp32 ``[T, h_q]``, natural log). A row with no valid
@@ -214,11 +220,13 @@ def sparse_mla_decode(
         return library.sparse_mla_decode(
             q, kv_cache, indices, sm_scale=sm_scale, block_table=block_table,
             req_id=req_id, block_size=block_size, topk_length=topk_length,
-            attn_sink=attn_sink, out=out, lse=lse, workspace=workspace, config=config
+            attn_sink=attn_sink, out=out, lse=lse, workspace=workspace, config=config,
+            max_logits=max_logits,
         )  # fmt: skip
     try:  # the checks and the choices depend on this key only
         ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
-        tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
+        tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse,
+                   max_logits)  # fmt: skip
         key = (
             *map(tensor_meta, (*tensors, *ws)),
             type(workspace),
@@ -232,10 +240,10 @@ def sparse_mla_decode(
     if plan is None:
         plan = _PLANS.put(key, _plan(q, kv_cache, indices, sm_scale, block_table, req_id,
                                      block_size, topk_length, attn_sink, out, lse, workspace,
-                                     config))  # fmt: skip
+                                     config, max_logits))  # fmt: skip
     # Addresses are not in the key: checked on every call.
     _check_disjoint(plan, (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink),
-                    out, lse, workspace)  # fmt: skip
+                    out, lse, workspace, max_logits)  # fmt: skip
     num_tokens, h_q, _ = q.shape
     dev = q.device
     if out is None:
@@ -251,7 +259,7 @@ def sparse_mla_decode(
         )
     c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
     _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
-            workspace, float(sm_scale))  # fmt: skip
+            workspace, float(sm_scale), max_logits)  # fmt: skip
     return out, lse
 
 
@@ -269,11 +277,12 @@ class _AttnPlan:
     # combine (None without splits): fixed by the metadata, so built once per plan.
     main: tuple
     combine: tuple | None
-    extents: tuple  # bytes each reaches: the inputs (_INPUTS), out, lse, the workspace's two
+    # bytes each reaches: the inputs (_INPUTS), out, lse, the workspace's two, max_logits
+    extents: tuple
 
 
 def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
-          attn_sink, out, lse, workspace, config) -> _AttnPlan:  # fmt: skip
+          attn_sink, out, lse, workspace, config, max_logits) -> _AttnPlan:  # fmt: skip
     """Checks every argument of :func:`sparse_mla_decode` and picks its launch shape."""
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     num_tokens, h_q, dim = q.shape
@@ -305,12 +314,21 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     if lse is not None:
         check_tensor("lse", lse, dtype=torch.float32, device=dev)
         check_output("lse", lse, (num_tokens, h_q))
+    if max_logits is not None:
+        check_tensor("max_logits", max_logits, dtype=torch.float32, device=dev)
+        check_shape("max_logits", max_logits, (num_tokens, h_q))
+        if not max_logits.is_contiguous():
+            raise ValueError("max_logits must be contiguous")
     fmt = "fp8" if lay.fp8 else "bf16"
     if config is None:
         sm90 = sm90_available(dev) and _sm90_fits(kv_cache, lay.fp8)
         cfg = choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev), sm90=sm90)
+        if max_logits is not None:
+            cfg = dataclasses.replace(cfg, num_splits=1)
     else:
         cfg = check_attention_config(config)
+        if max_logits is not None and cfg.effective_splits(topk) > 1:
+            raise ValueError(f"max_logits needs an unsplit launch; config splits: {cfg}")
     if cfg.kernel == "sm90":
         _check_sm90(cfg, dev, kv_cache, lay.fp8)
     splits = cfg.effective_splits(topk)
@@ -326,22 +344,22 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
     main, comb = _launch_shapes(
         cfg, splits, bs, lay, q, c3, indices, block_table, req_id, topk_length, attn_sink, out_s,
-        lse_s,
+        lse_s, max_logits is not None,
     )  # fmt: skip
     tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
     ws = (workspace.partial_out, workspace.partial_lse) if workspace is not None else (None,) * 2
-    extents = tuple(map(byte_extent, (*tensors, *ws)))
+    extents = tuple(map(byte_extent, (*tensors, *ws, max_logits)))
     return _AttnPlan(cfg, splits, fmt, main, comb, extents)
 
 
 _INPUTS = ("q", "kv_cache", "indices", "block_table", "req_id", "topk_length", "attn_sink")
 
 
-def _check_disjoint(plan, inputs, out, lse, workspace) -> None:
-    """The memory a call writes (out, lse; with splits the workspace) shares no byte with
-    what it reads or with each other (ValueError naming both)."""
+def _check_disjoint(plan, inputs, out, lse, workspace, max_logits) -> None:
+    """The memory a call writes (out, lse, max_logits; with splits the workspace) shares no
+    byte with what it reads or with each other (ValueError naming both)."""
     n = len(_INPUTS)
-    out_ext, lse_ext, po_ext, pl_ext = plan.extents[n:]  # (the plan's order, after inputs)
+    out_ext, lse_ext, po_ext, pl_ext, max_ext = plan.extents[n:]  # (the plan's order)
     named = tuple(zip(_INPUTS, inputs, plan.extents[:n], strict=True))
     if workspace is not None and plan.combine is not None:
         ws = (("workspace.partial_out", workspace.partial_out, po_ext),
@@ -353,10 +371,14 @@ def _check_disjoint(plan, inputs, out, lse, workspace) -> None:
         check_disjoint("out", out, out_ext, (*named, ("lse", lse, lse_ext)))
     if lse is not None:
         check_disjoint("lse", lse, lse_ext, named)
+    if max_logits is not None:
+        outs = (("out", out, out_ext), ("lse", lse, lse_ext))
+        check_disjoint("max_logits", max_logits, max_ext, (*named, *outs))
 
 
 def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, req_id,
-                   topk_length, attn_sink, out_s, lse_s) -> tuple[tuple, tuple | None]:  # fmt: skip
+                   topk_length, attn_sink, out_s, lse_s,
+                   has_max) -> tuple[tuple, tuple | None]:  # fmt: skip
     """The two launches' grids, integer arguments and keywords (see :func:`_launch`)."""
     num_tokens, h_q, _ = q.shape
     topk = indices.shape[1]
@@ -375,17 +397,20 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, re
         block_size if fused else 1, *vec_s, *out_s, *lse_s,
     )  # fmt: skip
     if cfg.kernel == "sm90":
-        pw, regs = _sm90_kernel().producer_shape(fp8)
+        pw, regs, rows, prefetch = _sm90_kernel().producer_shape(fp8, cfg.block_h)
         kwargs = dict(
             PAGE=lay.block_size, BLOCK_H=cfg.block_h, FP8=fp8, FUSED=fused, HAS_LEN=has_len,
-            HAS_SINK=has_sink, SPLIT=split, NBUF=cfg.num_stages,
-            PRODUCER_WARPS=pw, PRODUCER_REGS=regs, num_warps=4,
+            HAS_SINK=has_sink, SPLIT=split, HAS_MAX=has_max, NBUF=cfg.num_stages,
+            PRODUCER_WARPS=pw,
+            PRODUCER_REGS=regs, PRODUCER_ROWS=rows,
+            num_warps=_sm90_kernel().default_warps(fp8, cfg.block_h),
+            PREFETCH=prefetch if _aligned16(c3) else 0,  # (bulk copies need 16 B alignment)
         )  # fmt: skip
     else:
         kwargs = dict(
             PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
             FUSED=fused, HAS_LEN=has_len, HAS_SINK=has_sink,
-            SPLIT=split, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
+            SPLIT=split, HAS_MAX=has_max, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
             num_warps=cfg.num_warps,
             # With splits the combine may start launching early (it waits for this kernel).
             **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
@@ -404,6 +429,12 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, re
         **pdl_launch(q.device, 2 if cfg.pdl else 0),
     )  # fmt: skip
     return main, ((num_tokens * head_blocks * dim_blocks,), ints, kwargs)
+
+
+def _aligned16(c3: torch.Tensor) -> bool:
+    """Every row of the 3-D cache view starts 16-byte aligned (bulk copies need it)."""
+    s0, s1 = c3.stride(0) * c3.element_size(), c3.stride(1) * c3.element_size()
+    return c3.data_ptr() % 16 == 0 and s0 % 16 == 0 and s1 % 16 == 0
 
 
 def _sm90_fits(kv_cache: torch.Tensor, fp8: bool) -> bool:
@@ -455,7 +486,7 @@ def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.dev
 
 
 def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
-            workspace, sm_scale):  # fmt: skip
+            workspace, sm_scale, max_logits):  # fmt: skip
     if plan.fmt == "fp8":
         kv_u8, kv_f32, kv_bf16 = c3, c3.view(torch.float32), c3.view(torch.bfloat16)
     else:
@@ -470,7 +501,8 @@ def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, o
         q, kv_u8, kv_f32, kv_bf16, indices,
         topk_length if topk_length is not None else indices,
         block_table if fused else indices, req_id if fused else indices, sink,
-        out, lse, part_out, part_lse, *ints, sm_scale * LOG2E,
+        out, lse, part_out, part_lse, max_logits if max_logits is not None else lse,
+        *ints, sm_scale * LOG2E,
     )  # fmt: skip
     if plan.config.kernel == "sm90":
         kernel = _sm90_kernel().sparse_mla_decode_sm90_kernel

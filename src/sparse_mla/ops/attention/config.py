@@ -15,13 +15,18 @@ from ..._runtime import cdiv, next_pow2
 
 CACHE_FORMATS = ("bf16", "fp8")
 # "triton": the portable kernel (decode.py); "sm90": the warp-specialised Gluon kernel for
-# Hopper (decode_sm90.py: up to 32 heads a program, 64 rows a ring slot, 4 warps a partition).
+# Hopper (decode_sm90.py: kernel A, up to 32 heads a program and one consumer warpgroup;
+# kernel B, 64 heads a program and two consumer warpgroups (8 warps); 64 rows a ring slot).
 KERNELS = ("triton", "sm90")
 SM90_BLOCK_N = 64
-SM90_MAX_BLOCK_H = 32
-# The Gluon kernel is chosen from this many query rows (the H200 crossover, docs/PERF.md),
-# with at most this many splits.
+SM90_MAX_BLOCK_H = 64
+# The Gluon kernel is chosen from this many query rows (the H200 crossovers, docs/PERF.md:
+# up to 32 heads, above), with at most this many splits.
 SM90_MIN_TOKENS = 32
+SM90_WIDE_MIN_TOKENS = 8
+# Cache formats whose calls of more than 32 heads take kernel B by default: those it has
+# been checked and timed on, on the GPU (docs/PERF.md).
+SM90_WIDE_FORMATS = ("bf16",)
 SM90_MAX_SPLITS = 8
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
@@ -52,7 +57,8 @@ class AttentionConfig:
     combine_heads: heads per combine program (power of two, 1..16).
     combine_dims: output dims per combine program (power of two dividing 512).
     kernel: "triton" (the portable kernel, any GPU and the interpreter) or "sm90" (Hopper
-        only, a Triton with Gluon: ``block_h`` 16 or 32, ``block_n`` 64, 4 warps;
+        only, a Triton with Gluon: ``block_h`` 16 or 32 with 4 warps, or 64 with 8;
+        ``block_n`` 64;
         ``num_stages`` is its shared-memory ring depth, 1 or 2; ``pdl`` does not apply:
         it launches the usual way, and its combine waits for it as ever).
     pdl: on Hopper, launch with programmatic dependent launch: the kernel's launch overlaps
@@ -105,12 +111,12 @@ def check_attention_config(cfg: object) -> AttentionConfig:
     if cfg.kernel not in KERNELS:
         raise ValueError(f"config.kernel must be one of {KERNELS}, got {cfg.kernel!r}")
     if cfg.kernel == "sm90" and (
-        cfg.block_h > SM90_MAX_BLOCK_H or cfg.block_n != SM90_BLOCK_N or cfg.num_warps != 4
-        or cfg.num_stages > 2
+        cfg.block_h > SM90_MAX_BLOCK_H or cfg.block_n != SM90_BLOCK_N
+        or cfg.num_warps != (8 if cfg.block_h == 64 else 4) or cfg.num_stages > 2
     ):  # fmt: skip
         raise ValueError(
-            f"config.kernel='sm90' takes block_h 16 or 32, block_n {SM90_BLOCK_N}, num_warps 4 "
-            f"and num_stages 1 or 2, got {cfg}"
+            f"config.kernel='sm90' takes block_h 16 or 32 with num_warps 4 or 64 with "
+            f"num_warps 8, block_n {SM90_BLOCK_N} and num_stages 1 or 2, got {cfg}"
         )
     return cfg
 
@@ -183,17 +189,22 @@ def choose_sm90_config(
 
     Measured (benchmarks/gpu_attention_sm90.py, docs/PERF.md): at up to 32 heads it wins
     once the call has at least ``SM90_MIN_TOKENS`` query rows, and loses below (its one
-    program an SM and 64-row steps leave few rows too little to overlap). 16 heads a program
-    (32 for more than 16 heads on a bf16 cache), a two-slot ring, and splits (a power of two,
+    program an SM and 64-row steps leave few rows too little to overlap); above 32 heads
+    (64 a program) from ``SM90_WIDE_MIN_TOKENS``, on the ``SM90_WIDE_FORMATS``. 16 heads a
+    program (32 for more than 16
+    heads on a bf16 cache, 64 above 32 heads), a two-slot ring, and splits (a power of two,
     at most ``SM90_MAX_SPLITS``) until the programs about fill the SMs once.
     """
-    if h_q > SM90_MAX_BLOCK_H or num_tokens < SM90_MIN_TOKENS:
+    wide = h_q > 32
+    if wide and cache_format not in SM90_WIDE_FORMATS:
         return None
-    block_h = 32 if h_q > 16 and cache_format == "bf16" else 16
+    if num_tokens < (SM90_WIDE_MIN_TOKENS if wide else SM90_MIN_TOKENS):
+        return None
+    block_h = 64 if wide else 32 if h_q > 16 and cache_format == "bf16" else 16
     programs = num_tokens * cdiv(h_q, block_h)
     splits = max(1, min(SM90_MAX_SPLITS, num_sms // programs, cdiv(topk, SM90_BLOCK_N)))
     splits = 1 << (splits.bit_length() - 1)
-    return AttentionConfig(block_h, SM90_BLOCK_N, splits, 4, 2, kernel="sm90")
+    return AttentionConfig(block_h, SM90_BLOCK_N, splits, 8 if wide else 4, 2, kernel="sm90")
 
 
 def workspace_rows(

@@ -169,13 +169,15 @@ def _load_queries(q_row, hmask, q_s2):
 @triton.jit
 def _store_result(
     acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q,
-    sink_ptr, sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2,
-    lse_s0, lse_s1, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+    sink_ptr, sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, max_ptr, out_s0, out_s1,
+    out_s2, lse_s0, lse_s1, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """Normalise (``O_g = acc_g / l``) and store: the final bf16 out and natural-log lse
     (sink applied), or with splits the fp32 partial and base-2 lse for the combine. A head
     with no valid entry (``l == 0``) gives out 0 and lse -inf; one whose scores had a NaN or
-    a +inf (``l`` NaN: inf - inf) gives out and lse NaN."""
+    a +inf (``l`` NaN: inf - inf) gives out and lse NaN. ``HAS_MAX`` (unsplit only): the
+    largest score ``m`` too, into the contiguous ``[T, h_q]`` at ``max_ptr``."""
     empty = l_i == 0  # (l >= 1 otherwise: the largest score contributes 2^0)
     inv_l = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l_i))
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -202,12 +204,14 @@ def _store_result(
         tl.store(o + 256 * out_s2, to_bf16(acc2 * w, INTERPRET), mask=m)
         tl.store(o + 384 * out_s2, to_bf16(acc3 * w, INTERPRET), mask=m)
         tl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * K_LN2, mask=hmask)
+        if HAS_MAX:
+            tl.store(max_ptr + t64 * h_q + heads, m_i * K_LN2, mask=hmask)
 
 
 @triton.jit
 def _sparse_mla_decode_kernel(
     q_ptr, kv_u8, kv_f32, kv_bf16, idx_ptr, len_ptr, bt_ptr, req_ptr, sink_ptr,
-    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, max_ptr,
     h_q, topk, num_rows, split_cols, num_splits, head_blocks,
     q_s0, q_s1, q_s2, kv_s0, kv_s1, kv_s2, idx_s0, idx_s1,
     bt_s0, bt_s1, bt_width, num_req, block_size, len_s0, req_s0, sink_s0,
@@ -215,7 +219,7 @@ def _sparse_mla_decode_kernel(
     qk_scale,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, FUSED: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
-    SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_MAX: tl.constexpr, NUM_STAGES: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
@@ -283,6 +287,6 @@ def _sparse_mla_decode_kernel(
 
     _store_result(
         acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q, sink_ptr,
-        sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0,
-        lse_s1, HAS_SINK, SPLIT, INTERPRET,
+        sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, max_ptr, out_s0, out_s1, out_s2,
+        lse_s0, lse_s1, HAS_SINK, SPLIT, HAS_MAX, INTERPRET,
     )  # fmt: skip

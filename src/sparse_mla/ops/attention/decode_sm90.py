@@ -1,14 +1,19 @@
 """Sparse MLA decode attention for Hopper (sm_90), warp-specialised, written in Gluon.
 
-Same contract as the portable Triton kernel (``decode.py``), for up to 32 heads per program
-("swap-AB": the heads are the wgmma's N dimension, the cache rows its M):
+Same contract as the portable Triton kernel (``decode.py``). In every form a producer
+partition gathers the next 64 selected rows of the cache into a two-slot shared-memory ring
+(fp8 rows dequantised to bf16 on the way), with a 0 / -inf bias per row for invalid entries,
+and signals ``ready``; consumers free a slot on ``empty``.
 
-- a producer partition (8 warps on an fp8 cache, 4 on bf16) gathers the next 64 selected
-  rows of the cache into a shared-memory ring (fp8 rows dequantised to bf16 on the way),
-  with a 0 / -inf bias per row for invalid entries, and signals ``ready``;
-- the default partition (one warpgroup) computes ``S^T [64, H] = K Q^T`` (nope + rope),
-  the online softmax over the rows, writes ``P^T`` to shared memory and accumulates
-  ``O^T [512, H] += V^T P^T`` with V^T read from the same rows, then frees the ring slot.
+- Kernel A, up to 32 heads a program ("swap-AB": the heads are the wgmma's N, the rows its
+  M): one consumer warpgroup computes ``S^T [64, H] = K Q^T`` (nope + rope), the online
+  softmax over the rows, writes ``P^T`` to shared memory and accumulates
+  ``O^T [512, H] += V^T P^T`` with V^T read from the same rows.
+- Kernel B, 64 heads a program (the heads are the wgmma's M): two consumer warpgroups, each
+  accumulating half of ``O [64, 512]``. On a bf16 cache they form one 8-warp partition that
+  splits ``S = Q K^T`` by rows of the block; on fp8, where the dequantising producer needs
+  more registers, the left one computes S and the softmax and hands P to the right one
+  (``_consumer_left`` / ``_consumer_right``), as FlashMLA's decode does.
 
 One program owns query row ``t``, one split of its columns and ``BLOCK_H`` heads; its
 results go to the same places as the Triton kernel's (bf16 out and lse, or the fp32 split
@@ -45,28 +50,40 @@ G_LOG2E = gl.constexpr(1.4426950408889634)
 G_LN2 = gl.constexpr(0.6931471805599453)
 SCALE_WORD = gl.constexpr(128)  # first fp32 scale of an fp8 row, in 4-byte words
 ROPE_HALF = gl.constexpr(264)  # first rope value of an fp8 row, in 2-byte units
+RIGHT_CONSUMER_REGS = gl.constexpr(160)  # kernel B on fp8: the right consumer's O and a few
 # (heads a program, ring slots) by cache format (fp8?), each compiled without a consumer
 # spill in CI: 32 heads with the fp8 producer's 8 warps would leave the consumer 168
 # registers a thread (384 threads), which its 128-register O^T overflows; 32 heads with one
-# ring slot spill on bf16 too.
-SHAPES = {True: ((16, 2), (16, 1)), False: ((16, 2), (16, 1), (32, 2))}
+# ring slot spill on bf16 too, and so does one fp8 slot with the L2 prefetch (it never won).
+SHAPES = {True: ((16, 2), (64, 2)), False: ((16, 2), (16, 1), (32, 2), (64, 2))}
 
 
-def producer_shape(fp8: bool) -> tuple[int, int]:
-    """(warps, registers a thread after ``setmaxnreg``) of the producer partition: fp8 keeps
-    two blocks of 32-bit words in registers (8 warps, so that fits in 152 registers a thread;
-    the kernel is compiled for 65536 / 384 = 168); bf16's cp.async copies need few registers
-    (4 warps)."""
-    return (8, 152) if fp8 else (4, 232)
+def producer_shape(fp8: bool, block_h: int = 16) -> tuple[int, int, int, int]:
+    """(warps, registers a thread after ``setmaxnreg``, rows a step, L2 prefetch distance in
+    steps) of the producer partition. fp8 keeps two steps of 32-bit words in registers: with
+    up to 32 heads, 8 warps and 64 rows (152 registers; the kernel is compiled for 65536 / 384
+    = 168), the rows two steps ahead prefetched into L2; with 64 heads (three warpgroups) 4
+    warps and 32 rows. bf16's cp.async copies need few registers (4 warps; 88 with 64 heads,
+    which leaves the two 8-warp consumer warpgroups the 200 they need)."""
+    if block_h == 64:
+        return (4, 120, 32, 0) if fp8 else (4, 88, BN.value, 0)
+    return (8, 152, BN.value, 2) if fp8 else (4, 232, BN.value, 0)
+
+
+def default_warps(fp8: bool, block_h: int) -> int:
+    """Warps of the default partition (the launch's ``num_warps``): kernel B's two consumer
+    warpgroups on a bf16 cache; one warpgroup otherwise (on fp8 the right consumer of kernel
+    B is a worker)."""
+    return 8 if block_h == 64 and not fp8 else 4
 
 
 # The producers resolve a block's rows in three stages, each a loop iteration apart, so that
 # no load's result is used in the iteration that issued it (a warp stalls at the first use):
 # the slot ids, then (fused remap) their block-table pages, then the row offsets.
 @gluon.jit
-def _block_ids(idx_row, idx_s1, start, col_hi, LAYOUT: gl.constexpr):
-    """The block's entries from ``start`` (int32, -1 past ``col_hi``), loads in flight."""
-    cols = start + gl.arange(0, BN, layout=LAYOUT)
+def _block_ids(idx_row, idx_s1, start, col_hi, LAYOUT: gl.constexpr, ROWS: gl.constexpr = BN):
+    """``ROWS`` entries from ``start`` (int32, -1 past ``col_hi``), loads in flight."""
+    cols = start + gl.arange(0, ROWS, layout=LAYOUT)
     return gl.load(idx_row + cols * idx_s1, mask=cols < col_hi, other=-1)
 
 
@@ -100,6 +117,30 @@ def _block_rows(base, off, ok, block_size, num_rows, kv_s0, kv_s1, PAGE: gl.cons
     return (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1, ok
 
 
+# One bulk L2 prefetch per row (the first lane of the row's threads; $3 = lanes a row - 1):
+# the register loads of that row, units later, then hit L2 instead of DRAM.
+_PREFETCH_ASM = """{
+.reg .pred p;
+.reg .b32 l;
+mov.u32 l, %laneid;
+and.b32 l, l, $3;
+setp.eq.u32 p, l, 0;
+setp.ne.and.b32 p, $2, 0, p;
+@p cp.async.bulk.prefetch.L2.global [$1], ROW_BYTES;
+mov.b32 $0, 0;
+}"""
+PREFETCH_FP8_ASM = gl.constexpr(_PREFETCH_ASM.replace("ROW_BYTES", "656"))
+
+
+@gluon.jit
+def _prefetch_rows(ptr, ok, lanes_a_row, ASM: gl.constexpr):
+    """Bulk-prefetch into L2 the rows at ``ptr`` (16-byte aligned) where ``ok``."""
+    gl.inline_asm_elementwise(
+        ASM, "=r,l,r,r", [ptr, ok.to(gl.int32), gl.full_like(ok, lanes_a_row - 1, dtype=gl.int32)],
+        dtype=gl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
 # e4m3 -> bf16 of four bytes (one 32-bit word) times their fp32 scale, as the Triton kernel
 # computes it (e4m3 -> f16 -> f32 exactly, one fp32 multiply, round to nearest even), in two
 # bf16x2 words. Done on 32-bit words because a u8 tensor carried across the producer's loop
@@ -129,13 +170,13 @@ cvt.rn.bf16x2.f32 $1, f3, f2;
 
 @gluon.jit
 def _dequant_store(words, scale, dst):
-    """Dequantise ``words`` (int32 [64, 32]: 128 e4m3 of each row) by the rows' ``scale``
-    and store the bf16 values into ``dst`` (the slot's int32 view, [64, 64])."""
+    """Dequantise ``words`` (int32 [rows, 32]: 128 e4m3 of each row) by the rows' ``scale``
+    and store the bf16 values into ``dst`` (the slot's int32 view, [rows, 64])."""
     lo, hi = gl.inline_asm_elementwise(
         _DEQUANT_ASM, "=r,=r,r,r", [words, scale[:, None]], dtype=(gl.int32, gl.int32),
         is_pure=True, pack=1,
     )  # fmt: skip
-    dst.store(gl.join(lo, hi).reshape([BN, 64]))
+    dst.store(gl.join(lo, hi).reshape([words.shape[0], 64]))
 
 
 @gluon.jit
@@ -169,48 +210,75 @@ def _fp8_loads(kv_f32, kv_bf16, row, ok, LAY: gl.constexpr, ROPE_LAY: gl.constex
 def _producer_fp8(kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, num_rows,
                   bt_row, bt_s1, bt_width, req_ok, block_size, kv_s0, kv_s1, k_nope, k_rope,
                   bias, ready, empty, PAGE: gl.constexpr, FUSED: gl.constexpr,
-                  NBUF: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+                  NBUF: gl.constexpr, PW: gl.constexpr, ROWS: gl.constexpr,
+                  PF: gl.constexpr):  # fmt: skip
     """fp8 cache: fills ring slot ``i % NBUF`` with block ``i``'s rows dequantised to bf16
-    (zeros where invalid) and its bias, then arrives on ``ready``. Software-pipelined in
-    registers (below)."""
-    lay: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PW, 1], [1, 0])  # 16 B a thread
+    (zeros where invalid) and its bias, ``ROWS`` rows at a time, then arrives on ``ready``.
+    Software-pipelined in registers (below): one unit of ``ROWS`` rows is loaded while the
+    one before it is dequantised; with ``PF`` > 0 a second chain of id and page loads
+    prefetches the rows ``PF`` units ahead into L2."""
+    TPR: gl.constexpr = ROWS // PW  # rows a warp covers
+    lay: gl.constexpr = gl.BlockedLayout([1, 4], [TPR, 32 // TPR], [PW, 1], [1, 0])  # 16 B
     rope_lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
     row_lay: gl.constexpr = gl.SliceLayout(1, lay)
     words_lay: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32)
-    ids = _block_ids(idx_row, idx_s1, col_lo, col_hi, row_lay)
+    UNITS: gl.constexpr = BN // ROWS
+    ids = _block_ids(idx_row, idx_s1, col_lo, col_hi, row_lay, ROWS)
     base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
     row, ok = _block_rows(base, off, okb, block_size, num_rows, kv_s0, kv_s1, PAGE, FUSED)
     w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = _fp8_loads(kv_f32, kv_bf16, row, ok, lay, rope_lay)
-    ids = _block_ids(idx_row, idx_s1, col_lo + BN, col_hi, row_lay)
+    ids = _block_ids(idx_row, idx_s1, col_lo + ROWS, col_hi, row_lay, ROWS)
     base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
-    ids = _block_ids(idx_row, idx_s1, col_lo + 2 * BN, col_hi, row_lay)
+    ids = _block_ids(idx_row, idx_s1, col_lo + 2 * ROWS, col_hi, row_lay, ROWS)
+    if PF > 0:
+        pids = _block_ids(idx_row, idx_s1, col_lo + PF * ROWS, col_hi, row_lay, ROWS)
+        pbase, poff, pokb = _block_pages(pids, bt_row, bt_s1, bt_width, req_ok, block_size,
+                                         FUSED)  # fmt: skip
+        pids = _block_ids(idx_row, idx_s1, col_lo + (PF + 1) * ROWS, col_hi, row_lay, ROWS)
     for i in range(n_blocks):
         s = i % NBUF
-        # In flight while block i is dequantised and stored: block i+1's rows, block i+2's
-        # block-table pages, block i+3's slot ids (masked off past the end).
-        row, ok = _block_rows(base, off, okb, block_size, num_rows, kv_s0, kv_s1, PAGE, FUSED)
-        n0, n1, n2, n3, m0, m1, m2, m3, nkr, nb = _fp8_loads(
-            kv_f32, kv_bf16, row, ok, lay, rope_lay
-        )
-        base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size, FUSED)
-        ids = _block_ids(idx_row, idx_s1, col_lo + (i + 3) * BN, col_hi, row_lay)
-        mbarrier.wait(empty.index(s), ((i // NBUF) & 1) ^ 1)  # the consumer freed the slot
         if OLD_REINTERPRET:
             kw = k_nope.index(s)._reinterpret(gl.int32, [BN, G_NOPE // 2], words_lay)
         else:
             kw = k_nope.index(s).reinterpret(gl.int32, [BN, G_NOPE // 2], words_lay)
-        _dequant_store(w0, sc0, kw.slice(0, 64, dim=1))
-        _dequant_store(w1, sc1, kw.slice(64, 64, dim=1))
-        _dequant_store(w2, sc2, kw.slice(128, 64, dim=1))
-        _dequant_store(w3, sc3, kw.slice(192, 64, dim=1))
-        k_rope.index(s).store(kr)
-        bias.index(s).store(b)
-        # No proxy fence here: it compiles to MEMBAR.ALL.CTA, which would wait for the next
-        # block's gathers in flight. The consumer fences after its wait instead (the arrive
-        # releases these stores, the wait acquires them, its fence hands them to wgmma).
-        cta_barrier()  # every producer warp's stores before the (single) arrive
-        mbarrier.arrive(ready.index(s), count=1)
-        w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = n0, n1, n2, n3, m0, m1, m2, m3, nkr, nb
+        for u in gl.static_range(UNITS):
+            # In flight while this unit is dequantised and stored: the next unit's rows, the
+            # block-table pages of the one after, the slot ids of the third (masked off past
+            # the end).
+            unit = i * UNITS + u
+            row, ok = _block_rows(base, off, okb, block_size, num_rows, kv_s0, kv_s1, PAGE,
+                                  FUSED)  # fmt: skip
+            n0, n1, n2, n3, m0, m1, m2, m3, nkr, nb = _fp8_loads(
+                kv_f32, kv_bf16, row, ok, lay, rope_lay
+            )
+            base, off, okb = _block_pages(ids, bt_row, bt_s1, bt_width, req_ok, block_size,
+                                          FUSED)  # fmt: skip
+            ids = _block_ids(idx_row, idx_s1, col_lo + (unit + 3) * ROWS, col_hi, row_lay, ROWS)
+            if PF > 0:
+                prow, pok = _block_rows(pbase, poff, pokb, block_size, num_rows, kv_s0, kv_s1,
+                                        PAGE, FUSED)  # fmt: skip
+                _prefetch_rows(kv_bf16 + prow // 2, pok, 32 // TPR, PREFETCH_FP8_ASM)
+                pbase, poff, pokb = _block_pages(pids, bt_row, bt_s1, bt_width, req_ok,
+                                                 block_size, FUSED)  # fmt: skip
+                pids = _block_ids(idx_row, idx_s1, col_lo + (unit + PF + 2) * ROWS, col_hi,
+                                  row_lay, ROWS)  # fmt: skip
+            if u == 0:
+                mbarrier.wait(empty.index(s), ((i // NBUF) & 1) ^ 1)  # the slot is free
+            dst = kw.slice(u * ROWS, ROWS, dim=0)
+            _dequant_store(w0, sc0, dst.slice(0, 64, dim=1))
+            _dequant_store(w1, sc1, dst.slice(64, 64, dim=1))
+            _dequant_store(w2, sc2, dst.slice(128, 64, dim=1))
+            _dequant_store(w3, sc3, dst.slice(192, 64, dim=1))
+            k_rope.index(s).slice(u * ROWS, ROWS, dim=0).store(kr)
+            bias.index(s).slice(u * ROWS, ROWS).store(b)
+            if u == UNITS - 1:
+                # No proxy fence here: it compiles to MEMBAR.ALL.CTA, which would wait for
+                # the next unit's gathers in flight. The consumer fences after its wait
+                # instead (the arrive releases these stores, the wait acquires them, its
+                # fence hands them to wgmma).
+                cta_barrier()  # every producer warp's stores before the (single) arrive
+                mbarrier.arrive(ready.index(s), count=1)
+            w0, w1, w2, w3, sc0, sc1, sc2, sc3, kr, b = n0, n1, n2, n3, m0, m1, m2, m3, nkr, nb
 
 
 @gluon.jit
@@ -292,20 +360,149 @@ def _consumer(q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, 
 
 
 @gluon.jit
-def _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, sink_s0, out_ptr,
-                  lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
-                  H: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
-    """As decode.py's ``_store_result``, from ``O^T``: out 0 and lse -inf for heads with no
-    valid entry (``l == 0``), out and lse NaN where a score was NaN or +inf (``l`` NaN)."""
-    # d contiguous a thread (coalesced stores along the output's last dimension)
-    OL: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
-    acc = gl.convert_layout(acc, OL)
-    hl: gl.constexpr = gl.SliceLayout(0, OL)
-    m_i = gl.convert_layout(m_i, hl)
-    l_i = gl.convert_layout(l_i, hl)
-    heads = hb * H + gl.arange(0, H, layout=hl)
-    hmask = heads < h_q
-    d = gl.arange(0, G_NOPE, layout=gl.SliceLayout(1, OL))
+def _consumer_rows(q_nope, q_rope, k_nope, k_rope, bias, p_smem, ready, empty, n_blocks,
+                   qk_scale, H: gl.constexpr, NBUF: gl.constexpr):  # fmt: skip
+    """64 heads (kernel B): the online softmax over the ring's blocks with the heads in the
+    wgmma's M, by two warpgroups that split ``S [64, 64] = Q K^T`` by rows of the block and
+    ``O [64, 512] += P V`` by output columns; ``P`` goes through shared memory (each
+    warpgroup needs all of it). Returns ``O`` unnormalised and ``m`` (base 2), ``l``."""
+    LS: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
+    )
+    LO: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, G_NOPE // 2, 16]
+    )
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, LS))
+    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, LS))
+    acc = gl.zeros([64, G_NOPE], gl.float32, LO)
+    for i in range(n_blocks):
+        s = i % NBUF
+        mbarrier.wait(ready.index(s), (i // NBUF) & 1)
+        fence_async_shared()  # the producer's generic-proxy writes before the wgmma reads
+        kn = k_nope.index(s)
+        zero_s = gl.zeros([64, BN], gl.float32, LS)  # made here: no registers held across
+        st = warpgroup_mma(q_nope, kn.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+        valid = bias.index(s).load(gl.SliceLayout(0, LS)) == 0.0
+        st = gl.where(valid[None, :], st * qk_scale, float("-inf"))
+        # The row max and sum span both warpgroups: the compiler exchanges them through
+        # shared memory, which also keeps one warpgroup from overwriting P while the other
+        # still reads the previous block's.
+        m_new = gl.maximum(m_i, gl.max(st, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(st - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        cta_barrier()  # both warpgroups' halves of P before either reads all of it
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, LO))
+        acc = warpgroup_mma(p_smem, kn, acc * alpha_o[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cta_barrier()  # every consumer warp is done with the slot
+        mbarrier.arrive(empty.index(s), count=1)
+    return acc, m_i, l_i
+
+
+# Kernel B on an fp8 cache: three warpgroups, as FlashMLA's sparse decode, so that the
+# producer gets the registers its dequantisation needs. The left consumer (the default
+# partition) computes S = Q K^T and the softmax, hands P and the rescale factor to the right
+# consumer through shared memory (p_ready / p_free), and accumulates O[:, :256]; the right
+# one accumulates O[:, 256:] and stores it.
+@gluon.jit
+def _consumer_left(q_nope, q_rope, k_nope, k_rope, bias, p_smem, row_smem, ready, empty,
+                   p_ready, p_free, n_blocks, qk_scale, h_q, hb, sink_ptr, sink_s0,
+                   HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+                   NBUF: gl.constexpr):  # fmt: skip
+    """Returns ``O[:, :256]`` unnormalised, ``m`` (base 2) and ``l``; its last hand-off is
+    each head's output factor (``_weights``) in place of a rescale factor."""
+    LS: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
+    )
+    LO: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, G_NOPE // 2, 16]
+    )
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, LS))
+    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, LS))
+    acc = gl.zeros([64, G_NOPE // 2], gl.float32, LO)
+    for i in range(n_blocks):
+        s = i % NBUF
+        mbarrier.wait(ready.index(s), (i // NBUF) & 1)
+        fence_async_shared()  # the producer's generic-proxy writes before the wgmma reads
+        kn = k_nope.index(s)
+        zero_s = gl.zeros([64, BN], gl.float32, LS)
+        st = warpgroup_mma(q_nope, kn.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+        valid = bias.index(s).load(gl.SliceLayout(0, LS)) == 0.0
+        st = gl.where(valid[None, :], st * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(st, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(st - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        mbarrier.wait(p_free, (i & 1) ^ 1)  # the right consumer is done with the last P
+        p_smem.store(p.to(gl.bfloat16))
+        row_smem.store(alpha)
+        fence_async_shared()
+        cta_barrier()  # all four warps' P before the hand-off and the wgmma
+        mbarrier.arrive(p_ready, count=1)
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, LO))
+        acc = warpgroup_mma(p_smem, kn.slice(0, G_NOPE // 2, dim=1), acc * alpha_o[:, None],
+                            is_async=True)  # fmt: skip
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cta_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+    heads = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LS))
+    w, _ = _weights(m_i, l_i, heads, heads < h_q, sink_ptr, sink_s0, HAS_SINK, SPLIT)
+    mbarrier.wait(p_free, (n_blocks & 1) ^ 1)
+    row_smem.store(w)
+    cta_barrier()
+    mbarrier.arrive(p_ready, count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer_right(k_nope, p_smem, row_smem, empty, p_ready, p_free, n_blocks, t64, split,
+                    num_splits, h_q, hb, out_ptr, part_out_ptr, out_s0, out_s1, out_s2,
+                    SPLIT: gl.constexpr, NBUF: gl.constexpr):  # fmt: skip
+    """``O[:, 256:]`` from the left consumer's P and rescale factors, stored scaled by its
+    last hand-off. (Its reads of the ring slot are ordered after the producer's writes
+    through the left consumer's wait on ``ready`` and its arrive on ``p_ready``.)"""
+    LO: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, G_NOPE // 2, 16]
+    )
+    acc = gl.zeros([64, G_NOPE // 2], gl.float32, LO)
+    for i in range(n_blocks):
+        s = i % NBUF
+        mbarrier.wait(p_ready, i & 1)
+        fence_async_shared()
+        alpha = row_smem.load(gl.SliceLayout(1, LO))
+        v = k_nope.index(s).slice(G_NOPE // 2, G_NOPE // 2, dim=1)
+        acc = warpgroup_mma(p_smem, v, acc * alpha[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cta_barrier()  # every warp is done with P, the factors and the slot
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(empty.index(s), count=1)
+    mbarrier.wait(p_ready, n_blocks & 1)
+    w = row_smem.load(gl.SliceLayout(1, LO))
+    o = (acc * w[:, None]).permute((1, 0))
+    OL: gl.constexpr = o.type.layout
+    heads = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, OL))
+    d = G_NOPE // 2 + gl.arange(0, G_NOPE // 2, layout=gl.SliceLayout(1, OL))
+    _store_out(o, heads, heads < h_q, d, t64, split, num_splits, h_q, out_ptr, part_out_ptr,
+               out_s0, out_s1, out_s2, SPLIT)  # fmt: skip
+
+
+@gluon.jit
+def _weights(m_i, l_i, heads, hmask, sink_ptr, sink_s0, HAS_SINK: gl.constexpr,
+             SPLIT: gl.constexpr):  # fmt: skip
+    """(the factor each head's ``O`` is scaled by, its base-2 lse), as decode.py's
+    ``_store_result``: 0 and -inf for a head with no valid entry (``l == 0``), NaN where a
+    score was NaN or +inf (``l`` NaN); the sink applied unsplit."""
     empty = l_i == 0
     inv_l = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
     lse2 = gl.where(empty, float("-inf"), m_i + gl.log2(gl.where(empty, 1.0, l_i)))
@@ -313,23 +510,57 @@ def _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, sink
     if HAS_SINK and not SPLIT:
         sink2 = gl.load(sink_ptr + heads * sink_s0, mask=hmask, other=0.0) * G_LOG2E
         w = gl.where(empty, 0.0, inv_l / (1.0 + gl.exp2(sink2 - gl.where(empty, 0.0, lse2))))
-    o = acc * w[None, :]
+    return w, lse2
+
+
+@gluon.jit
+def _store_out(o, heads, hmask, d, t64, split, num_splits, h_q, out_ptr, part_out_ptr, out_s0,
+               out_s1, out_s2, SPLIT: gl.constexpr):  # fmt: skip
+    """``o`` [dims, heads] (scaled) at output columns ``d``: bf16 out, or the fp32 partial."""
     m2 = hmask[None, :]
     if SPLIT:
         prow = (t64 * num_splits + split) * h_q + heads.to(gl.int64)
         gl.store(part_out_ptr + prow[None, :] * G_NOPE + d[:, None], o, mask=m2)
-        gl.store(part_lse_ptr + prow, lse2, mask=hmask)
     else:
         ptr = out_ptr + t64 * out_s0 + heads[None, :].to(gl.int64) * out_s1 + d[:, None] * out_s2
         gl.store(ptr, o.to(gl.bfloat16), mask=m2)
-        gl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * G_LN2, mask=hmask)
 
 
 @gluon.jit
-def _load_queries(q_row, q_s1, q_s2, h_q, hb, q_nope, q_rope, H: gl.constexpr):
-    """The program's queries into shared memory (zeros for heads past h_q)."""
-    lay: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    rope_lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+def _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, sink_s0, out_ptr,
+                  lse_ptr, part_out_ptr, part_lse_ptr, max_ptr, out_s0, out_s1, out_s2, lse_s0,
+                  lse_s1, H: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+                  HAS_MAX: gl.constexpr):  # fmt: skip
+    """Out (the first ``acc`` columns), lse and max_logits from ``O^T`` [512, H] (kernel A)
+    or ``O`` [64, 512 or 256] (kernel B, stored from the wgmma's layout)."""
+    if H == 64:
+        acc = acc.permute((1, 0))
+    else:  # d contiguous a thread (coalesced stores along the output's last dimension)
+        acc = gl.convert_layout(acc, gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1]))
+    OL: gl.constexpr = acc.type.layout
+    hl: gl.constexpr = gl.SliceLayout(0, OL)
+    m_i = gl.convert_layout(m_i, hl)
+    l_i = gl.convert_layout(l_i, hl)
+    heads = hb * H + gl.arange(0, H, layout=hl)
+    hmask = heads < h_q
+    w, lse2 = _weights(m_i, l_i, heads, hmask, sink_ptr, sink_s0, HAS_SINK, SPLIT)
+    d = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, OL))
+    _store_out(acc * w[None, :], heads, hmask, d, t64, split, num_splits, h_q, out_ptr,
+               part_out_ptr, out_s0, out_s1, out_s2, SPLIT)  # fmt: skip
+    if SPLIT:
+        gl.store(part_lse_ptr + (t64 * num_splits + split) * h_q + heads, lse2, mask=hmask)
+    else:
+        gl.store(lse_ptr + t64 * lse_s0 + heads * lse_s1, lse2 * G_LN2, mask=hmask)
+        if HAS_MAX:
+            gl.store(max_ptr + t64 * h_q + heads, m_i * G_LN2, mask=hmask)
+
+
+@gluon.jit
+def _load_queries(q_row, q_s1, q_s2, h_q, hb, q_nope, q_rope, H: gl.constexpr,
+                  NW: gl.constexpr):  # fmt: skip
+    """The program's queries into shared memory (zeros for heads past h_q), by ``NW`` warps."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+    rope_lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
     h = hb * H + gl.arange(0, H, layout=gl.SliceLayout(1, lay))
     d = gl.arange(0, 128, layout=gl.SliceLayout(0, lay))
     base = q_row + h[:, None].to(gl.int64) * q_s1
@@ -346,15 +577,16 @@ def _load_queries(q_row, q_s1, q_s2, h_q, hb, q_nope, q_rope, H: gl.constexpr):
 @gluon.jit
 def sparse_mla_decode_sm90_kernel(
     q_ptr, kv_u8, kv_f32, kv_bf16, idx_ptr, len_ptr, bt_ptr, req_ptr, sink_ptr,
-    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, max_ptr,
     h_q, topk, num_rows, split_cols, num_splits, head_blocks,
     q_s0, q_s1, q_s2, kv_s0, kv_s1, kv_s2, idx_s0, idx_s1,
     bt_s0, bt_s1, bt_width, num_req, block_size, len_s0, req_s0, sink_s0,
     out_s0, out_s1, out_s2, lse_s0, lse_s1,
     qk_scale,
     PAGE: gl.constexpr, BLOCK_H: gl.constexpr, FP8: gl.constexpr, FUSED: gl.constexpr,
-    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, HAS_MAX: gl.constexpr,
     NBUF: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    PRODUCER_ROWS: gl.constexpr, PREFETCH: gl.constexpr,
 ):  # fmt: skip
     """The decode_sm90 program: (token, split, head block) from the program id, as the
     Triton kernel's grid. Its arguments are the Triton kernel's (``kv_u8`` unused: the fp8
@@ -389,17 +621,26 @@ def sparse_mla_decode_sm90_kernel(
     k_rope = gl.allocate_shared_memory(
         bf16, [NBUF, BN, G_ROPE], gl.NVMMASharedLayout.get_default_for([BN, G_ROPE], bf16)
     )
+    # P^T [rows, heads] for kernel A, P [heads, rows] for kernel B
     pt = gl.allocate_shared_memory(
         bf16, [BN, BLOCK_H], gl.NVMMASharedLayout.get_default_for([BN, BLOCK_H], bf16)
     )
     bias = gl.allocate_shared_memory(gl.float32, [NBUF, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    THREE: gl.constexpr = FP8 and BLOCK_H == 64  # kernel B's three-warpgroup form
     for i in gl.static_range(NBUF):
         # bf16: one cp.async arrival per producer thread, plus the bias arrive
         mbarrier.init(ready.index(i), count=1 if FP8 else 32 * PRODUCER_WARPS + 1)
-        mbarrier.init(empty.index(i), count=1)
-    _load_queries(q_ptr + t64 * q_s0, q_s1, q_s2, h_q, hb, q_nope, q_rope, BLOCK_H)
+        mbarrier.init(empty.index(i), count=2 if THREE else 1)  # (both consumers free it)
+    # the three-warpgroup form's hand-off: a row factor per head, its barriers
+    row_smem = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+    _load_queries(q_ptr + t64 * q_s0, q_s1, q_s2, h_q, hb, q_nope, q_rope, BLOCK_H,
+                  gl.num_warps())  # fmt: skip
     fence_async_shared()
     cta_barrier()
 
@@ -407,15 +648,35 @@ def sparse_mla_decode_sm90_kernel(
     idx_row = idx_ptr + t64 * idx_s0
     # (Partition arguments are written inline: a tuple variable would turn constexprs into
     # tensors.)
-    if FP8:
+    if THREE:
         acc, m_i, l_i = gl.warp_specialize(
             [
-                (_consumer, (q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks,
-                             qk_scale, BLOCK_H, NBUF)),
+                (_consumer_left, (q_nope, q_rope, k_nope, k_rope, bias, pt, row_smem, ready,
+                                  empty, p_ready, p_free, n_blocks, qk_scale, h_q, hb, sink_ptr,
+                                  sink_s0, HAS_SINK, SPLIT, NBUF)),
+                (_consumer_right, (k_nope, pt, row_smem, empty, p_ready, p_free, n_blocks, t64,
+                                   split, num_splits, h_q, hb, out_ptr, part_out_ptr, out_s0,
+                                   out_s1, out_s2, SPLIT, NBUF)),
                 (_producer_fp8, (kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi,
                                  n_blocks, num_rows, bt_row, bt_s1, bt_width, req_ok,
                                  block_size, kv_s0, kv_s1, k_nope, k_rope, bias, ready, empty,
-                                 PAGE, FUSED, NBUF, PRODUCER_WARPS)),
+                                 PAGE, FUSED, NBUF, PRODUCER_WARPS, PRODUCER_ROWS,
+                                 PREFETCH)),
+            ],
+            [4, PRODUCER_WARPS],
+            [RIGHT_CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    elif FP8:
+        acc, m_i, l_i = gl.warp_specialize(
+            [
+                (_consumer_rows if BLOCK_H == 64 else _consumer,
+                 (q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, qk_scale,
+                  BLOCK_H, NBUF)),
+                (_producer_fp8, (kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi,
+                                 n_blocks, num_rows, bt_row, bt_s1, bt_width, req_ok,
+                                 block_size, kv_s0, kv_s1, k_nope, k_rope, bias, ready, empty,
+                                 PAGE, FUSED, NBUF, PRODUCER_WARPS, PRODUCER_ROWS,
+                                 PREFETCH)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
@@ -423,8 +684,9 @@ def sparse_mla_decode_sm90_kernel(
     else:
         acc, m_i, l_i = gl.warp_specialize(
             [
-                (_consumer, (q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks,
-                             qk_scale, BLOCK_H, NBUF)),
+                (_consumer_rows if BLOCK_H == 64 else _consumer,
+                 (q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, qk_scale,
+                  BLOCK_H, NBUF)),
                 (_producer_bf16, (kv_bf16, idx_row, idx_s1, col_lo, col_hi, n_blocks, num_rows,
                                   bt_row, bt_s1, bt_width, req_ok, block_size, kv_s0, kv_s1,
                                   kv_s2, k_nope, k_rope, bias, ready, empty, PAGE, FUSED,
@@ -434,8 +696,8 @@ def sparse_mla_decode_sm90_kernel(
             [PRODUCER_REGS],
         )  # fmt: skip
     _store_result(acc, m_i, l_i, t64, split, num_splits, h_q, hb, sink_ptr, sink_s0, out_ptr,
-                  lse_ptr, part_out_ptr, part_lse_ptr, out_s0, out_s1, out_s2, lse_s0, lse_s1,
-                  BLOCK_H, HAS_SINK, SPLIT)  # fmt: skip
+                  lse_ptr, part_out_ptr, part_lse_ptr, max_ptr, out_s0, out_s1, out_s2, lse_s0,
+                  lse_s1, BLOCK_H, HAS_SINK, SPLIT, HAS_MAX)  # fmt: skip
 
 
 def compile_variants() -> list[dict]:
@@ -450,12 +712,13 @@ def compile_variants() -> list[dict]:
         (True, False, False, 16),
     )  # (FUSED, SPLIT, HAS_LEN and HAS_SINK, PAGE)
     for fp8 in (True, False):
-        warps, regs = producer_shape(fp8)
         for block_h, nbuf in SHAPES[fp8]:
+            warps, regs, rows, prefetch = producer_shape(fp8, block_h)
             for fused, split, extras, page in cases:
                 out.append(dict(
                     PAGE=page, BLOCK_H=block_h, FP8=fp8, FUSED=fused, HAS_LEN=extras,
-                    HAS_SINK=extras, SPLIT=split, NBUF=nbuf, PRODUCER_WARPS=warps,
-                    PRODUCER_REGS=regs,
+                    HAS_SINK=extras, SPLIT=split, HAS_MAX=extras and not split, NBUF=nbuf,
+                    PRODUCER_WARPS=warps, PRODUCER_REGS=regs, PRODUCER_ROWS=rows,
+                    PREFETCH=prefetch,
                 ))  # fmt: skip
     return out

@@ -62,6 +62,7 @@ def sparse_mla_decode_reference(
     dtype: torch.dtype = torch.float64,
     chunk: int = 64,
     magnitude: bool = False,
+    with_max: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Reference for :func:`sparse_mla.sparse_mla_decode` (same arguments; ``out=`` etc. absent).
 
@@ -74,6 +75,8 @@ def sparse_mla_decode_reference(
         attn_sink: ``[h_q]`` or None: out scaled by ``exp(lse) / (exp(lse) + exp(sink))``.
         dtype: arithmetic precision; ``chunk``: tokens per step (bounds the gathered memory).
         magnitude: also return the magnitudes the tolerance scales with (below).
+        with_max: also return (last) each row's largest score ``max_j s_j`` ``[T, h_q]``
+            (``-inf`` for a row with no valid entry), the kernel's ``max_logits``.
 
     Returns:
         out ``dtype`` ``[T, h_q, 512]`` and lse ``dtype`` ``[T, h_q]`` (natural log); a row
@@ -99,6 +102,7 @@ def sparse_mla_decode_reference(
     lse = torch.full((num_tokens, h_q), float("-inf"), dtype=dtype, device=q.device)
     out_mag = torch.zeros_like(out)
     score_mag = torch.zeros_like(lse, dtype=dtype)
+    max_logits = torch.full_like(lse, float("-inf"))
     for t0 in range(0, num_tokens, chunk):
         t1 = min(t0 + chunk, num_tokens)
         rows, valid = gather_mla_rows(kv_cache, slots[t0:t1], dtype)  # [c, topk, 576]
@@ -113,6 +117,7 @@ def sparse_mla_decode_reference(
         p = torch.exp(s - row_lse.masked_fill(row_lse.isneginf(), 0.0)[..., None])
         out[t0:t1] = torch.einsum("chk,ckd->chd", p, rows[..., :MLA_NOPE_DIM])
         lse[t0:t1] = row_lse
+        max_logits[t0:t1] = s.amax(dim=-1) if topk else float("-inf")
         if magnitude:
             v_abs = rows[..., :MLA_NOPE_DIM].abs()
             out_mag[t0:t1] = torch.einsum("chk,ckd->chd", p, v_abs)
@@ -125,9 +130,10 @@ def sparse_mla_decode_reference(
         w = torch.sigmoid(lse - attn_sink.to(dtype)[None, :]).masked_fill(lse.isneginf(), 0.0)
         out = out * w[..., None]
         out_mag = out_mag * w[..., None]
+    extra = (max_logits,) if with_max else ()
     if magnitude:
-        return out, lse, out_mag, score_mag
-    return out, lse
+        return out, lse, out_mag, score_mag, *extra
+    return out, lse, *extra
 
 
 __all__ = ["gather_mla_rows", "sparse_mla_decode_reference"]
