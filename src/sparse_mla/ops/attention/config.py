@@ -26,7 +26,7 @@ SM90_MIN_TOKENS = 32
 SM90_WIDE_MIN_TOKENS = 8
 # Cache formats whose calls of more than 32 heads take kernel B by default: those it has
 # been checked and timed on, on the GPU (docs/PERF.md).
-SM90_WIDE_FORMATS = ("bf16",)
+SM90_WIDE_FORMATS = ("bf16", "fp8")
 SM90_MAX_SPLITS = 8
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
