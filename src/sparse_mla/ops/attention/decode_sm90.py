@@ -364,9 +364,10 @@ def _consumer(q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, 
 @gluon.jit
 def _consumer_rows(q_nope, q_rope, k_nope, k_rope, bias, p_smem, ready, empty, n_blocks,
                    qk_scale, H: gl.constexpr, NBUF: gl.constexpr):  # fmt: skip
-    """64 heads (kernel B): the online softmax over the ring's blocks with the heads in the
-    wgmma's M, by two warpgroups that split ``S [64, 64] = Q K^T`` by rows of the block and
-    ``O [64, 512] += P V`` by output columns; ``P`` goes through shared memory (each
+    """64 heads (kernel B on a bf16 cache; ``H`` is 64: the argument list is ``_consumer``'s
+    so that the launch picks either): the online softmax over the ring's blocks with the heads
+    in the wgmma's M, by two warpgroups that split ``S [64, 64] = Q K^T`` by rows of the block
+    and ``O [64, 512] += P V`` by output columns; ``P`` goes through shared memory (each
     warpgroup needs all of it). Returns ``O`` unnormalised and ``m`` (base 2), ``l``."""
     LS: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
@@ -671,9 +672,8 @@ def sparse_mla_decode_sm90_kernel(
     elif FP8:
         acc, m_i, l_i = gl.warp_specialize(
             [
-                (_consumer_rows if BLOCK_H == 64 else _consumer,
-                 (q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, qk_scale,
-                  BLOCK_H, NBUF)),
+                (_consumer, (q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks,
+                             qk_scale, BLOCK_H, NBUF)),
                 (_producer_fp8, (kv_f32, kv_bf16, idx_row, idx_s1, col_lo, col_hi,
                                  n_blocks, num_rows, bt_row, bt_s1, bt_width, req_ok,
                                  block_size, kv_s0, kv_s1, k_nope, k_rope, bias, ready, empty,
