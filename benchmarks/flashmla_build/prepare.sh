@@ -13,7 +13,7 @@
 #                     the flashinfer-python 0.7.2.post1 wheel: flashinfer/data/cutlass, CUTLASS 4.5.0;
 #                     FlashMLA pins cutlass 147f5673d0c1c3dcf66f78d677fd647e4a020219)
 #   DEST:             output folder (wiped first). DEST/sources.txt lists the translation units to build
-#                     (build_prefill.sh reads it; build.sh has the decode-only list built in).
+#                     (build_prefill.sh reads it).
 set -euo pipefail
 GITDIR=$1; CUTLASS=$2; DEST=$3
 COMMIT=${FLASHMLA_COMMIT:-9241ae3}

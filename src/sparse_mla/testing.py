@@ -118,9 +118,6 @@ def attention_error(
     for name, t in (("out", out), ("lse", lse)):
         if torch.isnan(t).any():
             return f"{int(torch.isnan(t).sum())} NaN in {name} (or poison left)"
-    if not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)):
-        at = tuple((torch.isneginf(lse) != torch.isneginf(ref_lse)).nonzero()[0].tolist())
-        return f"lse -inf pattern differs at {at}: got {lse[at].item()} want {ref_lse[at].item()}"
     err = (out - ref_out).abs()
     tol = ATTN_OUT_RTOL * out_mag + 1e-30
     if not torch.all(err <= tol):
@@ -130,28 +127,31 @@ def attention_error(
             f"out: max err {err.max().item():.3g}, max err/tol {ratio.max().item():.3g} at "
             f"{at}: got {out[at].item():.6g} want {ref_out[at].item():.6g}"
         )
-    fin = torch.isfinite(ref_lse)
-    lerr = (lse[fin] - ref_lse[fin]).abs()
-    ltol = ATTN_LSE_ATOL + ATTN_LSE_RTOL * score_mag[fin]
-    if not torch.all(lerr <= ltol):
-        return f"lse: max err {lerr.max().item():.3g}, max err/tol {(lerr / ltol).max().item():.3g}"
-    return None
+    return _score_error("lse", lse, ref_lse, score_mag)
 
 
-def max_logits_error(got: torch.Tensor, ref: torch.Tensor, score_mag: torch.Tensor) -> str | None:
-    """Why ``max_logits`` differ from the reference's (None when they agree): the ``-inf``
-    pattern (empty rows) exact, the rest within lse's tolerance."""
-    got, ref, score_mag = got.double().cpu(), ref.double().cpu(), score_mag.double().cpu()
-    if torch.isnan(got).any():
-        return f"{int(torch.isnan(got).sum())} NaN in max_logits (or poison left)"
+def _score_error(name: str, got: torch.Tensor, ref: torch.Tensor, score_mag: torch.Tensor):
+    """A per-(row, head) score statistic (lse, max_logits) against the reference's: the
+    ``-inf`` pattern (empty rows) exact, the rest within ``ATTN_LSE_ATOL + ATTN_LSE_RTOL *
+    score_mag`` (inputs in float64 on the CPU)."""
     if not torch.equal(torch.isneginf(got), torch.isneginf(ref)):
-        return "max_logits -inf pattern differs from the reference's"
+        at = tuple((torch.isneginf(got) != torch.isneginf(ref)).nonzero()[0].tolist())
+        return f"{name} -inf pattern differs at {at}: got {got[at].item()} want {ref[at].item()}"
     fin = torch.isfinite(ref)
     err = (got[fin] - ref[fin]).abs()
     tol = ATTN_LSE_ATOL + ATTN_LSE_RTOL * score_mag[fin]
     if not torch.all(err <= tol):
-        return f"max_logits: max err {err.max().item():.3g}, max err/tol {(err / tol).max():.3g}"
+        return f"{name}: max err {err.max().item():.3g}, max err/tol {(err / tol).max().item():.3g}"
     return None
+
+
+def max_logits_error(got: torch.Tensor, ref: torch.Tensor, score_mag: torch.Tensor) -> str | None:
+    """Why ``max_logits`` differ from the reference's (None when they agree): no NaN or
+    poison, then as lse (:func:`attention_error`)."""
+    got, ref, score_mag = got.double().cpu(), ref.double().cpu(), score_mag.double().cpu()
+    if torch.isnan(got).any():
+        return f"{int(torch.isnan(got).sum())} NaN in max_logits (or poison left)"
+    return _score_error("max_logits", got, ref, score_mag)
 
 
 def attention_max_errors(

@@ -621,7 +621,10 @@ def test_max_logits(fp8):
     idx[1] = -1
     ref = sparse_mla_decode_reference(q.cpu(), cache.cpu(), idx.cpu(), sm_scale=SCALE,
                                       magnitude=True, with_max=True)  # fmt: skip
-    for cfg in [None, *(c for c in _configs() if c.num_splits == 1)]:
+    cfgs = [None, *(c for c in _configs() if c.num_splits == 1)]
+    if sm90_available(DEV):  # kernel B unsplit (its left consumer holds m)
+        cfgs.append(AttentionConfig(block_h=64, block_n=64, num_warps=8, kernel="sm90"))
+    for cfg in cfgs:
         mx = torch.empty(4, 20, device=DEV)
         poison(mx)
         out, lse = sparse_mla_decode(q, cache, idx, sm_scale=SCALE, max_logits=mx, config=cfg)

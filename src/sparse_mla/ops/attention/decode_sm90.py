@@ -119,19 +119,18 @@ def _block_rows(base, off, ok, block_size, num_rows, kv_s0, kv_s1, PAGE: gl.cons
     return (slot // PAGE) * kv_s0 + (slot % PAGE) * kv_s1, ok
 
 
-# One bulk L2 prefetch per row (the first lane of the row's threads; $3 = lanes a row - 1):
-# the register loads of that row, units later, then hit L2 instead of DRAM.
-_PREFETCH_ASM = """{
+# One bulk L2 prefetch per fp8 row (656 bytes; by the first lane of the row's threads, $3 =
+# lanes a row - 1): the register loads of that row, steps later, then hit L2, not DRAM.
+PREFETCH_FP8_ASM = gl.constexpr("""{
 .reg .pred p;
 .reg .b32 l;
 mov.u32 l, %laneid;
 and.b32 l, l, $3;
 setp.eq.u32 p, l, 0;
 setp.ne.and.b32 p, $2, 0, p;
-@p cp.async.bulk.prefetch.L2.global [$1], ROW_BYTES;
+@p cp.async.bulk.prefetch.L2.global [$1], 656;
 mov.b32 $0, 0;
-}"""
-PREFETCH_FP8_ASM = gl.constexpr(_PREFETCH_ASM.replace("ROW_BYTES", "656"))
+}""")
 
 
 @gluon.jit
@@ -362,6 +361,24 @@ def _consumer(q_nope, q_rope, k_nope, k_rope, bias, pt, ready, empty, n_blocks, 
 
 
 @gluon.jit
+def _rows_softmax_step(q_nope, q_rope, kn, kr, bias_s, qk_scale, m_i, l_i, LS: gl.constexpr):
+    """Kernel B's step of the online softmax with the heads in the wgmma's M: ``S [64, BN] =
+    Q K^T`` (nope + rope) in layout ``LS``, invalid rows -inf, then ``(P, the rescale factor
+    of O, m, l)`` after this block (base 2)."""
+    zero_s = gl.zeros([64, BN], gl.float32, LS)  # made here: no registers held across steps
+    st = warpgroup_mma(q_nope, kn.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    st = warpgroup_mma(q_rope, kr.permute((1, 0)), st, is_async=True)
+    st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+    valid = bias_s.load(gl.SliceLayout(0, LS)) == 0.0
+    st = gl.where(valid[None, :], st * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(st, 1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(st - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
 def _consumer_rows(q_nope, q_rope, k_nope, k_rope, bias, p_smem, ready, empty, n_blocks,
                    qk_scale, H: gl.constexpr, NBUF: gl.constexpr):  # fmt: skip
     """64 heads (kernel B on a bf16 cache; ``H`` is 64: the argument list is ``_consumer``'s
@@ -383,21 +400,11 @@ def _consumer_rows(q_nope, q_rope, k_nope, k_rope, bias, p_smem, ready, empty, n
         mbarrier.wait(ready.index(s), (i // NBUF) & 1)
         fence_async_shared()  # the producer's generic-proxy writes before the wgmma reads
         kn = k_nope.index(s)
-        zero_s = gl.zeros([64, BN], gl.float32, LS)  # made here: no registers held across
-        st = warpgroup_mma(q_nope, kn.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
-        valid = bias.index(s).load(gl.SliceLayout(0, LS)) == 0.0
-        st = gl.where(valid[None, :], st * qk_scale, float("-inf"))
         # The row max and sum span both warpgroups: the compiler exchanges them through
         # shared memory, which also keeps one warpgroup from overwriting P while the other
         # still reads the previous block's.
-        m_new = gl.maximum(m_i, gl.max(st, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(st - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _rows_softmax_step(q_nope, q_rope, kn, k_rope.index(s),
+                                                bias.index(s), qk_scale, m_i, l_i, LS)  # fmt: skip
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         cta_barrier()  # both warpgroups' halves of P before either reads all of it
@@ -435,18 +442,8 @@ def _consumer_left(q_nope, q_rope, k_nope, k_rope, bias, p_smem, row_smem, ready
         mbarrier.wait(ready.index(s), (i // NBUF) & 1)
         fence_async_shared()  # the producer's generic-proxy writes before the wgmma reads
         kn = k_nope.index(s)
-        zero_s = gl.zeros([64, BN], gl.float32, LS)
-        st = warpgroup_mma(q_nope, kn.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        st = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), st, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
-        valid = bias.index(s).load(gl.SliceLayout(0, LS)) == 0.0
-        st = gl.where(valid[None, :], st * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(st, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(st - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _rows_softmax_step(q_nope, q_rope, kn, k_rope.index(s),
+                                                bias.index(s), qk_scale, m_i, l_i, LS)  # fmt: skip
         mbarrier.wait(p_free, (i & 1) ^ 1)  # the right consumer is done with the last P
         p_smem.store(p.to(gl.bfloat16))
         row_smem.store(alpha)
