@@ -22,11 +22,7 @@ from sparse_mla.ops.attention import (
     workspace_rows,
 )
 from sparse_mla.ops.attention.attention import sm90_available
-from sparse_mla.ops.attention.config import (
-    SM90_MIN_TOKENS,
-    SM90_WIDE_FORMATS,
-    SM90_WIDE_MIN_TOKENS,
-)
+from sparse_mla.ops.attention.config import SM90_MIN_TOKENS, SM90_WIDE_MIN_TOKENS
 from sparse_mla.testing import (
     attention_error,
     max_logits_error,
@@ -128,13 +124,12 @@ def test_config_choice():
 @pytest.mark.parametrize("fmt", ["fp8", "bf16"])
 def test_sm90_config_choice(fmt):
     """Where the Gluon kernel can run, it takes the calls of up to 32 heads and at least
-    SM90_MIN_TOKENS rows, and those of more heads and at least SM90_WIDE_MIN_TOKENS rows on
-    the SM90_WIDE_FORMATS; the rest stay on the Triton kernel, as without it."""
+    SM90_MIN_TOKENS rows, and those of more heads and at least SM90_WIDE_MIN_TOKENS rows;
+    the rest stay on the Triton kernel, as without it."""
     for h in range(1, 129):
         for t in (1, 8, SM90_MIN_TOKENS - 1, SM90_MIN_TOKENS, 64, 128, 4096):
             cfg = choose_attention_config(t, h, 2048, fmt, 132, sm90=True)
-            wide_off = h > 32 and fmt not in SM90_WIDE_FORMATS
-            if wide_off or t < (SM90_WIDE_MIN_TOKENS if h > 32 else SM90_MIN_TOKENS):
+            if t < (SM90_WIDE_MIN_TOKENS if h > 32 else SM90_MIN_TOKENS):
                 assert cfg == choose_attention_config(t, h, 2048, fmt, 132)
                 continue
             assert cfg.kernel == "sm90" and check_attention_config(cfg) is cfg

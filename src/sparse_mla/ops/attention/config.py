@@ -24,9 +24,6 @@ SM90_MAX_BLOCK_H = 64
 # up to 32 heads, above), with at most this many splits.
 SM90_MIN_TOKENS = 32
 SM90_WIDE_MIN_TOKENS = 8
-# Cache formats whose calls of more than 32 heads take kernel B by default: those it has
-# been checked and timed on, on the GPU (docs/PERF.md).
-SM90_WIDE_FORMATS = ("bf16", "fp8")
 SM90_MAX_SPLITS = 8
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
@@ -190,14 +187,11 @@ def choose_sm90_config(
     Measured (benchmarks/gpu_attention_sm90.py, docs/PERF.md): at up to 32 heads it wins
     once the call has at least ``SM90_MIN_TOKENS`` query rows, and loses below (its one
     program an SM and 64-row steps leave few rows too little to overlap); above 32 heads
-    (64 a program) from ``SM90_WIDE_MIN_TOKENS``, on the ``SM90_WIDE_FORMATS``. 16 heads a
-    program (32 for more than 16
+    (64 a program) from ``SM90_WIDE_MIN_TOKENS``. 16 heads a program (32 for more than 16
     heads on a bf16 cache, 64 above 32 heads), a two-slot ring, and splits (a power of two,
     at most ``SM90_MAX_SPLITS``) until the programs about fill the SMs once.
     """
     wide = h_q > 32
-    if wide and cache_format not in SM90_WIDE_FORMATS:
-        return None
     if num_tokens < (SM90_WIDE_MIN_TOKENS if wide else SM90_MIN_TOKENS):
         return None
     block_h = 64 if wide else 32 if h_q > 16 and cache_format == "bf16" else 16
