@@ -136,6 +136,8 @@ def test_sm90_config_choice(fmt):
             assert cfg.block_h == (64 if h > 32 else 32 if fmt == "bf16" and h > 16 else 16)
             assert cfg.block_n == 64 and cfg.num_stages == 2
             assert cfg.num_warps == (8 if h > 32 else 4)
+            combine = (2, 512) if h > 32 else (8, 128)
+            assert (cfg.combine_heads, cfg.combine_dims) == combine
             programs = t * cfg.head_blocks(h)
             sp = cfg.num_splits
             assert sp & (sp - 1) == 0 and 1 <= sp <= 8

@@ -25,6 +25,9 @@ SM90_MAX_BLOCK_H = 64
 SM90_MIN_TOKENS = 32
 SM90_WIDE_MIN_TOKENS = 8
 SM90_MAX_SPLITS = 8
+# Kernel B's split partials merge fastest with whole 512-wide rows of 2 heads a combine
+# program (heads, dims; measured, docs/PERF.md); kernel A keeps the default.
+SM90_WIDE_COMBINE = (2, 512)
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
 # warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
@@ -198,7 +201,10 @@ def choose_sm90_config(
     programs = num_tokens * cdiv(h_q, block_h)
     splits = max(1, min(SM90_MAX_SPLITS, num_sms // programs, cdiv(topk, SM90_BLOCK_N)))
     splits = 1 << (splits.bit_length() - 1)
-    return AttentionConfig(block_h, SM90_BLOCK_N, splits, 8 if wide else 4, 2, kernel="sm90")
+    if wide:
+        return AttentionConfig(block_h, SM90_BLOCK_N, splits, 8, 2, *SM90_WIDE_COMBINE,
+                               kernel="sm90")  # fmt: skip
+    return AttentionConfig(block_h, SM90_BLOCK_N, splits, 4, 2, kernel="sm90")
 
 
 def workspace_rows(
