@@ -18,6 +18,7 @@ from ..._checks import (
     check_shape,
     check_tensor,
 )
+from ..._custom_op import compiling, custom_op, decode_config, encode_config, run_eager
 from ..._launch import (
     PlanCache,
     byte_extent,
@@ -214,15 +215,15 @@ def sparse_mla_decode(
           unchanged). Infinite values in a selected cache row can make out NaN (0 * inf)
           with a finite lse.
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from ... import library
-
-        return library.sparse_mla_decode(
-            q, kv_cache, indices, sm_scale=sm_scale, block_table=block_table,
-            req_id=req_id, block_size=block_size, topk_length=topk_length,
-            attn_sink=attn_sink, out=out, lse=lse, workspace=workspace, config=config,
-            max_logits=max_logits,
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        out = _empty_out(q) if out is None else out
+        lse = _empty_lse(q) if lse is None else lse
+        ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
+        _sparse_mla_decode_op(
+            q, kv_cache, indices, float(sm_scale), block_table, req_id, block_size, topk_length,
+            attn_sink, out, lse, *ws, encode_config(config), max_logits,
         )  # fmt: skip
+        return out, lse
     try:  # the checks and the choices depend on this key only
         ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
         tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse,
@@ -246,10 +247,8 @@ def sparse_mla_decode(
                     out, lse, workspace, max_logits)  # fmt: skip
     num_tokens, h_q, _ = q.shape
     dev = q.device
-    if out is None:
-        out = torch.empty((num_tokens, h_q, NOPE), dtype=torch.bfloat16, device=dev)
-    if lse is None:
-        lse = torch.empty((num_tokens, h_q), dtype=torch.float32, device=dev)
+    out = _empty_out(q) if out is None else out
+    lse = _empty_lse(q) if lse is None else lse
     if num_tokens == 0:
         return out, lse
     cfg = plan.config
@@ -261,6 +260,46 @@ def sparse_mla_decode(
     _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
             workspace, float(sm_scale), max_logits)  # fmt: skip
     return out, lse
+
+
+@custom_op(
+    "sparse_mla_decode",
+    public=sparse_mla_decode,
+    mutates_args=("out", "lse", "partial_out", "partial_lse", "max_logits"),
+    represents={"workspace": ("partial_out", "partial_lse")},
+)
+def _sparse_mla_decode_op(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    block_table: torch.Tensor | None,
+    req_id: torch.Tensor | None,
+    block_size: int | None,
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    partial_out: torch.Tensor | None,
+    partial_lse: torch.Tensor | None,
+    config: str | None,
+    max_logits: torch.Tensor | None,
+) -> None:
+    ws = None if partial_out is None else AttentionWorkspace(partial_out, partial_lse)
+    run_eager(
+        sparse_mla_decode, q, kv_cache, indices, sm_scale=sm_scale, block_table=block_table,
+        req_id=req_id, block_size=block_size, topk_length=topk_length, attn_sink=attn_sink,
+        out=out, lse=lse, workspace=ws, config=decode_config(config, AttentionConfig),
+        max_logits=max_logits,
+    )  # fmt: skip
+
+
+def _empty_out(q: torch.Tensor) -> torch.Tensor:
+    return torch.empty((*q.shape[:2], NOPE), dtype=torch.bfloat16, device=q.device)
+
+
+def _empty_lse(q: torch.Tensor) -> torch.Tensor:
+    return torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
 
 
 _PLANS = PlanCache()

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_output, check_same_device, check_tensor
+from ..._custom_op import compiling, custom_op, decode_config, encode_config, run_eager
 from ..._launch import (
     PlanCache,
     byte_extent,
@@ -339,13 +340,13 @@ def index_logits(
     Returns:
         fp32 ``[B * n, max_len]`` logits (``out`` when given).
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from ... import library
-
-        return library.index_logits(
-            q, weights, k_cache, seq_lens, block_table, next_n=next_n, max_len=max_len,
-            out=out, config=config
-        )  # fmt: skip
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        if out is None:
+            cols = _logits_columns(k_cache, block_table, max_len)
+            out = torch.empty((q.shape[0], cols), dtype=torch.float32, device=q.device)
+        _index_logits_op(q, weights, k_cache, seq_lens, block_table, next_n, max_len, out,
+                         encode_config(config))  # fmt: skip
+        return out
     try:  # the checks and the launch depend on this key only (plus addresses)
         key = (
             *map(tensor_meta, (q, weights, k_cache, seq_lens, block_table, out)),
@@ -375,6 +376,30 @@ def index_logits(
     args = (q, weights, k_arg, ks_arg, seq_lens, block_table, out, *plan.ints)
     launch(_index_logits_kernel, plan.grid, args, plan.kwargs, plan)
     return out
+
+
+@custom_op("index_logits", public=index_logits, mutates_args=("out",))
+def _index_logits_op(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    next_n: int | None,
+    max_len: int | None,
+    out: torch.Tensor,
+    config: str | None,
+) -> None:
+    run_eager(
+        index_logits, q, weights, k_cache, seq_lens, block_table, next_n=next_n,
+        max_len=max_len, out=out, config=decode_config(config, IndexLogitsConfig),
+    )  # fmt: skip
+
+
+def _logits_columns(k_cache: torch.Tensor, block_table: torch.Tensor, max_len: int | None) -> int:
+    """The output's columns: ``max_len``, by default the block table's capacity (the page
+    size is dim 1 of either cache format)."""
+    return block_table.shape[1] * k_cache.shape[1] if max_len is None else max_len
 
 
 _PLANS = PlanCache()
@@ -437,8 +462,7 @@ def _plan(q, weights, k_cache, seq_lens, block_table, next_n, max_len, out, conf
             "(one block-table row per request)"
         )
     capacity = block_table.shape[1] * lay.block_size
-    if max_len is None:
-        max_len = capacity
+    max_len = _logits_columns(k_cache, block_table, max_len)
     check_int("max_len", max_len, lo=0)
     device = check_same_device(
         q=q,

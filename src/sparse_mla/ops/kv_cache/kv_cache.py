@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_same_device, check_tensor
+from ..._custom_op import compiling, custom_op, run_eager
 from ..._launch import PlanCache, byte_extent, check_disjoint, launch, tensor_meta
 from ..._runtime import INTERPRETER, canonical_device, cdiv, next_pow2
 
@@ -318,10 +319,9 @@ def write_indexer_k(
     Returns:
         ``k_cache`` (the same tensor). Two tokens with the same slot race (one wins).
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from ... import library
-
-        return library.write_indexer_k(k, k_cache, slot_mapping)
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        _write_indexer_k_op(k, k_cache, slot_mapping)
+        return k_cache
     try:  # the checks read metadata only: done once per key
         key = (tensor_meta(k), tensor_meta(k_cache), tensor_meta(slot_mapping))
     except AttributeError:
@@ -337,6 +337,11 @@ def write_indexer_k(
         args = (k, slot_mapping, c3, scale, *plan.ints)
         launch(_write_indexer_k_kernel, plan.grid, args, plan.kwargs, plan)
     return k_cache
+
+
+@custom_op("write_indexer_k", public=write_indexer_k, mutates_args=("k_cache",))
+def _write_indexer_k_op(k: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    run_eager(write_indexer_k, k, k_cache, slot_mapping)
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key
@@ -525,10 +530,9 @@ def write_mla_latent(
     Returns:
         ``kv_cache`` (the same tensor).
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from ... import library
-
-        return library.write_mla_latent(kv_c, k_pe, kv_cache, slot_mapping)
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        _write_mla_latent_op(kv_c, k_pe, kv_cache, slot_mapping)
+        return kv_cache
     try:  # the checks read metadata only: done once per key
         key = tuple(map(tensor_meta, (kv_c, k_pe, kv_cache, slot_mapping)))
     except AttributeError:
@@ -550,6 +554,13 @@ def write_mla_latent(
         args = (kv_c, k_pe, slot_mapping, u8, f32, bf, *plan.ints)
         launch(_write_mla_kernel, plan.grid, args, plan.kwargs, plan)
     return kv_cache
+
+
+@custom_op("write_mla_latent", public=write_mla_latent, mutates_args=("kv_cache",))
+def _write_mla_latent_op(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    run_eager(write_mla_latent, kv_c, k_pe, kv_cache, slot_mapping)
 
 
 def _check_rope_width(k_pe: torch.Tensor, kv_cache: torch.Tensor, nope: int) -> None:

@@ -26,6 +26,7 @@ from ..._checks import (
     check_shape,
     check_tensor,
 )
+from ..._custom_op import compiling, custom_op, decode_config, encode_config, run_eager
 from ..._launch import (
     PlanCache,
     byte_extent,
@@ -388,7 +389,7 @@ def _launch(
     *in_ext, out_ext, cnt_ext = plan.extents
     named = tuple(zip(_INPUT_NAMES, inputs, in_ext, strict=True))
     if out is None:
-        out = torch.empty(plan.out_shape, dtype=torch.int32, device=token_indices.device)
+        out = _empty_slots(token_indices)
     else:
         check_disjoint(
             "out", out, out_ext, (*named, ("valid_counts_out", valid_counts_out, cnt_ext))
@@ -396,7 +397,7 @@ def _launch(
     counts = None
     if plan.count:
         if valid_counts_out is None:
-            counts = torch.empty(plan.out_shape[0], dtype=torch.int32, device=out.device)
+            counts = _empty_counts(token_indices)
         else:
             check_disjoint("valid_counts_out", valid_counts_out, cnt_ext, named)
             counts = valid_counts_out
@@ -605,17 +606,15 @@ def convert_req_index_to_global_index(
         Positions are not checked against the request length: top-k emits -1 past the end.
         With ``return_valid_counts``: ``(out, valid_counts)``, valid_counts int32 ``[T]``.
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from ... import library
-
-        return library.convert_req_index_to_global_index(
-            req_id, block_table, token_indices, block_size=block_size,
-            block_stride_rows=block_stride_rows,
-            prefill_request_ids=prefill_request_ids,
-            prefill_workspace_starts=prefill_workspace_starts,
-            return_valid_counts=return_valid_counts, out=out,
-            valid_counts_out=valid_counts_out, layout=layout, enable_pdl=enable_pdl
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        out, valid_counts_out = _op_outputs(token_indices, out, valid_counts_out,
+                                            return_valid_counts)  # fmt: skip
+        _convert_op(
+            req_id, block_table, token_indices, block_size, block_stride_rows,
+            prefill_request_ids, prefill_workspace_starts, return_valid_counts, out,
+            valid_counts_out, encode_config(layout), enable_pdl,
         )  # fmt: skip
+        return (out, valid_counts_out) if return_valid_counts else out
     return _launch(
         req_id,
         block_table,
@@ -674,16 +673,15 @@ def filter_and_convert_dcp_index(
     Returns:
         ``out`` int32 ``[T, K]``, or ``(out, valid_counts)`` with ``return_valid_counts``.
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from ... import library
-
-        return library.filter_and_convert_dcp_index(
-            req_id, block_table, token_indices, dcp_size=dcp_size, dcp_rank=dcp_rank,
-            interleave=interleave, block_size=block_size,
-            block_stride_rows=block_stride_rows, compact=compact,
-            return_valid_counts=return_valid_counts, out=out,
-            valid_counts_out=valid_counts_out, layout=layout, enable_pdl=enable_pdl
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        out, valid_counts_out = _op_outputs(token_indices, out, valid_counts_out,
+                                            return_valid_counts)  # fmt: skip
+        _filter_op(
+            req_id, block_table, token_indices, dcp_size, dcp_rank, interleave, block_size,
+            block_stride_rows, compact, return_valid_counts, out, valid_counts_out,
+            encode_config(layout), enable_pdl,
         )  # fmt: skip
+        return (out, valid_counts_out) if return_valid_counts else out
     return _launch(
         req_id,
         block_table,
@@ -702,3 +700,85 @@ def filter_and_convert_dcp_index(
         layout=layout,
         enable_pdl=enable_pdl,
     )
+
+
+@custom_op(
+    "convert_req_index_to_global_index",
+    public=convert_req_index_to_global_index,
+    mutates_args=("out", "valid_counts_out"),
+)
+def _convert_op(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    block_size: int,
+    block_stride_rows: int | None,
+    prefill_request_ids: torch.Tensor | None,
+    prefill_workspace_starts: torch.Tensor | None,
+    return_valid_counts: bool,
+    out: torch.Tensor,
+    valid_counts_out: torch.Tensor | None,
+    layout: str,
+    enable_pdl: bool | None,
+) -> None:
+    run_eager(
+        convert_req_index_to_global_index, req_id, block_table, token_indices,
+        block_size=block_size, block_stride_rows=block_stride_rows,
+        prefill_request_ids=prefill_request_ids,
+        prefill_workspace_starts=prefill_workspace_starts,
+        return_valid_counts=return_valid_counts, out=out, valid_counts_out=valid_counts_out,
+        layout=decode_config(layout, RemapLayout, arg="layout", auto=True),
+        enable_pdl=enable_pdl,
+    )  # fmt: skip
+
+
+@custom_op(
+    "filter_and_convert_dcp_index",
+    public=filter_and_convert_dcp_index,
+    mutates_args=("out", "valid_counts_out"),
+)
+def _filter_op(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+    block_size: int,
+    block_stride_rows: int | None,
+    compact: bool,
+    return_valid_counts: bool,
+    out: torch.Tensor,
+    valid_counts_out: torch.Tensor | None,
+    layout: str,
+    enable_pdl: bool | None,
+) -> None:
+    run_eager(
+        filter_and_convert_dcp_index, req_id, block_table, token_indices, dcp_size=dcp_size,
+        dcp_rank=dcp_rank, interleave=interleave, block_size=block_size,
+        block_stride_rows=block_stride_rows, compact=compact,
+        return_valid_counts=return_valid_counts, out=out, valid_counts_out=valid_counts_out,
+        layout=decode_config(layout, RemapLayout, arg="layout", auto=True),
+        enable_pdl=enable_pdl,
+    )  # fmt: skip
+
+
+def _empty_slots(token_indices: torch.Tensor) -> torch.Tensor:
+    return torch.empty(token_indices.shape, dtype=torch.int32, device=token_indices.device)
+
+
+def _empty_counts(token_indices: torch.Tensor) -> torch.Tensor:
+    return torch.empty(token_indices.shape[0], dtype=torch.int32, device=token_indices.device)
+
+
+def _op_outputs(
+    token_indices: torch.Tensor,
+    out: torch.Tensor | None,
+    valid_counts_out: torch.Tensor | None,
+    return_valid_counts: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The outputs an op call needs (it cannot allocate them): the caller's, or new ones."""
+    out = _empty_slots(token_indices) if out is None else out
+    if valid_counts_out is None and return_valid_counts:
+        valid_counts_out = _empty_counts(token_indices)
+    return out, valid_counts_out
