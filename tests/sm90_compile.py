@@ -73,7 +73,7 @@ def _key(entry: dict) -> str:
 
 
 def record(path: str, part: str | None = None) -> int:
-    from sparse_mla import verify  # first: it picks the interpreter before Triton loads
+    from sparse_mla import verify
 
     # isort: split
     from triton.runtime.interpreter import InterpretedFunction

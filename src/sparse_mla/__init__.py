@@ -1,12 +1,13 @@
 """sparse-mla: Triton kernels for the decode path of DeepSeek Sparse Attention.
 
-Without a CUDA device the kernels run through Triton's CPU interpreter automatically;
+Without a CUDA device the kernels run through Triton's CPU interpreter automatically
+(``SPARSE_MLA_INTERPRET=1`` or ``0`` chooses; nothing else in the process is affected);
 ``sparse_mla.info()`` says which mode is active.
 """
 
 __version__ = "0.1.0"
 
-from ._runtime import info, mode  # noqa: E402  (decides interpreter mode before any kernel)
+from ._runtime import info, mode  # noqa: E402
 from .ops.attention import (  # noqa: E402
     AttentionConfig,
     AttentionWorkspace,

@@ -20,13 +20,12 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-import triton
 import triton.language as tl
 
 from .. import _runtime
 from .._checks import check_int, check_output, check_same_device, check_shape, check_tensor
 from .._custom_op import compiling, custom_op, run_eager
-from .._runtime import cdiv, next_pow2
+from .._runtime import cdiv, jit, next_pow2
 from ._dist import all_gather_into, check_group, reduce_scatter_into
 
 __all__ = ["CombineWorkspace", "combine", "combine_workspace", "rescale_partial"]
@@ -93,7 +92,7 @@ def combine_workspace(
     )
 
 
-@triton.jit
+@jit
 def _lse_combine_kernel(
     lse_all,
     out,

@@ -42,13 +42,12 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-import triton
 import triton.language as tl
 
 from .. import _runtime
 from .._checks import check_int, check_output, check_same_device, check_shape, check_tensor
 from .._custom_op import compiling, custom_op, run_eager
-from .._runtime import cdiv, next_pow2
+from .._runtime import cdiv, jit, next_pow2
 from ..ops._common.dcp import dcp_global
 from ..ops.topk import MAX_K, select_topk, supported_k, topk_workspace
 from ._dist import all_gather_into, check_group
@@ -143,7 +142,7 @@ def global_topk_workspace(
     )
 
 
-@triton.jit
+@jit
 def _pack_candidates_kernel(
     logits,
     s_lt,
@@ -177,7 +176,7 @@ def _pack_candidates_kernel(
         tl.store(score_out + t * s_st + j, x.to(tl.int32, bitcast=True), mask=in_k)
 
 
-@triton.jit
+@jit
 def _count_below(list_pos, p, K: tl.constexpr, LOG: tl.constexpr):
     """Entries of an ascending list of K positions (-1 entries at its end, treated as larger
     than any position) that are < p, for each lane's p: binary lifting, LOG = log2 of the
@@ -191,7 +190,7 @@ def _count_below(list_pos, p, K: tl.constexpr, LOG: tl.constexpr):
     return cnt
 
 
-@triton.jit
+@jit
 def _merge_by_position_kernel(
     recv,
     merged_scores,
@@ -232,7 +231,7 @@ def _merge_by_position_kernel(
         tl.store(merged_len + t, tl.sum(tl.where(ranks < DCP_SIZE, n, 0), axis=0))
 
 
-@triton.jit
+@jit
 def _gather_positions_kernel(
     selected, merged_pos, out, s_ot, s_oj, K: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr
 ):

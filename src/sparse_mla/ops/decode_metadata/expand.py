@@ -20,7 +20,6 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import torch
-import triton
 import triton.language as tl
 
 from ..._checks import (
@@ -29,7 +28,7 @@ from ..._checks import (
     check_tensor,
 )
 from ..._launch import PlanCache, byte_extent, check_disjoint, launch, tensor_meta
-from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
+from ..._runtime import cdiv, jit, next_pow2, pdl_launch, pdl_prologue
 from .._common.dcp import dcp_local_count
 from .config import DEFAULT_EXPAND_CONFIG, ExpandConfig
 
@@ -70,7 +69,7 @@ class ExpandedDecodeTokens(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@jit
 def _expand_kernel(
     seq_lens_ptr,
     sl_stride,
@@ -185,7 +184,7 @@ def _expand_kernel(
             tl.store(out_rid_ptr + r64 * out_rid_stride, 0)
 
 
-@triton.jit
+@jit
 def _native_lens_kernel(
     seq_lens_ptr,
     sl_stride,
@@ -222,7 +221,7 @@ def _native_lens_kernel(
         tl.store(out_dl_ptr + reqs.to(tl.int64) * out_dl_stride, next_n + reqs * 0, mask=in_r)
 
 
-@triton.jit
+@jit
 def _dcp_local_kernel(
     seq_lens_ptr,
     sl_stride,

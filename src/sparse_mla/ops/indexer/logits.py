@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_output, check_same_device, check_tensor
@@ -41,7 +40,7 @@ from ..._launch import (
     tensor_meta,
     value_key,
 )
-from ..._runtime import INTERPRETER, cdiv, next_pow2, num_sms
+from ..._runtime import INTERPRETER, cdiv, jit, next_pow2, num_sms
 from ..kv_cache.kv_cache import indexer_k_cache_layout
 
 MAX_NEXT_N = 8
@@ -113,14 +112,14 @@ def chunk_page_slots(block_size: int, block_s: int, chunk: int) -> int:
     return next_pow2(span) if span <= MAX_CHUNK_PAGES else 0
 
 
-@triton.jit
+@jit
 def _tile_page(s0, chunk_pages, p0, CHUNK_PAGES: tl.constexpr, PAGE: tl.constexpr):
     """Page id of the tile at position ``s0``, picked from the chunk's page ids."""
     sel = tl.arange(0, CHUNK_PAGES) == s0 // PAGE - p0
     return tl.sum(tl.where(sel, chunk_pages, 0), axis=0)
 
 
-@triton.jit
+@jit
 def _tile_key_scales(
     ks_ptr, s0, s_in, comp_end, chunk_pages, p0, num_pages, ks_page, ks_base,
     CHUNK_PAGES: tl.constexpr, PAGE: tl.constexpr,
@@ -132,7 +131,7 @@ def _tile_key_scales(
     return tl.load(ks_ptr + page.to(tl.int64) * ks_page + ks_base + s % PAGE, mask=ok, other=0.0)
 
 
-@triton.jit
+@jit
 def _index_logits_kernel(
     q_ptr,
     w_ptr,

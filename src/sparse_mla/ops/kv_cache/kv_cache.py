@@ -1,6 +1,6 @@
 """Paged KV-cache writers: the indexer K cache and the MLA latent cache, bf16 or fp8.
 
-Formats (SPEC section 4; a slot id is ``page_id * block_size + offset``):
+Formats (a slot id is ``page_id * block_size + offset``):
 
 * **Indexer K cache**, bf16: ``[num_pages, block_size, D]`` (or ``[num_pages, block_size, 1, D]``).
 * **Indexer K cache**, fp8 (DeepGEMM's layout): ``D + 4`` bytes per token, but laid out per
@@ -40,13 +40,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from ..._checks import check_int, check_same_device, check_tensor
 from ..._custom_op import compiling, custom_op, run_eager
 from ..._launch import PlanCache, byte_extent, check_disjoint, launch, tensor_meta
-from ..._runtime import INTERPRETER, canonical_device, cdiv, next_pow2
+from ..._runtime import INTERPRETER, canonical_device, cdiv, jit, next_pow2
 
 FP8_MAX = 448.0
 AMAX_FLOOR = 1e-4
@@ -166,7 +165,7 @@ MLA_SCALE_FLOOR = 1e-4
 MLA_SCALE_MIN_EXP = math.ceil(math.log2(MLA_SCALE_FLOOR))  # -13
 
 
-@triton.jit
+@jit
 def _ceil_log2_over_448(a):
     """``ceil(log2(a / 448))`` of a finite fp32 ``a > 0``, exactly, from its bits (no
     division, no log2: identical on every backend). With ``a = m * 2**E``, m in [1, 2) and
@@ -177,7 +176,7 @@ def _ceil_log2_over_448(a):
     return e - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
 
 
-@triton.jit
+@jit
 def _pow2_pair(k):
     """(``2**k``, ``2**-k``) as fp32 from their bits (``-126 <= k <= 127``)."""
     scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
@@ -185,13 +184,13 @@ def _pow2_pair(k):
     return scale, inv
 
 
-@triton.jit
+@jit
 def pow2_scale(amax):
     """(scale, 1/scale) of the indexer rule, ``2**ceil(log2(max(amax, 1e-4) / 448))``."""
     return _pow2_pair(_ceil_log2_over_448(tl.maximum(amax, 1e-4)))
 
 
-@triton.jit
+@jit
 def flashmla_pow2_scale(amax, MIN_EXP: tl.constexpr):
     """(scale, 1/scale) of FlashMLA's rule, ``2**ceil(log2(max(amax / 448, 1e-4)))``:
     ``ceil(log2)`` is monotone, so the floor on the scale is a floor on its exponent
@@ -201,7 +200,7 @@ def flashmla_pow2_scale(amax, MIN_EXP: tl.constexpr):
     return _pow2_pair(tl.maximum(_ceil_log2_over_448(amax), MIN_EXP))
 
 
-@triton.jit
+@jit
 def finite_amax(x, axis: tl.constexpr):
     """Largest finite magnitude along ``axis`` (NaN and +-inf count as 0): the scale of a
     group is set by its finite values alone."""
@@ -209,7 +208,7 @@ def finite_amax(x, axis: tl.constexpr):
     return tl.max(tl.where(ax < float("inf"), ax, 0.0), axis=axis)
 
 
-@triton.jit
+@jit
 def e4m3_bits(y):
     """fp32 -> float8_e4m3fn bit pattern (uint8), round to nearest even; magnitudes past 448
     (inf included) saturate to +-448, as PyTorch's clamp-then-convert does, and every NaN
@@ -245,7 +244,7 @@ def e4m3_bits(y):
 # ---- indexer K writer -----------------------------------------------------------------------
 
 
-@triton.jit
+@jit
 def _write_indexer_k_kernel(
     k_ptr,
     slot_ptr,
@@ -450,7 +449,7 @@ def mla_cache_layout(
     return MlaCacheLayout(fp8, pages, page, nope_dim, rope_dim, c3)
 
 
-@triton.jit
+@jit
 def _write_mla_kernel(
     kvc_ptr,
     kpe_ptr,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import triton
 import triton.language as tl
 
 from ..._checks import (
@@ -36,13 +35,13 @@ from ..._launch import (
     tensor_meta,
     value_key,
 )
-from ..._runtime import cdiv, next_pow2, pdl_launch, pdl_prologue
+from ..._runtime import cdiv, jit, next_pow2, pdl_launch, pdl_prologue
 from .._common.dcp import dcp_local, dcp_owner
 from .._common.paging import page_slot
 from .layout import RemapLayout, choose_remap_layout, validate_layout
 
 
-@triton.jit
+@jit
 def _localise(tok, ok, num_blocks, dcp_rank, BLOCK_SIZE, DCP_SIZE, INTERLEAVE):
     """(local position, page, valid) of request-local positions ``tok``; ``ok`` = the row
     may be read. Under DCP only this rank's positions stay valid."""
@@ -56,7 +55,7 @@ def _localise(tok, ok, num_blocks, dcp_rank, BLOCK_SIZE, DCP_SIZE, INTERLEAVE):
     return local, page, valid & (page < num_blocks)
 
 
-@triton.jit
+@jit
 def _slots(
     page_id, local, tok, valid, is_pre, ws_start, block_stride_rows, BLOCK_SIZE, HAS_PREFILL
 ):
@@ -72,7 +71,7 @@ def _slots(
     return tl.where(valid, val, -1), valid
 
 
-@triton.jit
+@jit
 def _prefill_rows(prefill_id_ptr, ws_start_ptr, rows, ok, row_valid, num_prefill, pre_s, ws_s):
     """(is prefill row, its workspace start, row may be read) for rows with prefill ids."""
     pre = tl.load(prefill_id_ptr + rows * pre_s, mask=ok, other=-1)
@@ -81,7 +80,7 @@ def _prefill_rows(prefill_id_ptr, ws_start_ptr, rows, ok, row_valid, num_prefill
     return is_pre, ws_start, tl.where(is_pre, ok & (pre < num_prefill), row_valid)
 
 
-@triton.jit
+@jit
 def _remap_kernel(
     req_id_ptr,
     bt_ptr,
@@ -211,7 +210,7 @@ def _remap_kernel(
         tl.store(count_ptr + rows * cnt_s, running, mask=row_ok)
 
 
-@triton.jit
+@jit
 def _remap_flat_kernel(
     req_id_ptr,
     bt_ptr,
