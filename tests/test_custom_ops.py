@@ -71,31 +71,31 @@ def test_cache_writers_equal_the_public_functions(step):
 
 
 def test_configs_round_trip():
-    from sparse_mla import ExpandConfig, IndexLogitsConfig, RemapLayout, choose_remap_layout
+    from sparse_mla import ExpandConfig, IndexLogitsConfig, RemapConfig, choose_remap_config
 
     for cls, cfg in [
         (TopKConfig, TopKConfig(row_warps=4, fallback_side_stream=False)),
         (AttentionConfig, AttentionConfig(block_n=32, num_stages=1)),
         (ExpandConfig, ExpandConfig(store_evict="")),
         (IndexLogitsConfig, IndexLogitsConfig(block_s=32)),
-        (RemapLayout, choose_remap_layout(2048, count_valid=True, compact=True, num_rows=64)),
+        (RemapConfig, choose_remap_config(2048, count_valid=True, compact=True, num_rows=64)),
     ]:
         assert decode_config(encode_config(cfg), cls) == cfg
     assert decode_config(encode_config(None), TopKConfig) is None
-    assert decode_config("auto", RemapLayout, arg="layout", auto=True) == "auto"
+    assert decode_config("auto", RemapConfig, arg="layout", auto=True) == "auto"
 
 
 def test_malformed_config_strings_name_the_argument():
     """A config string an op cannot decode says which argument and what form (issue 30)."""
-    from sparse_mla import RemapLayout
+    from sparse_mla import RemapConfig
 
     for text in ("(16, 64", "[16, 64]", "(16, 64, 1, 4, 2, 8, 128, True, 'triton', 9)", "x", "1"):
         with pytest.raises(ValueError, match=r"config must be None, or the repr .*AttentionConfig"):
             decode_config(text, AttentionConfig)
     with pytest.raises(ValueError, match=r"config must be None, or .*TopKConfig"):
         decode_config("auto", TopKConfig)  # "auto" only where the argument takes it
-    with pytest.raises(ValueError, match=r"layout must be None, 'auto', or .*RemapLayout"):
-        decode_config("(1,", RemapLayout, arg="layout", auto=True)
+    with pytest.raises(ValueError, match=r"layout must be None, 'auto', or .*RemapConfig"):
+        decode_config("(1,", RemapConfig, arg="layout", auto=True)
     q = torch.zeros(1, 16, 576, dtype=torch.bfloat16, device=DEV)
     out = torch.empty(1, 16, 512, dtype=torch.bfloat16, device=DEV)
     args = (q, torch.zeros(1, 16, 576, dtype=torch.bfloat16, device=DEV),

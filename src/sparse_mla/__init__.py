@@ -31,7 +31,9 @@ from .ops.kv_cache import (  # noqa: E402
     write_mla_latent,
 )
 from .ops.remap import (  # noqa: E402
+    RemapConfig,
     RemapLayout,
+    choose_remap_config,
     choose_remap_layout,
     convert_req_index_to_global_index,
     filter_and_convert_dcp_index,
@@ -52,8 +54,10 @@ __all__ = [
     "ExpandConfig",
     "ExpandedDecodeTokens",
     "IndexLogitsConfig",
+    "RemapConfig",
     "RemapLayout",
     "TopKConfig",
+    "choose_remap_config",
     "choose_remap_layout",
     "compat",
     "convert_req_index_to_global_index",

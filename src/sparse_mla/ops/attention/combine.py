@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from ..._runtime import jit, pdl_prologue
-from .decode import K_LN2, K_LOG2E, K_NOPE, to_bf16
+from .split_kv import K_LN2, K_LOG2E, K_NOPE, to_bf16
 
 
 @jit

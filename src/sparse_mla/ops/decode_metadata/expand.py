@@ -27,7 +27,7 @@ from ..._checks import (
     check_same_device,
     check_tensor,
 )
-from ..._launch import PlanCache, byte_extent, check_disjoint, launch, tensor_meta
+from ..._launch import HostPlanCache, byte_extent, check_disjoint, launch, tensor_meta
 from ..._runtime import cdiv, jit, next_pow2, pdl_launch, pdl_prologue
 from .._common.dcp import dcp_local_count
 from .config import DEFAULT_EXPAND_CONFIG, ExpandConfig
@@ -265,7 +265,7 @@ def _copy_layout(
     return block_w, col_programs
 
 
-_PLANS = PlanCache()
+_PLANS = HostPlanCache()
 
 
 def _check_seq_lens_block_table(

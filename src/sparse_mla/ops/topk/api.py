@@ -16,7 +16,7 @@ from ..._checks import (
 )
 from ..._custom_op import compiling, custom_op, decode_config, encode_config, run_eager
 from ..._launch import (
-    PlanCache,
+    HostPlanCache,
     byte_extent,
     check_disjoint,
     scalars_key,
@@ -168,7 +168,7 @@ def select_topk(
         key = None
     call = _PLANS.get(key)
     if call is None:
-        call = _PLANS.put(key, _plan_call(
+        call = _PLANS.put(key, _host_plan(
             logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
             valid_counts_out, workspace, num_splits, prefilter, cfg, return_valid_counts,
             enable_pdl, eager,
@@ -234,7 +234,7 @@ def _empty_counts(logits: torch.Tensor) -> torch.Tensor:
     return torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
 
 
-_PLANS = PlanCache()
+_PLANS = HostPlanCache()
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key
@@ -251,7 +251,7 @@ class _TopKCall:
     extents: tuple  # bytes: logits, seq_lens, block_table, req_id, out, counts, workspace
 
 
-def _plan_call(
+def _host_plan(
     logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
     valid_counts_out, workspace, num_splits, prefilter, cfg, return_valid_counts, enable_pdl,
     eager,

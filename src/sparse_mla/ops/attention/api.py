@@ -20,7 +20,7 @@ from ..._checks import (
 )
 from ..._custom_op import compiling, custom_op, decode_config, encode_config, run_eager
 from ..._launch import (
-    PlanCache,
+    HostPlanCache,
     byte_extent,
     check_disjoint,
     launch,
@@ -29,8 +29,8 @@ from ..._launch import (
     value_key,
 )
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
-from ..kv_cache.kv_cache import mla_cache_layout
-from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
+from ..kv_cache.layout import mla_cache_layout
+from . import combine, split_kv  # kernels looked up on their modules (tests/sm90_compile.py)
 from .config import (
     MAX_HEADS,
     AttentionConfig,
@@ -38,7 +38,7 @@ from .config import (
     choose_attention_config,
     workspace_rows,
 )
-from .decode import LOG2E, NOPE, ROPE
+from .split_kv import LOG2E, NOPE, ROPE
 
 HEAD_DIM = NOPE + ROPE
 INT32_MAX = 2**31 - 1
@@ -239,7 +239,7 @@ def sparse_mla_decode(
         key = None
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS.put(key, _plan(q, kv_cache, indices, sm_scale, block_table, req_id,
+        plan = _PLANS.put(key, _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id,
                                      block_size, topk_length, attn_sink, out, lse, workspace,
                                      config, max_logits))  # fmt: skip
     # Addresses are not in the key: checked on every call.
@@ -302,11 +302,11 @@ def _empty_lse(q: torch.Tensor) -> torch.Tensor:
     return torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
 
 
-_PLANS = PlanCache()
+_PLANS = HostPlanCache()
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the cached launch's key
-class _AttnPlan:
+class _AttnHostPlan:
     """What a decode call decides from its arguments' metadata."""
 
     config: AttentionConfig
@@ -320,8 +320,8 @@ class _AttnPlan:
     extents: tuple
 
 
-def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
-          attn_sink, out, lse, workspace, config, max_logits) -> _AttnPlan:  # fmt: skip
+def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
+          attn_sink, out, lse, workspace, config, max_logits) -> _AttnHostPlan:  # fmt: skip
     """Checks every argument of :func:`sparse_mla_decode` and picks its launch shape."""
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     num_tokens, h_q, dim = q.shape
@@ -388,7 +388,7 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
     ws = (workspace.partial_out, workspace.partial_lse) if workspace is not None else (None,) * 2
     extents = tuple(map(byte_extent, (*tensors, *ws, max_logits)))
-    return _AttnPlan(cfg, splits, fmt, main, comb, extents)
+    return _AttnHostPlan(cfg, splits, fmt, main, comb, extents)
 
 
 _INPUTS = ("q", "kv_cache", "indices", "block_table", "req_id", "topk_length", "attn_sink")
@@ -546,7 +546,7 @@ def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, o
     if plan.config.kernel == "sm90":
         kernel = _sm90_kernel().sparse_mla_decode_sm90_kernel
     else:
-        kernel = decode._sparse_mla_decode_kernel
+        kernel = split_kv._sparse_mla_decode_kernel
     launch(kernel, grid, args, kwargs, plan)
     if split:
         grid, ints, kwargs = plan.combine
