@@ -20,8 +20,8 @@ import torch
 
 class OpEntry(NamedTuple):
     """One registered op: the op, the public function it stands for, and how the op
-    represents those public parameters it cannot take as they are (``public name -> op
-    names``, in order; an empty tuple drops the parameter)."""
+    represents those public parameters its schema cannot take as they are (``public name ->
+    the op parameters standing for it``, in order)."""
 
     op: Any
     public: Callable
