@@ -1,4 +1,4 @@
-# Two entry points (see README): `make demo` runs the main job, `make test` the test suite.
+# Two entry points (see README): `make demo` runs the demo, `make test` the test suite.
 # Both create .venv and install the package into it on first use.
 PYTHON ?= python3
 VENV ?= .venv

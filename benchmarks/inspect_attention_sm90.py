@@ -31,7 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sparse_mla.ops.attention import decode  # noqa: E402
+from sparse_mla.ops.attention import split_kv as decode  # noqa: E402
 
 POINTERS = dict(
     q_ptr="*bf16", kv_u8="*u8", kv_f32="*fp32", kv_bf16="*bf16", idx_ptr="*i32",

@@ -9,8 +9,6 @@ import secrets
 import pytest
 import torch
 
-import sparse_mla  # noqa: F401  (first: picks the interpreter before a test imports Triton)
-
 
 @pytest.fixture
 def seed(request: pytest.FixtureRequest) -> int:

@@ -34,8 +34,8 @@ MODULES = (
     "sparse_mla.ops.topk.radix",
     "sparse_mla.ops.topk.prefilter",
     "sparse_mla.ops.indexer.logits",
-    "sparse_mla.ops.kv_cache.kv_cache",
-    "sparse_mla.ops.attention.decode",
+    "sparse_mla.ops.kv_cache.write",
+    "sparse_mla.ops.attention.split_kv",
     "sparse_mla.ops.attention.combine",
 )
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
@@ -73,7 +73,7 @@ def _key(entry: dict) -> str:
 
 
 def record(path: str, part: str | None = None) -> int:
-    from sparse_mla import verify  # first: it picks the interpreter before Triton loads
+    from sparse_mla import verify
 
     # isort: split
     from triton.runtime.interpreter import InterpretedFunction
@@ -124,7 +124,7 @@ def _launch_the_rest() -> None:
     the remap's layouts for large calls (flat) and whole-row staging."""
     import torch
 
-    from sparse_mla import RemapLayout, convert_req_index_to_global_index
+    from sparse_mla import RemapConfig, convert_req_index_to_global_index
     from sparse_mla.ops.decode_metadata import (
         DecodeMetadataBuilder,
         dcp_local_seq_lens,
@@ -133,8 +133,8 @@ def _launch_the_rest() -> None:
 
     i32 = dict(dtype=torch.int32)
     for k, layout in (
-        (384, RemapLayout(4, 512, 3, 1, False, True, 4, evict_first=True, pdl=2, flat=True)),
-        (2048, RemapLayout(1, 2048, 1, 1, False, True, 16, stage_row=True, flat=True)),
+        (384, RemapConfig(4, 512, 3, 1, False, True, 4, evict_first=True, pdl=2, flat=True)),
+        (2048, RemapConfig(1, 2048, 1, 1, False, True, 16, stage_row=True, flat=True)),
     ):
         for prefill, counts in ((None, True), (None, False), (torch.full((3,), -1, **i32), True)):
             convert_req_index_to_global_index(

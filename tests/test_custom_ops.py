@@ -3,12 +3,14 @@ whole decode step under torch.compile(fullgraph=True) equal to eager."""
 
 from __future__ import annotations
 
+import inspect
 import random
 
 import pytest
 import torch
 
 from sparse_mla import AttentionConfig, TopKConfig, library
+from sparse_mla._custom_op import OPS, decode_config, encode_config
 from sparse_mla._runtime import default_device
 from sparse_mla.decode import DecodePlan, DecodePlanConfig
 from sparse_mla.decode.cases import (
@@ -69,37 +71,85 @@ def test_cache_writers_equal_the_public_functions(step):
 
 
 def test_configs_round_trip():
-    from sparse_mla import ExpandConfig, IndexLogitsConfig, choose_remap_layout
+    from sparse_mla import ExpandConfig, IndexLogitsConfig, RemapConfig, choose_remap_config
 
-    for kind, cfg in [
-        ("topk", TopKConfig(row_warps=4, fallback_side_stream=False)),
-        ("attention", AttentionConfig(block_n=32, num_stages=1)),
-        ("expand", ExpandConfig(store_evict="")),
-        ("logits", IndexLogitsConfig(block_s=32)),
-        ("remap", choose_remap_layout(2048, count_valid=True, compact=True, num_rows=64)),
+    for cls, cfg in [
+        (TopKConfig, TopKConfig(row_warps=4, fallback_side_stream=False)),
+        (AttentionConfig, AttentionConfig(block_n=32, num_stages=1)),
+        (ExpandConfig, ExpandConfig(store_evict="")),
+        (IndexLogitsConfig, IndexLogitsConfig(block_s=32)),
+        (RemapConfig, choose_remap_config(2048, count_valid=True, compact=True, num_rows=64)),
     ]:
-        assert library._decode(library._encode(cfg, kind), kind) == cfg
-    assert library._decode(library._encode(None, "topk"), "topk") is None
-    assert library._decode("auto", "remap") == "auto"
+        assert decode_config(encode_config(cfg), cls) == cfg
+    assert decode_config(encode_config(None), TopKConfig) is None
+    assert decode_config("auto", RemapConfig, arg="layout", auto=True) == "auto"
 
 
 def test_malformed_config_strings_name_the_argument():
     """A config string an op cannot decode says which argument and what form (issue 30)."""
+    from sparse_mla import RemapConfig
+
     for text in ("(16, 64", "[16, 64]", "(16, 64, 1, 4, 2, 8, 128, True, 'triton', 9)", "x", "1"):
         with pytest.raises(ValueError, match=r"config must be None, or the repr .*AttentionConfig"):
-            library._decode(text, "attention")
-    with pytest.raises(ValueError, match=r"layout must be None, 'auto', or .*RemapLayout"):
-        library._decode("(1,", "remap")
+            decode_config(text, AttentionConfig)
+    with pytest.raises(ValueError, match=r"config must be None, or .*TopKConfig"):
+        decode_config("auto", TopKConfig)  # "auto" only where the argument takes it
+    with pytest.raises(ValueError, match=r"layout must be None, 'auto', or .*RemapConfig"):
+        decode_config("(1,", RemapConfig, arg="layout", auto=True)
     q = torch.zeros(1, 16, 576, dtype=torch.bfloat16, device=DEV)
     out = torch.empty(1, 16, 512, dtype=torch.bfloat16, device=DEV)
     args = (q, torch.zeros(1, 16, 576, dtype=torch.bfloat16, device=DEV),
-            torch.zeros(1, 4, dtype=torch.int32, device=DEV), out, torch.empty(1, 16, device=DEV),
-            None, None, None, None, None, None, 0.1, None)  # fmt: skip
+            torch.zeros(1, 4, dtype=torch.int32, device=DEV), 0.1, None, None, None, None, None,
+            out, torch.empty(1, 16, device=DEV), None, None)  # fmt: skip
     with pytest.raises(ValueError, match="config must be None"):
-        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0")
+        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0", None)
     # Well-formed but wrong field values: the public function's checks name the field.
     with pytest.raises(TypeError, match="config.block_n must be an int"):
-        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0, 1, 4, 2, 8, 128, True)")
+        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0, 1, 4, 2, 8, 128, True)", None)
+
+
+# ---- every op's parameters are its public function's ----------------------------------------
+
+
+def _expected_op_parameters(entry) -> list[str]:
+    """The public function's parameter names in order, each replaced by the op parameters
+    that represent it (``custom_op(represents=...)``)."""
+    names = []
+    for name in inspect.signature(entry.public).parameters:
+        names.extend(entry.represents.get(name, (name,)))
+    return names
+
+
+@pytest.mark.parametrize("name", library.OPS)
+def test_op_parameters_are_the_public_functions(name):
+    """Names and order: the public function's, with the declared substitutions (so a
+    parameter added, renamed or moved on one side only fails here). Defaults: the op
+    declares none (the public function passes every argument), so there is one copy."""
+    entry = OPS[name]
+    schema = getattr(torch.ops.sparse_mla, name).default._schema
+    assert [a.name for a in schema.arguments] == _expected_op_parameters(entry)
+    assert not any(a.has_default_value() or a.kwarg_only for a in schema.arguments)
+    public = inspect.signature(entry.public).parameters
+    for public_name, op_names in entry.represents.items():
+        assert public_name in public and op_names, (name, public_name)
+
+
+def test_the_parameter_check_catches_drift():
+    """The comparison above fails on a reordered, renamed or missing parameter."""
+    from sparse_mla._custom_op import OpEntry
+
+    def public(a, b=None, *, c=1, out=None):
+        pass
+
+    def op(a, b, c, out):
+        pass
+
+    good = OpEntry(op, public, {})
+    assert list(inspect.signature(op).parameters) == _expected_op_parameters(good)
+    for drifted in (lambda a, c, b, out: None, lambda a, b, k, out: None, lambda a, b, c: None):
+        assert list(inspect.signature(drifted).parameters) != _expected_op_parameters(good)
+    split = OpEntry(op, public, {"out": ("out_a", "out_b")})
+    assert _expected_op_parameters(split) == ["a", "b", "c", "out_a", "out_b"]
 
 
 # ---- torch.compile(fullgraph=True) of a whole decode step -----------------------------------
@@ -156,7 +206,7 @@ def test_compile_check_fails_on_a_raw_launch(step):
 
     def raw(seq_lens):
         out = torch.empty(seq_lens.shape[0], 2, dtype=I32, device=seq_lens.device)
-        _launch_native(seq_lens, out, None, next_n=2, dcp_size=1, dcp_rank=0, dcp_interleave=1)
+        _launch_native(seq_lens, out, None, next_n=2, dcp_size=1, dcp_rank=0, interleave=1)
         return out
 
     with pytest.raises((AssertionError, torch._dynamo.exc.TorchDynamoException)):

@@ -8,7 +8,7 @@ import torch
 
 import sparse_mla
 from sparse_mla import _runtime
-from sparse_mla._launch import clear_plans
+from sparse_mla._launch import clear_host_plans
 
 I32 = dict(dtype=torch.int32)
 
@@ -53,7 +53,7 @@ def calls() -> dict[str, object]:
 def test_host_tensors_rejected_when_kernels_run_on_the_gpu(name, monkeypatch):
     call = calls()[name]
     monkeypatch.setattr(_runtime, "INTERPRETER", False)
-    clear_plans()  # verdicts cached under the interpreter flag
+    clear_host_plans()  # verdicts cached under the interpreter flag
     with pytest.raises(ValueError, match="is on cpu, but the kernels run on the GPU"):
         call()
 

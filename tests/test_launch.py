@@ -7,7 +7,7 @@ import torch
 
 import sparse_mla
 from sparse_mla import _launch
-from sparse_mla.ops.remap import remap as remap_mod
+from sparse_mla.ops.remap import api as remap_api
 from sparse_mla.ops.remap.naive import convert_req_index_to_global_index_reference as remap_ref
 from sparse_mla.ops.topk import api as topk_api
 from sparse_mla.ops.topk.naive import select_topk_reference
@@ -44,7 +44,7 @@ def test_keys_tell_apart_what_the_checks_read():
 
 
 def test_plan_cache_is_bounded_and_skips_unhashable():
-    c = _launch.PlanCache(maxsize=2)
+    c = _launch.HostPlanCache(maxsize=2)
     for i in range(5):
         c.put(i, i)
     assert len(c) <= 2 and c.get(4) == 4
@@ -52,25 +52,25 @@ def test_plan_cache_is_bounded_and_skips_unhashable():
 
 
 def test_remap_cached_plans_match_uncached_and_reference(seed):
-    remap_mod._PLANS.clear()
+    remap_api._PLANS.clear()
     for i in range(3):  # the same metadata: one plan, fresh data every call
         req, bt, ti = remap_inputs(5, 40, seed + i)
         out = torch.full((5, 40), POISON, dtype=torch.int32, device=DEV)
         got = sparse_mla.convert_req_index_to_global_index(req, bt, ti, block_size=16, out=out)
         assert torch.equal(got, remap_ref(req, bt, ti, block_size=16))
-    assert len(remap_mod._PLANS) == 1
+    assert len(remap_api._PLANS) == 1
     # Another stride of the same shape is another plan (the kernel gets the strides).
     req, bt, ti = remap_inputs(5, 40, seed)
     ti_t = ti.t().contiguous().t()
     out = torch.full((5, 40), POISON, dtype=torch.int32, device=DEV)
     got = sparse_mla.convert_req_index_to_global_index(req, bt, ti_t, block_size=16, out=out)
-    assert len(remap_mod._PLANS) == 2
+    assert len(remap_api._PLANS) == 2
     assert torch.equal(got, remap_ref(req, bt, ti, block_size=16))
     # Compact DCP with counts, cached and uncached.
     args = dict(dcp_size=2, dcp_rank=1, block_size=16, return_valid_counts=True)
     first = sparse_mla.filter_and_convert_dcp_index(req, bt, ti, **args)
     again = sparse_mla.filter_and_convert_dcp_index(req, bt, ti, **args)
-    remap_mod._PLANS.clear()
+    remap_api._PLANS.clear()
     fresh = sparse_mla.filter_and_convert_dcp_index(req, bt, ti, **args)
     for a, b in ((first, fresh), (again, fresh)):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -15,7 +15,7 @@ Both launch without programmatic dependent launch, as upstream does.
 from __future__ import annotations
 
 from sparse_mla._runtime import next_pow2
-from sparse_mla.ops.remap.layout import RemapLayout
+from sparse_mla.ops.remap import RemapLayout
 
 #: Upstream's column tile for the tiled layout.
 TILE = 128

@@ -1,12 +1,13 @@
 """sparse-mla: Triton kernels for the decode path of DeepSeek Sparse Attention.
 
-Without a CUDA device the kernels run through Triton's CPU interpreter automatically;
+Without a CUDA device the kernels run through Triton's CPU interpreter automatically
+(``SPARSE_MLA_INTERPRET=1`` or ``0`` chooses; nothing else in the process is affected);
 ``sparse_mla.info()`` says which mode is active.
 """
 
 __version__ = "0.1.0"
 
-from ._runtime import info, mode  # noqa: E402  (decides interpreter mode before any kernel)
+from ._runtime import info, mode  # noqa: E402
 from .ops.attention import (  # noqa: E402
     AttentionConfig,
     AttentionWorkspace,
@@ -30,7 +31,9 @@ from .ops.kv_cache import (  # noqa: E402
     write_mla_latent,
 )
 from .ops.remap import (  # noqa: E402
+    RemapConfig,
     RemapLayout,
+    choose_remap_config,
     choose_remap_layout,
     convert_req_index_to_global_index,
     filter_and_convert_dcp_index,
@@ -51,8 +54,10 @@ __all__ = [
     "ExpandConfig",
     "ExpandedDecodeTokens",
     "IndexLogitsConfig",
+    "RemapConfig",
     "RemapLayout",
     "TopKConfig",
+    "choose_remap_config",
     "choose_remap_layout",
     "compat",
     "convert_req_index_to_global_index",

@@ -3,7 +3,7 @@
 Every wrapper's checks and launch-shape choices depend only on its arguments' metadata
 (type, dtype, shape, strides, device) and its host scalars, not on the data. A wrapper
 builds a key of those (:func:`tensor_meta`, :func:`scalars_key`), looks its plan up in a
-:class:`PlanCache` and runs the checks only on a miss; a hit skips them, since an equal key
+:class:`HostPlanCache` and runs the checks only on a miss; a hit skips them, since an equal key
 passed them before. What the key does not hold is still checked on every call: the
 addresses (outputs must not overlap inputs: :func:`check_disjoint`).
 
@@ -53,18 +53,19 @@ def value_key(v: object) -> Hashable:
     return (v, type(v), tuple(type(getattr(v, f)) for f in fields))
 
 
-class PlanCache:
-    """Plans of one wrapper by key, at most ``maxsize`` (emptied when full: shapes that vary
-    every step, such as eager token counts, must not grow it without bound). Keys hold no
-    process state: :func:`clear_plans` empties every cache when that changes (tests that
-    switch the interpreter flag)."""
+class HostPlanCache:
+    """Host plans (what the checks and launch choices decided) of one wrapper by key, at
+    most ``maxsize`` (emptied when full: shapes that vary every step, such as eager token
+    counts, must not grow it without bound). Keys hold no process state:
+    :func:`clear_host_plans` empties every cache when that changes (tests that switch the
+    interpreter flag)."""
 
-    _all: list[PlanCache] = []
+    _all: list[HostPlanCache] = []
 
     def __init__(self, maxsize: int = 1024) -> None:
         self.maxsize = maxsize
         self._plans: dict[Hashable, Any] = {}
-        PlanCache._all.append(self)
+        HostPlanCache._all.append(self)
 
     def get(self, key: Hashable | None) -> Any:
         if key is None:
@@ -91,9 +92,9 @@ class PlanCache:
         return len(self._plans)
 
 
-def clear_plans() -> None:
-    """Empty every wrapper's :class:`PlanCache`."""
-    for cache in PlanCache._all:
+def clear_host_plans() -> None:
+    """Empty every wrapper's :class:`HostPlanCache`."""
+    for cache in HostPlanCache._all:
         cache.clear()
 
 

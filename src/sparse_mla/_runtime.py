@@ -1,26 +1,90 @@
-"""Where kernels run, and the launch helpers every op shares.
+"""Where the library's kernels run, and the launch helpers every op shares.
 
-Importing this module decides the execution mode once: with a CUDA device present
-kernels are compiled for it; without one Triton's interpreter runs them on the CPU
-(``TRITON_INTERPRET=1`` is set for the process unless the caller already chose).
-The choice must be made before any ``@triton.jit`` kernel is defined, which is why
-``sparse_mla/__init__.py`` imports this module first.
+The library decides once, at import, whether its own kernels run compiled for CUDA or in
+Triton's CPU interpreter (:data:`INTERPRETER`): ``SPARSE_MLA_INTERPRET`` when set (1/true/yes
+or 0/false/no), else ``TRITON_INTERPRET`` when the process set it, else the interpreter exactly
+when no CUDA device is available. It changes nothing for the rest of the process: the
+environment is left as it is, and the choice applies to the functions decorated with
+:func:`jit` (every kernel and device function of the library) instead of ``triton.jit``.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+_TRUE = ("1", "true", "yes", "on", "y")  # as Triton reads TRITON_INTERPRET
 
-import triton  # noqa: E402  (must follow the interpreter decision)
-import triton.language as tl  # noqa: E402
 
-INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+def interpreter_requested(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+    """The library's choice of Triton's interpreter for ``environ`` (see the module notes)."""
+    for name in ("SPARSE_MLA_INTERPRET", "TRITON_INTERPRET"):
+        value = environ.get(name, "").strip().lower()
+        if value:
+            return value in _TRUE
+    return not torch.cuda.is_available()
+
+
+INTERPRETER: bool = interpreter_requested()
+
+
+def jit(fn: Callable | None = None, **kwargs: Any) -> Any:
+    """``triton.jit`` for the library's kernels and device functions: run by Triton's
+    interpreter when :data:`INTERPRETER`, compiled otherwise, whatever the process's
+    ``TRITON_INTERPRET`` (which ``triton.jit`` reads) says."""
+
+    def decorate(fn: Callable) -> Any:
+        return _InterpretedKernel(fn, **kwargs) if INTERPRETER else JITFunction(fn, **kwargs)
+
+    return decorate if fn is None else decorate(fn)
+
+
+if INTERPRETER:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    class _InterpretedKernel(InterpretedFunction):
+        """A library function run by Triton's interpreter. While one of its launches runs,
+        the ``triton.jit`` functions it calls that were made for the compiler (Triton's own
+        ``tl.sum``, ``tl.sort``..., decorated when Triton was imported without
+        ``TRITON_INTERPRET``) are interpreted too."""
+
+        def run(self, *args: Any, **kwargs: Any) -> Any:
+            with _jit_calls_interpreted():
+                return super().run(*args, **kwargs)
+
+    _TWINS: dict[Callable, InterpretedFunction] = {}
+    _DEPTH = [0]
+
+    def _call_interpreted(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
+        twin = _TWINS.get(self.fn)
+        if twin is None:
+            twin = _TWINS[self.fn] = InterpretedFunction(self.fn)
+        return twin(*args, **kwargs)
+
+    @contextmanager
+    def _jit_calls_interpreted() -> Iterator[None]:
+        """``JITFunction.__call__`` (which otherwise raises: a device function called from
+        the host) interprets the function, for the duration of the block. The interpreter
+        patches ``triton.language`` in the same way while it runs a kernel."""
+        saved = JITFunction.__call__
+        if _DEPTH[0] == 0:
+            JITFunction.__call__ = _call_interpreted
+        _DEPTH[0] += 1
+        try:
+            yield
+        finally:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                JITFunction.__call__ = saved
+
 
 try:  # grid dependency control (programmatic dependent launch), Triton 3.3 on
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -118,7 +182,7 @@ def pdl_launch(device: torch.device, mode: int, enable_pdl: bool | None = None) 
     return dict(PDL=0)
 
 
-@triton.jit
+@jit
 def pdl_prologue(PDL: tl.constexpr):
     """First statement of a kernel launched with ``launch_pdl`` (PDL >= 1): wait until the
     previous kernel has finished and its writes are visible. PDL = 1 first lets the next

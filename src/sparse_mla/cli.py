@@ -10,8 +10,8 @@ commands:
   info     execution mode (cuda or interpreter) and versions
   verify   randomized bit-exact sweep of the kernels (--quick for the CPU interpreter)
   bench    timing harness: CUDA graph and eager, with floors (GPU only)
-  demo     the main job: a random DeepSeek-V3.2 model generating through sparse-mla beside
-           Hugging Face's own implementation, and the stage times of one decode step
+  demo     a random DeepSeek-V3.2 model generating through sparse-mla beside Hugging Face's
+           own implementation, and the stage times of one decode step
 """
 
 

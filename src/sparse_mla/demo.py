@@ -1,4 +1,4 @@
-"""The main job: a random DeepSeek-V3.2 model generating through sparse-mla, beside HF.
+"""``sparse-mla demo``: a random DeepSeek-V3.2 model generating through sparse-mla, beside HF.
 
 Builds a random ``DeepseekV32ForCausalLM`` (transformers), generates greedily twice from the
 same prompt -- once with HF's own dense attention, once with every attention layer routed

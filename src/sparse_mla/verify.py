@@ -706,7 +706,7 @@ def _run_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | N
     the fused call must equal remap-then-attend bit for bit. Where the Hopper Gluon kernel
     runs, half the forced launch shapes force it instead."""
     from .ops.attention import AttentionConfig, sparse_mla_decode, sparse_mla_decode_reference
-    from .ops.attention.attention import sm90_available
+    from .ops.attention.api import sm90_available
     from .testing import attention_error, random_attention_indices, random_mla_cache
 
     p = case.params

@@ -33,7 +33,7 @@ def record(path: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from sparse_mla import dcp  # first: it picks the interpreter before Triton loads
+    from sparse_mla import dcp
 
     # isort: split
     from triton.runtime.interpreter import InterpretedFunction

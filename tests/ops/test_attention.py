@@ -21,7 +21,7 @@ from sparse_mla.ops.attention import (
     sparse_mla_decode_reference,
     workspace_rows,
 )
-from sparse_mla.ops.attention.attention import sm90_available
+from sparse_mla.ops.attention.api import sm90_available
 from sparse_mla.ops.attention.config import SM90_MIN_TOKENS, SM90_WIDE_MIN_TOKENS
 from sparse_mla.testing import (
     attention_error,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
 import triton.language as tl
 
 import sparse_mla  # noqa: F401  (decides the interpreter mode)
+from sparse_mla._runtime import jit
 from sparse_mla.ops._common.dcp import (
     dcp_global,
     dcp_global_reference,
@@ -24,7 +24,7 @@ from sparse_mla.testing import POISON
 DEV = sparse_mla._runtime.default_device()
 
 
-@triton.jit
+@jit
 def _probe(pos_ptr, page_ptr, out_ptr, n, rank, DCP_SIZE: tl.constexpr, INTERLEAVE: tl.constexpr):
     o = tl.arange(0, 128)
     m = o < n

@@ -17,7 +17,7 @@ import torch
 
 from sparse_mla._runtime import default_device, next_pow2
 from sparse_mla.ops.indexer import IndexLogitsConfig, index_logits, index_logits_reference
-from sparse_mla.ops.indexer.logits import (
+from sparse_mla.ops.indexer.config import (
     MAX_CHUNK_PAGES,
     MAX_QUERY_ROWS,
     chunk_page_slots,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import sparse_mla
-from sparse_mla import RemapLayout, choose_remap_layout
+from sparse_mla import RemapConfig, choose_remap_config
+from sparse_mla.ops.remap import api as remap_api
 from sparse_mla.ops.remap import remap as remap_mod
 from sparse_mla.ops.remap.naive import (
     convert_req_index_to_global_index_reference as reference,
@@ -18,17 +19,17 @@ from sparse_mla.testing import POISON
 DEV = sparse_mla._runtime.default_device()
 
 
-def tiled_atomic(k: int, count: bool = True) -> RemapLayout:
+def tiled_atomic(k: int, count: bool = True) -> RemapConfig:
     """Upstream's tiling (benchmarks/baselines): K / 128 column tiles of 4 warps, counts and
     compaction through atomics, the -1 tail pre-filled."""
-    return RemapLayout(1, 128, 1, k // 128, count, False, 4)
+    return RemapConfig(1, 128, 1, k // 128, count, False, 4)
 
 
-def upstream_seed(k: int, count: bool = True) -> RemapLayout:
+def upstream_seed(k: int, count: bool = True) -> RemapConfig:
     """Upstream's fix (benchmarks/baselines): one 8-warp tile a row for counting calls of
     power-of-two K, else the tiled layout."""
     if count and k & (k - 1) == 0:
-        return RemapLayout(1, k, 1, 1, False, False, 8)
+        return RemapConfig(1, k, 1, 1, False, False, 8)
     return tiled_atomic(k, count)
 
 
@@ -37,18 +38,18 @@ def layouts(k: int, count: bool = True) -> list:
     return ["auto", *dict.fromkeys((tiled_atomic(k, count), upstream_seed(k, count)))]
 
 
-def staged(k: int, **kw) -> RemapLayout:
+def staged(k: int, **kw) -> RemapConfig:
     """A whole-row layout that gathers page ids from an on-chip copy of the block-table row."""
     cols = 1 << max(k - 1, 0).bit_length()
-    return RemapLayout(1, cols, 1, 1, False, True, 4, stage_pages=True, **kw)
+    return RemapConfig(1, cols, 1, 1, False, True, 4, stage_pages=True, **kw)
 
 
-def flat(k: int, rows: int, cols: int, **kw) -> RemapLayout:
+def flat(k: int, rows: int, cols: int, **kw) -> RemapConfig:
     """The flat layout: ``rows`` rows a program read as one run in steps of ``cols``."""
-    return RemapLayout(rows, cols, -(-rows * k // cols), 1, False, True, 4, flat=True, **kw)
+    return RemapConfig(rows, cols, -(-rows * k // cols), 1, False, True, 4, flat=True, **kw)
 
 
-def staged_row(k: int) -> RemapLayout:
+def staged_row(k: int) -> RemapConfig:
     """One row a program with its whole block-table row on chip (the 1-D kernel)."""
     return flat(k, 1, 1 << max(k - 1, 0).bit_length(), stage_row=True)
 
@@ -146,47 +147,47 @@ def test_prefill_rows_use_workspace(layout):
 
 def test_layout_auto_owns_rows_for_every_width():
     for k in (1, 100, 128, 384, 512, 2048, 3000, 4096, 10000):
-        lay = choose_remap_layout(k, count_valid=True, num_rows=1024)
+        lay = choose_remap_config(k, count_valid=True, num_rows=1024)
         assert lay.col_tiles == 1 and not lay.atomic and lay.tail_in_kernel
         assert lay.block_cols * lay.num_chunks >= k
         assert lay.block_cols & (lay.block_cols - 1) == 0
-    assert choose_remap_layout(384, count_valid=True).block_cols == 512
-    assert choose_remap_layout(512, count_valid=True, num_rows=1).num_warps == 16
-    assert choose_remap_layout(2048, count_valid=True, num_rows=1).num_warps == 8
-    assert choose_remap_layout(2048, count_valid=True, num_rows=4096).num_warps == 4
-    assert choose_remap_layout(64, count_valid=True).num_warps == 2
+    assert choose_remap_config(384, count_valid=True).block_cols == 512
+    assert choose_remap_config(512, count_valid=True, num_rows=1).num_warps == 16
+    assert choose_remap_config(2048, count_valid=True, num_rows=1).num_warps == 8
+    assert choose_remap_config(2048, count_valid=True, num_rows=4096).num_warps == 4
+    assert choose_remap_config(64, count_valid=True).num_warps == 2
     # Wide rows stage the block table when its width is known and small enough.
-    assert choose_remap_layout(2048, count_valid=True, num_blocks=2560).stage_pages
-    assert not choose_remap_layout(2048, count_valid=True, num_blocks=8192).stage_pages
-    assert not choose_remap_layout(2048, count_valid=True).stage_pages
-    assert not choose_remap_layout(512, count_valid=True, num_blocks=64).stage_pages
-    assert not choose_remap_layout(640, count_valid=True, num_blocks=64).stage_pages  # K < 1024
+    assert choose_remap_config(2048, count_valid=True, num_blocks=2560).stage_pages
+    assert not choose_remap_config(2048, count_valid=True, num_blocks=8192).stage_pages
+    assert not choose_remap_config(2048, count_valid=True).stage_pages
+    assert not choose_remap_config(512, count_valid=True, num_blocks=64).stage_pages
+    assert not choose_remap_config(640, count_valid=True, num_blocks=64).stage_pages  # K < 1024
     # Narrow rows in large batches stream with evict-first.
-    assert choose_remap_layout(384, count_valid=True, num_rows=4096).evict_first
-    assert not choose_remap_layout(384, count_valid=True, num_rows=64).evict_first
+    assert choose_remap_config(384, count_valid=True, num_rows=4096).evict_first
+    assert not choose_remap_config(384, count_valid=True, num_rows=64).evict_first
     # So do plain calls of 1024+ rows that stream more than half of L2 (2048 x 2048 elements).
-    assert choose_remap_layout(2048, count_valid=True, num_rows=2048).evict_first
-    assert not choose_remap_layout(2048, count_valid=True, num_rows=1024).evict_first
-    assert not choose_remap_layout(8192, count_valid=True, num_rows=512).evict_first
-    assert not choose_remap_layout(2048, count_valid=True).evict_first  # rows unknown
-    assert not choose_remap_layout(2048, count_valid=True, compact=True, num_rows=4096).evict_first
+    assert choose_remap_config(2048, count_valid=True, num_rows=2048).evict_first
+    assert not choose_remap_config(2048, count_valid=True, num_rows=1024).evict_first
+    assert not choose_remap_config(8192, count_valid=True, num_rows=512).evict_first
+    assert not choose_remap_config(2048, count_valid=True).evict_first  # rows unknown
+    assert not choose_remap_config(2048, count_valid=True, compact=True, num_rows=4096).evict_first
     # Programmatic dependent launch: early trigger for narrow rows (compaction: in small
     # grids only).
-    assert choose_remap_layout(512, count_valid=True, num_rows=256).pdl == 1
-    assert choose_remap_layout(512, count_valid=True, num_rows=1024).pdl == 1
-    assert choose_remap_layout(512, count_valid=True, num_rows=1024, compact=True).pdl == 2
-    assert choose_remap_layout(512, count_valid=True, num_rows=256, compact=True).pdl == 1
+    assert choose_remap_config(512, count_valid=True, num_rows=256).pdl == 1
+    assert choose_remap_config(512, count_valid=True, num_rows=1024).pdl == 1
+    assert choose_remap_config(512, count_valid=True, num_rows=1024, compact=True).pdl == 2
+    assert choose_remap_config(512, count_valid=True, num_rows=256, compact=True).pdl == 1
     # Wide rows: wait, then let the next launch start, below 512 rows; only wait from there.
-    assert choose_remap_layout(2048, count_valid=True, num_rows=1).pdl == 3
-    assert choose_remap_layout(2048, count_valid=True, num_rows=256).pdl == 3
-    assert choose_remap_layout(2048, count_valid=True, num_rows=512).pdl == 2
-    assert choose_remap_layout(2048, count_valid=True).pdl == 2  # rows unknown
-    assert choose_remap_layout(2048, count_valid=True, compact=True, num_rows=256).pdl == 2
+    assert choose_remap_config(2048, count_valid=True, num_rows=1).pdl == 3
+    assert choose_remap_config(2048, count_valid=True, num_rows=256).pdl == 3
+    assert choose_remap_config(2048, count_valid=True, num_rows=512).pdl == 2
+    assert choose_remap_config(2048, count_valid=True).pdl == 2  # rows unknown
+    assert choose_remap_config(2048, count_valid=True, compact=True, num_rows=256).pdl == 2
 
 
 def test_layout_auto_stages_whole_rows_in_small_grids():
     for t in (1, 256, 1024):
-        lay = choose_remap_layout(2048, count_valid=True, num_rows=t, num_blocks=2048)
+        lay = choose_remap_config(2048, count_valid=True, num_rows=t, num_blocks=2048)
         assert lay.flat and lay.stage_row and not lay.stage_pages
         assert (lay.rows_per_program, lay.num_chunks, lay.num_warps, lay.pdl) == (1, 1, 16, 3)
     for kw in (
@@ -195,17 +196,17 @@ def test_layout_auto_stages_whole_rows_in_small_grids():
         dict(num_rows=256, num_blocks=2048, compact=True),  # compaction: not measured
         dict(num_rows=256),  # table width unknown: no staging at all
     ):
-        assert not choose_remap_layout(2048, count_valid=True, **kw).stage_row, kw
-    assert not choose_remap_layout(1024, count_valid=True, num_rows=256, num_blocks=64).stage_row
+        assert not choose_remap_config(2048, count_valid=True, **kw).stage_row, kw
+    assert not choose_remap_config(1024, count_valid=True, num_rows=256, num_blocks=64).stage_row
 
 
 def test_layout_auto_flat_for_large_calls_of_odd_narrow_rows():
-    lay = choose_remap_layout(384, count_valid=True, num_rows=4096)
+    lay = choose_remap_config(384, count_valid=True, num_rows=4096)
     assert lay.flat and (lay.rows_per_program, lay.block_cols, lay.num_chunks) == (4, 512, 3)
     assert lay.evict_first and lay.pdl == 2 and not lay.stage_pages
-    lay = choose_remap_layout(640, count_valid=False, num_rows=1 << 20)
+    lay = choose_remap_config(640, count_valid=False, num_rows=1 << 20)
     assert lay.flat and (lay.rows_per_program, lay.num_chunks) == (4, 5)
-    assert choose_remap_layout(96, count_valid=True, num_rows=4096).rows_per_program == 16
+    assert choose_remap_config(96, count_valid=True, num_rows=4096).rows_per_program == 16
     for k, kw in (
         (384, dict(num_rows=1024)),  # small grid
         (384, dict()),  # rows unknown
@@ -215,15 +216,28 @@ def test_layout_auto_flat_for_large_calls_of_odd_narrow_rows():
         (3, dict(num_rows=4096)),  # 512 rows in 3 steps: too many rows
         (1536, dict(num_rows=4096)),  # wide rows stage their block-table prefix
     ):
-        assert not choose_remap_layout(k, count_valid=True, **kw).flat, (k, kw)
+        assert not choose_remap_config(k, count_valid=True, **kw).flat, (k, kw)
 
 
 def test_layout_auto_only_by_name():
     req, bt, idx = rand_case(1, 2, 128)
-    with pytest.raises(ValueError, match="layout must be 'auto' or a RemapLayout"):
+    with pytest.raises(ValueError, match="layout must be 'auto' or a RemapConfig"):
         sparse_mla.convert_req_index_to_global_index(req, bt, idx, layout="tiled_atomic")
-    with pytest.raises(TypeError, match="layout must be 'auto' or a RemapLayout"):
+    with pytest.raises(TypeError, match="layout must be 'auto' or a RemapConfig"):
         sparse_mla.convert_req_index_to_global_index(req, bt, idx, layout=3)
+
+
+def test_old_names_still_work():
+    """RemapConfig's names before issue 32 stay for one release, from the same places."""
+    from sparse_mla import RemapLayout, choose_remap_layout
+    from sparse_mla.ops.remap import RemapLayout as layout_from_package
+
+    assert RemapLayout is RemapConfig is layout_from_package
+    assert choose_remap_layout is choose_remap_config
+    req, bt, idx = rand_case(1, 2, 128)
+    lay = RemapLayout(1, 128, 1, 1, False, True, 4)
+    want = sparse_mla.convert_req_index_to_global_index(req, bt, idx)
+    assert torch.equal(sparse_mla.convert_req_index_to_global_index(req, bt, idx, layout=lay), want)
 
 
 # ---- randomized A/B against the reference ------------------------------------------------
@@ -271,13 +285,13 @@ def test_odd_widths_and_multi_chunk_rows(k):
 @pytest.mark.parametrize(
     "layout",
     [
-        RemapLayout(4, 128, 3, 1, False, True, 4),
-        RemapLayout(2, 64, 6, 1, False, True, 2),
-        RemapLayout(1, 512, 1, 1, False, True, 4, evict_first=True),
-        RemapLayout(1, 128, 3, 1, False, True, 4, stage_pages=True),
-        RemapLayout(1, 128, 3, 1, False, True, 4, pdl=1),  # PDL: on the GPU only
-        RemapLayout(1, 512, 1, 1, False, True, 8, stage_pages=True, pdl=2),
-        RemapLayout(1, 512, 1, 1, False, True, 8, stage_pages=True, pdl=3),
+        RemapConfig(4, 128, 3, 1, False, True, 4),
+        RemapConfig(2, 64, 6, 1, False, True, 2),
+        RemapConfig(1, 512, 1, 1, False, True, 4, evict_first=True),
+        RemapConfig(1, 128, 3, 1, False, True, 4, stage_pages=True),
+        RemapConfig(1, 128, 3, 1, False, True, 4, pdl=1),  # PDL: on the GPU only
+        RemapConfig(1, 512, 1, 1, False, True, 8, stage_pages=True, pdl=2),
+        RemapConfig(1, 512, 1, 1, False, True, 8, stage_pages=True, pdl=3),
         staged(384, evict_first=True),
     ],
 )
@@ -566,7 +580,7 @@ def test_bad_input_messages():
     with pytest.raises(ValueError, match="prefill_request_ids must have shape"):
         conv(req, bt, idx, prefill_request_ids=i32([0]), prefill_workspace_starts=i32([0]))
     with pytest.raises(ValueError, match="does not cover"):
-        conv(req, bt, idx, layout=RemapLayout(1, 64, 1, 1, False, True, 4))
+        conv(req, bt, idx, layout=RemapConfig(1, 64, 1, 1, False, True, 4))
     if DEV.type == "cpu":
         meta = torch.empty(4, dtype=torch.int32, device="meta")
         with pytest.raises(ValueError, match="req_id is on meta but token_indices is on cpu"):
@@ -726,7 +740,7 @@ def test_bad_custom_layouts_and_arguments():
     req, bt, idx = rand_case(2, 4, 256)
     conv = sparse_mla.convert_req_index_to_global_index
     with pytest.raises(ValueError, match="powers of two"):
-        conv(req, bt, idx, layout=RemapLayout(1, 384, 1, 1, False, True, 4))
+        conv(req, bt, idx, layout=RemapConfig(1, 384, 1, 1, False, True, 4))
     with pytest.raises(ValueError, match="tail must be pre-filled"):
         sparse_mla.filter_and_convert_dcp_index(
             req,
@@ -735,12 +749,12 @@ def test_bad_custom_layouts_and_arguments():
             dcp_size=2,
             dcp_rank=0,
             block_size=16,
-            layout=RemapLayout(1, 128, 1, 2, True, True, 4),
+            layout=RemapConfig(1, 128, 1, 2, True, True, 4),
         )
     with pytest.raises(ValueError, match="pdl must be 0, 1, 2 or 3"):
-        conv(req, bt, idx, layout=RemapLayout(1, 256, 1, 1, False, True, 4, pdl=4))
+        conv(req, bt, idx, layout=RemapConfig(1, 256, 1, 1, False, True, 4, pdl=4))
     with pytest.raises(ValueError, match="stage_row needs flat, one row and one step"):
-        conv(req, bt, idx, layout=RemapLayout(1, 256, 1, 1, False, True, 4, stage_row=True))
+        conv(req, bt, idx, layout=RemapConfig(1, 256, 1, 1, False, True, 4, stage_row=True))
     with pytest.raises(ValueError, match="stage_row needs flat, one row and one step"):
         conv(req, bt, idx, layout=flat(256, 2, 512, stage_row=True))
     with pytest.raises(ValueError, match="stage_row needs a block table of 1"):
@@ -754,7 +768,7 @@ def test_bad_custom_layouts_and_arguments():
     with pytest.raises(ValueError, match="flat works without"):
         conv(req, bt, idx, layout=staged(256, flat=True))
     with pytest.raises(ValueError, match="stage_pages needs rows_per_program == 1"):
-        conv(req, bt, idx, layout=RemapLayout(2, 256, 1, 1, False, True, 4, stage_pages=True))
+        conv(req, bt, idx, layout=RemapConfig(2, 256, 1, 1, False, True, 4, stage_pages=True))
     with pytest.raises(ValueError, match="stage_pages needs a block table of 1..4096"):
         conv(req, torch.zeros(4, 4097, dtype=torch.int32, device=DEV), idx, layout=staged(256))
     with pytest.raises(TypeError, match="out must be a torch.Tensor"):
@@ -772,10 +786,10 @@ def test_enable_pdl_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
         modes.append(0 if enable_pdl is False else mode)
         return {"PDL": 0}
 
-    monkeypatch.setattr(remap_mod, "pdl_launch", record)
+    monkeypatch.setattr(remap_api, "pdl_launch", record)
     i32 = dict(dtype=torch.int32, device=DEV)
     args = (torch.zeros(2, **i32), torch.zeros(1, 4, **i32), torch.full((2, 2048), 5, **i32))
-    layout = choose_remap_layout(2048, count_valid=False, num_rows=2, num_blocks=4)
+    layout = choose_remap_config(2048, count_valid=False, num_rows=2, num_blocks=4)
     for on in (None, True, False):
         sparse_mla.convert_req_index_to_global_index(*args, enable_pdl=on)
         sparse_mla.filter_and_convert_dcp_index(*args, dcp_size=2, dcp_rank=0, enable_pdl=on)

@@ -15,11 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from .. import _runtime
-from .._runtime import pdl_launch, pdl_prologue
+from .._runtime import jit, pdl_launch, pdl_prologue
 
 Call = Callable[[], object]
 
@@ -27,7 +26,7 @@ Call = Callable[[], object]
 DEFAULT_L2_BYTES = 60 * 1000 * 1000
 
 
-@triton.jit
+@jit
 def _empty_kernel(ptr, PDL: tl.constexpr):
     # One program writing one int: the cheapest kernel that is guaranteed to run.
     pdl_prologue(PDL)

@@ -27,11 +27,11 @@ from numbers import Real
 import torch
 
 from .._checks import check_int, check_tensor
-from .._launch import PlanCache, scalars_key, tensor_meta
+from .._launch import HostPlanCache, scalars_key, tensor_meta
 from ..ops.attention import AttentionWorkspace, attention_workspace, sparse_mla_decode
 
 LATENT_DIM, HEAD_DIM_V = 576, 512
-_CHECKED = PlanCache()  # argument metadata that passed the checks -> the call's Config
+_CHECKED = HostPlanCache()  # argument metadata that passed the checks -> the call's Config
 
 
 @dataclass

@@ -33,7 +33,7 @@ from ..ops.decode_metadata import (
     native_decode_seq_lens,
 )
 from ..ops.remap import (
-    RemapLayout,
+    RemapConfig,
     convert_req_index_to_global_index,
     filter_and_convert_dcp_index,
 )
@@ -88,7 +88,7 @@ def triton_convert_req_index_to_global_index(
     return_valid_counts: bool = False,
     *,
     BLOCK_STRIDE_ROWS: int | None = None,
-    layout: str | RemapLayout = "auto",
+    layout: str | RemapConfig = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """vLLM-compatible :func:`sparse_mla.convert_req_index_to_global_index`.
 
@@ -96,7 +96,7 @@ def triton_convert_req_index_to_global_index(
     rows between pages, default ``BLOCK_SIZE``) is keyword-only, as every vLLM caller passes
     it, so a positional call meant for another order fails the ``NUM_TOPK_TOKENS`` check
     instead of remapping with a wrong page stride. ``BLOCK_N`` is ignored; ``layout`` (not
-    vLLM's) is ``"auto"`` or a :class:`RemapLayout`, as in the library call.
+    vLLM's) is ``"auto"`` or a :class:`RemapConfig`, as in the library call.
     """
     _check_remap_args(req_id, block_table, token_indices, NUM_TOPK_TOKENS)
     if HAS_PREFILL_WORKSPACE:
@@ -140,7 +140,7 @@ def triton_filter_and_convert_dcp_index(
     compact_valid_to_front: bool = True,
     *,
     BLOCK_STRIDE_ROWS: int | None = None,
-    layout: str | RemapLayout = "auto",
+    layout: str | RemapConfig = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """vLLM-compatible :func:`sparse_mla.filter_and_convert_dcp_index` (vLLM's order, and
     vLLM's ``BLOCK_STRIDE_ROWS`` keyword for caches whose pages interleave other layers')."""

@@ -20,12 +20,12 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-import triton
 import triton.language as tl
 
 from .. import _runtime
 from .._checks import check_int, check_output, check_same_device, check_shape, check_tensor
-from .._runtime import cdiv, next_pow2
+from .._custom_op import compiling, custom_op, run_eager
+from .._runtime import cdiv, jit, next_pow2
 from ._dist import all_gather_into, check_group, reduce_scatter_into
 
 __all__ = ["CombineWorkspace", "combine", "combine_workspace", "rescale_partial"]
@@ -92,7 +92,7 @@ def combine_workspace(
     )
 
 
-@triton.jit
+@jit
 def _lse_combine_kernel(
     lse_all,
     out,
@@ -216,12 +216,9 @@ def rescale_partial(
     Returns:
         ``(dest, lse_out)``; summing ``dest`` over ranks gives the merged out.
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from .. import library
-
-        return library.rescale_partial(
-            out, lse_all, dcp_rank=dcp_rank, reduce=reduce, dest=dest, lse_out=lse_out
-        )  # fmt: skip
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        _rescale_partial_op(out, lse_all, dcp_rank, reduce, dest, lse_out)
+        return dest, lse_out
     check_tensor("out", out, dtype=_OUT_DTYPES, ndim=3)
     t, h, d = out.shape
     check_tensor("lse_all", lse_all, dtype=torch.float32, ndim=3)
@@ -257,6 +254,21 @@ def rescale_partial(
             BLOCK_D=block_d,
         )
     return dest, lse_out
+
+
+@custom_op("rescale_partial", public=rescale_partial, mutates_args=("dest", "lse_out"))
+def _rescale_partial_op(
+    out: torch.Tensor,
+    lse_all: torch.Tensor,
+    dcp_rank: int,
+    reduce: str,
+    dest: torch.Tensor,
+    lse_out: torch.Tensor,
+) -> None:
+    run_eager(
+        rescale_partial, out, lse_all, dcp_rank=dcp_rank, reduce=reduce, dest=dest,
+        lse_out=lse_out,
+    )  # fmt: skip
 
 
 def combine(

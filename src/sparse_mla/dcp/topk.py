@@ -42,12 +42,12 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-import triton
 import triton.language as tl
 
 from .. import _runtime
 from .._checks import check_int, check_output, check_same_device, check_shape, check_tensor
-from .._runtime import cdiv, next_pow2
+from .._custom_op import compiling, custom_op, run_eager
+from .._runtime import cdiv, jit, next_pow2
 from ..ops._common.dcp import dcp_global
 from ..ops.topk import MAX_K, select_topk, supported_k, topk_workspace
 from ._dist import all_gather_into, check_group
@@ -94,6 +94,24 @@ class GlobalTopkWorkspace:
     selected: torch.Tensor
     topk: torch.Tensor
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Its tensors in field order (how an op takes it: a ``Tensor[]``)."""
+        return [getattr(self, name) for name in _WORKSPACE_TENSORS]
+
+    @classmethod
+    def from_tensors(
+        cls, tensors: list[torch.Tensor], rows: int, k: int, dcp_size: int
+    ) -> GlobalTopkWorkspace:
+        """The workspace :meth:`tensors` came from."""
+        return cls(rows, k, dcp_size, *tensors)
+
+
+_WORKSPACE_TENSORS = tuple(
+    f.name
+    for f in dataclasses.fields(GlobalTopkWorkspace)
+    if f.name not in ("rows", "k", "dcp_size")
+)
+
 
 def global_topk_workspace(
     rows: int, *, k: int, dcp_size: int, device: torch.device | str | None = None
@@ -124,7 +142,7 @@ def global_topk_workspace(
     )
 
 
-@triton.jit
+@jit
 def _pack_candidates_kernel(
     logits,
     s_lt,
@@ -158,7 +176,7 @@ def _pack_candidates_kernel(
         tl.store(score_out + t * s_st + j, x.to(tl.int32, bitcast=True), mask=in_k)
 
 
-@triton.jit
+@jit
 def _count_below(list_pos, p, K: tl.constexpr, LOG: tl.constexpr):
     """Entries of an ascending list of K positions (-1 entries at its end, treated as larger
     than any position) that are < p, for each lane's p: binary lifting, LOG = log2 of the
@@ -172,7 +190,7 @@ def _count_below(list_pos, p, K: tl.constexpr, LOG: tl.constexpr):
     return cnt
 
 
-@triton.jit
+@jit
 def _merge_by_position_kernel(
     recv,
     merged_scores,
@@ -213,7 +231,7 @@ def _merge_by_position_kernel(
         tl.store(merged_len + t, tl.sum(tl.where(ranks < DCP_SIZE, n, 0), axis=0))
 
 
-@triton.jit
+@jit
 def _gather_positions_kernel(
     selected, merged_pos, out, s_ot, s_oj, K: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr
 ):
@@ -279,13 +297,18 @@ def local_topk_candidates(
         score of candidate j, ``[t, 1, j]`` its global position, ascending, -1 after the
         ``min(k, local length)`` candidates (score bits 0 there).
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from .. import library
-
-        return library.local_topk_candidates(
-            local_logits, local_seq_lens, k=k, dcp_size=dcp_size, dcp_rank=dcp_rank,
-            interleave=interleave, workspace=workspace, positions_out=positions_out
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        rows = local_logits.shape[0]
+        if workspace is None:
+            workspace = global_topk_workspace(rows, k=k, dcp_size=dcp_size,
+                                              device=local_logits.device)  # fmt: skip
+        _local_topk_candidates_op(
+            local_logits, local_seq_lens, k, dcp_size, dcp_rank, interleave,
+            workspace.tensors(), workspace.rows, positions_out,
         )  # fmt: skip
+        if positions_out is not None:
+            return positions_out
+        return workspace.send[: rows * 2 * k].view(rows, 2, k)
     _check_dcp_layout(dcp_size, dcp_rank, interleave)
     _check_k(k)
     check_tensor("local_logits", local_logits, dtype=torch.float32, ndim=2)
@@ -353,10 +376,13 @@ def merge_topk_candidates(
     Returns:
         int32 ``[T, k]`` global positions, ascending, then -1.
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from .. import library
-
-        return library.merge_topk_candidates(candidates, k=k, out=out, workspace=workspace)
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        w, rows = candidates.shape[0], candidates.shape[1]
+        if workspace is None:
+            workspace = global_topk_workspace(rows, k=k, dcp_size=w, device=candidates.device)
+        out = _empty_positions(rows, k, candidates.device) if out is None else out
+        _merge_topk_candidates_op(candidates, k, out, workspace.tensors(), workspace.rows)
+        return out
     _check_k(k)
     check_tensor("candidates", candidates, dtype=torch.int32, ndim=4)
     w, rows = candidates.shape[:2]
@@ -370,8 +396,7 @@ def merge_topk_candidates(
     if workspace is None:
         workspace = global_topk_workspace(rows, k=k, dcp_size=w, device=device)
     _check_workspace(workspace, rows, k, w, device)
-    if out is None:
-        out = torch.empty((rows, k), dtype=torch.int32, device=device)
+    out = _empty_positions(rows, k, device) if out is None else out
     if rows == 0:
         return out
 
@@ -397,6 +422,51 @@ def merge_topk_candidates(
         selected, workspace.merged_pos, out, *out.stride(), K=k, COLS=cols, BLOCK=_PACK_BLOCK
     )
     return out
+
+
+@custom_op(
+    "local_topk_candidates",
+    public=local_topk_candidates,
+    mutates_args=("workspace", "positions_out"),
+    represents={"workspace": ("workspace", "workspace_rows")},
+)
+def _local_topk_candidates_op(
+    local_logits: torch.Tensor,
+    local_seq_lens: torch.Tensor,
+    k: int,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+    workspace: list[torch.Tensor],
+    workspace_rows: int,
+    positions_out: torch.Tensor | None,
+) -> None:
+    ws = GlobalTopkWorkspace.from_tensors(workspace, workspace_rows, k, dcp_size)
+    run_eager(
+        local_topk_candidates, local_logits, local_seq_lens, k=k, dcp_size=dcp_size,
+        dcp_rank=dcp_rank, interleave=interleave, workspace=ws, positions_out=positions_out,
+    )  # fmt: skip
+
+
+@custom_op(
+    "merge_topk_candidates",
+    public=merge_topk_candidates,
+    mutates_args=("out", "workspace"),
+    represents={"workspace": ("workspace", "workspace_rows")},
+)
+def _merge_topk_candidates_op(
+    candidates: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    workspace: list[torch.Tensor],
+    workspace_rows: int,
+) -> None:
+    ws = GlobalTopkWorkspace.from_tensors(workspace, workspace_rows, k, candidates.shape[0])
+    run_eager(merge_topk_candidates, candidates, k=k, out=out, workspace=ws)
+
+
+def _empty_positions(rows: int, k: int, device: torch.device) -> torch.Tensor:
+    return torch.empty((rows, k), dtype=torch.int32, device=device)
 
 
 def global_topk(

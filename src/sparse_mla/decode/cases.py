@@ -256,6 +256,7 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
     """Positional arguments (schema order) of each ``torch.ops.sparse_mla`` op over ``case``
     (at least 64 positions per request, ``OP_CASE_K`` columns), for ``torch.library.opcheck``."""
     from .. import library
+    from .._custom_op import encode_config
     from ..dcp import global_topk_workspace, local_topk_candidates
     from ..ops.attention import AttentionConfig, attention_workspace
     from ..ops.decode_metadata import ExpandConfig
@@ -274,46 +275,46 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
     ])  # fmt: skip
     split = AttentionConfig(num_splits=2, block_n=16)
     attn_ws = attention_workspace(b, heads, k, cache_format="bf16", config=split, device=dev)
-    gws = library._gtopk_tensors(global_topk_workspace(b, k=k, dcp_size=2, device=dev))
+    gws = global_topk_workspace(b, k=k, dcp_size=2, device=dev).tensors()
 
     def out(*shape, dtype=i32):
         return torch.empty(shape, dtype=dtype, device=dev)
 
     return {
         "expand_decode_tokens": (
-            lens, bt, out(3), out(3, w), out(3), out(3), [1, 2], None, None, 2, 3, None, 1, 0,
-            1, None, None,
+            lens, bt, [1, 2], None, 2, 3, None, None, 1, 0, 1, out(3), out(3, w), out(3),
+            out(3), None, None,
         ),
-        "native_decode_seq_lens": (lens, out(b, 2), 2, 2, 1, 1, None, None),
+        "native_decode_seq_lens": (lens, 2, 2, 1, 1, out(b, 2), None, None),
         "dcp_local_seq_lens": (
-            lens, out(b), 2, 1, 1, library._encode(ExpandConfig(), "expand"), None,
+            lens, 2, 1, 1, out(b), encode_config(ExpandConfig()), None,
         ),
         "write_indexer_k": (x.k_idx, x.index_k_cache.clone(), x.slot_mapping),
         "write_mla_latent": (x.kv[:, :512], x.kv[:, 512:], x.kv_cache.clone(), x.slot_mapping),
         "index_logits": (
-            x.q_idx, x.idx_weights, x.index_k_cache, lens, bt, out(b, 128, dtype=f32), None, 128,
+            x.q_idx, x.idx_weights, x.index_k_cache, lens, bt, None, 128, out(b, 128, dtype=f32),
             None,
         ),
         "select_topk": (
-            logits, lens, out(b, k), out(b), bt, req, topk_workspace(b, device=dev), k, 64, None,
-            None, None, library._encode(TopKConfig(), "topk"), None,
+            logits, lens, k, out(b, k), bt, req, 64, None, out(b), False,
+            topk_workspace(b, device=dev), None, None, encode_config(TopKConfig()), None,
         ),
         "convert_req_index_to_global_index": (
-            req, bt, idx, out(b, k), out(b), True, None, None, 64, None, "auto", None,
+            req, bt, idx, 64, None, None, None, True, out(b, k), out(b), "auto", None,
         ),
         "filter_and_convert_dcp_index": (
-            req, bt, idx, out(b, k), out(b), False, 2, 1, 1, 64, None, True, "auto", None,
+            req, bt, idx, 2, 1, 1, 64, None, True, False, out(b, k), out(b), "auto", None,
         ),
         "sparse_mla_decode": (
-            x.q, x.kv_cache, slots, out(b, heads, 512, dtype=torch.bfloat16),
-            out(b, heads, dtype=f32), None, None, None, None, attn_ws.partial_out,
-            attn_ws.partial_lse, 0.135, None, library._encode(split, "attention"),
+            x.q, x.kv_cache, slots, 0.135, None, None, None, None, None,
+            out(b, heads, 512, dtype=torch.bfloat16), out(b, heads, dtype=f32),
+            attn_ws.partial_out, attn_ws.partial_lse, encode_config(split), None,
         ),
-        "local_topk_candidates": (logits, lens // 2, gws, None, b, k, 2, 1, 1),
-        "merge_topk_candidates": (cands, out(b, k), gws, b, k),
+        "local_topk_candidates": (logits, lens // 2, k, 2, 1, 1, gws, b, None),
+        "merge_topk_candidates": (cands, k, out(b, k), gws, b),
         "rescale_partial": (
-            torch.randn(b, heads, 32, device=dev), torch.randn(2, b, heads, device=dev),
-            out(b, heads, 32, dtype=f32), out(b, heads, dtype=f32), 1, "all_reduce",
+            torch.randn(b, heads, 32, device=dev), torch.randn(2, b, heads, device=dev), 1,
+            "all_reduce", out(b, heads, 32, dtype=f32), out(b, heads, dtype=f32),
         ),
     }  # fmt: skip
 

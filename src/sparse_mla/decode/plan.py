@@ -17,6 +17,7 @@ import torch
 
 from .._checks import check_int
 from .._runtime import canonical_device
+from ..ops.attention import attention_workspace, sparse_mla_decode
 from ..ops.decode_metadata import DecodeMetadata, DecodeMetadataBuilder
 from ..ops.indexer import index_logits
 from ..ops.kv_cache import write_indexer_k, write_mla_latent
@@ -45,7 +46,7 @@ class DecodePlanConfig:
     directly), "attention" (top-k writes positions, the attention remaps them as it loads:
     needs the library attention), "separate" (positions, then the remap op: slots). The last
     two also return the positions (``DecodeStepOutput.positions``).
-    attention: "auto" (the library's sparse_mla_decode when present, else "torch") or "torch".
+    attention: "auto" (the library's sparse_mla_decode) or "torch" (batched PyTorch).
     """
 
     max_num_tokens: int
@@ -106,15 +107,6 @@ class DecodeStepOutput(NamedTuple):
     positions: torch.Tensor | None
 
 
-def _library_attention() -> tuple[Callable | None, Callable | None]:
-    """The library's sparse MLA decode op and its workspace helper, when present."""
-    try:
-        from ..ops.attention import attention_workspace, sparse_mla_decode
-    except ImportError:
-        return None, None
-    return sparse_mla_decode, attention_workspace
-
-
 class DecodePlan:
     """A DSA decode step for one layer at a time, with every buffer allocated once.
 
@@ -169,11 +161,11 @@ class DecodePlan:
         self._out = torch.empty(t, c.num_heads, NOPE_DIM, dtype=torch.bfloat16, device=dev)
         self._lse = torch.empty(t, c.num_heads, dtype=torch.float32, device=dev)
         self._topk_ws = topk_workspace(t, device=dev)
-        self._attn, ws_fn = _library_attention() if c.attention == "auto" else (None, None)
+        self._attn = sparse_mla_decode if c.attention == "auto" else None
         self._attn_ws = None
-        if ws_fn is not None:
+        if self._attn is not None:
             fmt = "fp8" if c.mla_fp8 else "bf16"
-            self._attn_ws = ws_fn(t, c.num_heads, k, cache_format=fmt, device=dev)
+            self._attn_ws = attention_workspace(t, c.num_heads, k, cache_format=fmt, device=dev)
         if c.remap == "attention" and self._attn is None:
             raise ValueError("remap='attention' needs the library attention (attention='auto')")
         self._graph: torch.cuda.CUDAGraph | None = None

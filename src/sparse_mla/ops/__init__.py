@@ -1,2 +1,4 @@
-"""One package per capability; each holds the Triton kernels with their host wrappers
-(``*.py``) and a readable PyTorch reference (``naive.py``)."""
+"""One package per capability, each laid out the same way: ``api.py`` (the public entries and
+their custom ops), ``config.py`` (``<Op>Config`` and its chooser), the Triton kernels in files
+named by algorithm, ``naive.py`` (a readable PyTorch reference) and a README
+(docs/DEVELOPING.md, "Layout")."""

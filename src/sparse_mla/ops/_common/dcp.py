@@ -10,29 +10,30 @@ The KV cache of every request is sharded over ``dcp_size`` ranks in groups of
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
+from ..._runtime import jit
 
-@triton.jit
+
+@jit
 def dcp_owner(pos, DCP_SIZE, INTERLEAVE):
     """Rank owning position ``pos`` (>= 0)."""
     return (pos // INTERLEAVE) % DCP_SIZE
 
 
-@triton.jit
+@jit
 def dcp_local(pos, DCP_SIZE, INTERLEAVE):
     """Local position of ``pos`` (>= 0) on its owner."""
     return (pos // (DCP_SIZE * INTERLEAVE)) * INTERLEAVE + pos % INTERLEAVE
 
 
-@triton.jit
+@jit
 def dcp_global(local, rank, DCP_SIZE, INTERLEAVE):
     """Global position of rank ``rank``'s local position ``local`` (>= 0)."""
     return (local // INTERLEAVE) * (DCP_SIZE * INTERLEAVE) + rank * INTERLEAVE + local % INTERLEAVE
 
 
-@triton.jit
+@jit
 def dcp_local_count(length, rank, DCP_SIZE, INTERLEAVE):
     """How many positions ``p < length`` rank ``rank`` owns (``length`` >= 0)."""
     span = DCP_SIZE * INTERLEAVE

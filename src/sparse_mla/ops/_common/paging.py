@@ -10,13 +10,14 @@ slot: -1, and the entry counts as invalid.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
+
+from ..._runtime import jit
 
 INT32_MAX = 2**31 - 1
 
 
-@triton.jit
+@jit
 def page_slot(page_id, offset, block_stride_rows):
     """(slot as int32, valid) of ``offset`` in page ``page_id``; slot -1 where not valid."""
     slot = page_id.to(tl.int64) * block_stride_rows + offset

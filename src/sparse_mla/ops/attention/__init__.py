@@ -1,6 +1,6 @@
 """Sparse MLA decode attention over the selected cache rows (bf16 or FlashMLA fp8 cache)."""
 
-from .attention import AttentionWorkspace, attention_workspace, sparse_mla_decode
+from .api import AttentionWorkspace, attention_workspace, sparse_mla_decode
 from .config import (
     AttentionConfig,
     check_attention_config,

@@ -12,14 +12,13 @@ The attention sink, when given, is applied here (the splits cannot know the full
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
-from ..._runtime import pdl_prologue
-from .decode import K_LN2, K_LOG2E, K_NOPE, to_bf16
+from ..._runtime import jit, pdl_prologue
+from .split_kv import K_LN2, K_LOG2E, K_NOPE, to_bf16
 
 
-@triton.jit
+@jit
 def _combine_kernel(
     part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr,
     h_q, num_splits, head_blocks, dim_blocks, sink_s0,

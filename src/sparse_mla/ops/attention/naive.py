@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache.kv_cache import MLA_NOPE_DIM, MLA_TILE, mla_cache_layout
+from ..kv_cache.layout import MLA_NOPE_DIM, MLA_TILE, mla_cache_layout
 from ..remap.naive import convert_req_index_to_global_index_reference
 
 

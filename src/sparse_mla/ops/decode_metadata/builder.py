@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import torch
 
 from ..._checks import check_dcp, check_int, check_tensor
+from ..._custom_op import compiling
 from ..._runtime import canonical_device
+from .api import launch_expand_through_op, launch_native_through_op
+from .config import ExpandConfig, check_expand_config
 from .expand import (
     _INT32_MAX,
     MAX_DECODE_LEN,
-    ExpandConfig,
     ExpandedDecodeTokens,
-    _check_config,
     _check_seq_lens_block_table,
     _host_decode_lens,
     _launch_expand,
@@ -104,7 +105,7 @@ class DecodeMetadataBuilder:
         for n in native:
             check_int("native_decode_lens", n, lo=1, hi=max_decode_len)
         check_dcp(dcp_size, dcp_rank, interleave)
-        self.config = _check_config(config)
+        self.config = check_expand_config(config)
 
         self.max_num_tokens = max_num_tokens
         self.max_num_requests = max_num_requests
@@ -264,14 +265,12 @@ class DecodeMetadataBuilder:
         distinct = set(host)
         requires_padding = len(distinct) > 1
         launch_native, launch_expand = _launch_native, _launch_expand
-        if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-            from ... import library
-
-            launch_native, launch_expand = library.launch_native, library.launch_expand
+        if compiling():  # torch.compile: through the ops (docs/DEVELOPING.md, "Custom ops")
+            launch_native, launch_expand = launch_native_through_op, launch_expand_through_op
         kw = {
             "dcp_size": self.dcp_size,
             "dcp_rank": self.dcp_rank,
-            "dcp_interleave": self.interleave,
+            "interleave": self.interleave,
             "config": self.config,
             "enable_pdl": enable_pdl,
         }

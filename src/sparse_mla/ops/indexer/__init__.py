@@ -1,6 +1,7 @@
 """Lightning-indexer logits over the paged K cache (bf16 or DeepGEMM fp8), native MTP."""
 
-from .logits import IndexLogitsConfig, choose_index_logits_config, index_logits
+from .api import index_logits
+from .config import IndexLogitsConfig, choose_index_logits_config
 from .naive import index_logits_reference
 
 __all__ = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache.kv_cache import indexer_k_cache_layout
+from ..kv_cache.layout import indexer_k_cache_layout
 from ..kv_cache.naive import dequantize_indexer_k_cache
 
 

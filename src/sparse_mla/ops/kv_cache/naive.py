@@ -1,7 +1,7 @@
 """Plain-PyTorch references for the cache formats: writers, readers, dequantisers.
 
 Written for clarity, not speed. The byte layouts are described in
-:mod:`sparse_mla.ops.kv_cache.kv_cache`; these functions are the executable definition the
+:mod:`sparse_mla.ops.kv_cache.layout`; these functions are the executable definition the
 Triton writers are compared against bit for bit.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from .kv_cache import (
+from .layout import (
     AMAX_FLOOR,
     FP8_MAX,
     MLA_NOPE_DIM,

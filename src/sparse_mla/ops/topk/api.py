@@ -14,8 +14,9 @@ from ..._checks import (
     check_shape,
     check_tensor,
 )
+from ..._custom_op import compiling, custom_op, decode_config, encode_config, run_eager
 from ..._launch import (
-    PlanCache,
+    HostPlanCache,
     byte_extent,
     check_disjoint,
     scalars_key,
@@ -132,16 +133,16 @@ def select_topk(
         int32 ``[rows, k]`` positions (or slots), or ``(out, valid_counts)`` with
         ``return_valid_counts``, valid_counts int32 ``[rows]``.
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from ... import library
-
-        return library.select_topk(
-            logits, seq_lens, k=k, out=out, block_table=block_table, req_id=req_id,
-            block_size=block_size, block_stride_rows=block_stride_rows,
-            valid_counts_out=valid_counts_out, return_valid_counts=return_valid_counts,
-            workspace=workspace, num_splits=num_splits, prefilter=prefilter,
-            config=config, enable_pdl=enable_pdl
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        out = _empty_positions(logits, k) if out is None else out
+        if valid_counts_out is None and return_valid_counts:
+            valid_counts_out = _empty_counts(logits)
+        _select_topk_op(
+            logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
+            valid_counts_out, return_valid_counts, workspace, num_splits, prefilter,
+            encode_config(config), enable_pdl,
         )  # fmt: skip
+        return (out, valid_counts_out) if return_valid_counts else out
     cfg = DEFAULT_CONFIG if config is None else config
     # Eager GPU calls are planned for the host's launch cost (TopKConfig.eager_row_max_n).
     eager = (
@@ -167,18 +168,17 @@ def select_topk(
         key = None
     call = _PLANS.get(key)
     if call is None:
-        call = _PLANS.put(key, _plan_call(
+        call = _PLANS.put(key, _host_plan(
             logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
             valid_counts_out, workspace, num_splits, prefilter, cfg, return_valid_counts,
             enable_pdl, eager,
         ))  # fmt: skip
-    device = logits.device
     ext = call.extents
     inputs = (("logits", logits, ext[0]), ("seq_lens", seq_lens, ext[1]),
               ("block_table", block_table, ext[2]), ("req_id", req_id, ext[3]))  # fmt: skip
     ws_in = ("workspace", workspace, ext[6])
     if out is None:
-        out = torch.empty(call.out_shape, dtype=torch.int32, device=device)
+        out = _empty_positions(logits, k)
     else:
         check_disjoint("out", out, ext[4], (("valid_counts_out", valid_counts_out, ext[5]),
                                             ws_in, *inputs))  # fmt: skip
@@ -190,7 +190,7 @@ def select_topk(
             check_workspace(workspace, call.out_shape[0])
     counts = valid_counts_out
     if call.want_counts and counts is None:
-        counts = torch.empty(call.out_shape[0], dtype=torch.int32, device=device)
+        counts = _empty_counts(logits)
     if call.plan is not None:
         src = (logits, *call.src_ints[:2], seq_lens, *call.src_ints[2:])
         cnt = counts if counts is not None else out
@@ -199,7 +199,42 @@ def select_topk(
     return (out, counts) if return_valid_counts else out
 
 
-_PLANS = PlanCache()
+@custom_op("select_topk", public=select_topk, mutates_args=("out", "valid_counts_out", "workspace"))
+def _select_topk_op(
+    logits: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    block_table: torch.Tensor | None,
+    req_id: torch.Tensor | None,
+    block_size: int,
+    block_stride_rows: int | None,
+    valid_counts_out: torch.Tensor | None,
+    return_valid_counts: bool,
+    workspace: torch.Tensor | None,
+    num_splits: int | None,
+    prefilter: bool | None,
+    config: str | None,
+    enable_pdl: bool | None,
+) -> None:
+    run_eager(
+        select_topk, logits, seq_lens, k=k, out=out, block_table=block_table, req_id=req_id,
+        block_size=block_size, block_stride_rows=block_stride_rows,
+        valid_counts_out=valid_counts_out, return_valid_counts=return_valid_counts,
+        workspace=workspace, num_splits=num_splits, prefilter=prefilter,
+        config=decode_config(config, TopKConfig), enable_pdl=enable_pdl,
+    )  # fmt: skip
+
+
+def _empty_positions(logits: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.empty((logits.shape[0], k), dtype=torch.int32, device=logits.device)
+
+
+def _empty_counts(logits: torch.Tensor) -> torch.Tensor:
+    return torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
+
+
+_PLANS = HostPlanCache()
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key
@@ -216,7 +251,7 @@ class _TopKCall:
     extents: tuple  # bytes: logits, seq_lens, block_table, req_id, out, counts, workspace
 
 
-def _plan_call(
+def _host_plan(
     logits, seq_lens, k, out, block_table, req_id, block_size, block_stride_rows,
     valid_counts_out, workspace, num_splits, prefilter, cfg, return_valid_counts, enable_pdl,
     eager,

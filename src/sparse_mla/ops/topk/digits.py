@@ -3,16 +3,16 @@ order-preserving keys, digit histograms, bin picks, the in-register select, popc
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
 from ... import _runtime
+from ..._runtime import jit
 
 _HW_POPC = tl.constexpr(not _runtime.INTERPRETER)
 
 
-@triton.jit
+@jit
 def to_keys(x):
     """fp32 -> order-preserving uint32 key (integer ops only, so no denormal flush)."""
     b = x.to(tl.uint32, bitcast=True)
@@ -23,7 +23,7 @@ def to_keys(x):
     return key.to(tl.uint32)
 
 
-@triton.jit
+@jit
 def load_chunk(x_row, s_xn, start, end, BLOCK: tl.constexpr, MASKED: tl.constexpr):
     """Positions, visibility and keys of the chunk [start, start + BLOCK) of a row.
 
@@ -38,7 +38,7 @@ def load_chunk(x_row, s_xn, start, end, BLOCK: tl.constexpr, MASKED: tl.constexp
     return offs, valid, to_keys(x)
 
 
-@triton.jit
+@jit
 def match_prefix(key, valid, prefix, HI: tl.constexpr):
     """Candidates of a pass: visible keys whose bits >= HI equal the prefix chosen so far
     (HI = 32: every visible key)."""
@@ -49,7 +49,7 @@ def match_prefix(key, valid, prefix, HI: tl.constexpr):
     return m
 
 
-@triton.jit
+@jit
 def digit_hist(key, match, n_match, LO: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
     """Histogram (2**BITS bins) of the digit at bits [LO, LO + BITS) over the matching keys.
 
@@ -63,7 +63,7 @@ def digit_hist(key, match, n_match, LO: tl.constexpr, BITS: tl.constexpr, BLOCK:
     return h - tl.where(bins == 0, BLOCK - n_match, 0)
 
 
-@triton.jit
+@jit
 def pick_bin(hist, need, NB: tl.constexpr):
     """The digit d holding the need-th largest candidate.
 
@@ -79,12 +79,12 @@ def pick_bin(hist, need, NB: tl.constexpr):
     return d, need, (n_d == need).to(tl.int32), n_d
 
 
-@triton.jit
+@jit
 def add_digit(prefix, d, LO: tl.constexpr):
     return prefix | (d.to(tl.uint32) << LO)
 
 
-@triton.jit
+@jit
 def tile_pass(
     key, valid, prefix, need, n_match, P: tl.constexpr, B: tl.constexpr, TILE: tl.constexpr
 ):
@@ -109,7 +109,7 @@ def tile_pass(
     return prefix, need, done, n_match
 
 
-@triton.jit
+@jit
 def tile_select(key, valid, need, B: tl.constexpr, PASSES: tl.constexpr, TILE: tl.constexpr):
     """The first PASSES passes (``tile_pass``) of the radix select of the need-th largest
     valid key of a tile: (prefix, need, done) as the split passes leave them."""
@@ -122,7 +122,7 @@ def tile_select(key, valid, need, B: tl.constexpr, PASSES: tl.constexpr, TILE: t
     return prefix, need, done
 
 
-@triton.jit
+@jit
 def finish_threshold(prefix, need, done):
     """Threshold form of the selection: keys > thr, plus the first ``need`` keys == thr.
 
@@ -135,7 +135,7 @@ def finish_threshold(prefix, need, done):
     return thr, need
 
 
-@triton.jit
+@jit
 def popcount(x):
     """Set bits of each uint32, as int32: one instruction on the GPU, SWAR arithmetic in the
     interpreter (which has no libdevice)."""

@@ -9,13 +9,13 @@ or the slot does not fit in int32.
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
+from ..._runtime import jit
 from .._common.paging import page_slot
 
 
-@triton.jit
+@jit
 def request_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED: tl.constexpr):
     """Block-table row of this query row, and the number of its pages that may be read:
     W, or 0 when req_id is outside [0, R) (then every slot is -1)."""
@@ -30,7 +30,7 @@ def request_row(req_ptr, s_req, row, n_req, n_pages, bt_ptr, s_btr, FUSED: tl.co
     return page_limit, bt_row
 
 
-@triton.jit
+@jit
 def stage_pages(bt_row, s_btc, page0, page_limit, STAGE: tl.constexpr):
     """Block-table entries page0 .. page0 + STAGE - 1 of the row (0 from page_limit on), read
     with coalesced loads early, so that ``emit`` gathers them on chip instead of waiting on
@@ -39,7 +39,7 @@ def stage_pages(bt_row, s_btc, page0, page_limit, STAGE: tl.constexpr):
     return tl.load(bt_row + p * s_btc, mask=p < page_limit, other=0)
 
 
-@triton.jit
+@jit
 def emit(
     o_row,
     s_oc,
@@ -79,7 +79,7 @@ def emit(
     return ok
 
 
-@triton.jit
+@jit
 def valid_count(ok, n_stored, FUSED: tl.constexpr):
     """Valid entries among the ``n_stored`` entries just emitted (mask ``ok``): all of them
     for positions; for slots a reduction (any page id may be bad)."""
@@ -89,7 +89,7 @@ def valid_count(ok, n_stored, FUSED: tl.constexpr):
     return cnt
 
 
-@triton.jit
+@jit
 def emit_short_row(
     o_row,
     s_oc,

@@ -23,18 +23,17 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 import torch
-import triton
 import triton.language as tl
 
 from ..._launch import launch
-from ..._runtime import pdl_prologue
+from ..._runtime import jit, pdl_prologue
 from .config import TopKConfig, TopKPlan
 from .digits import finish_threshold, popcount, tile_select, to_keys
 from .emit import emit, emit_short_row, request_row, valid_count
 from .workspace import WS_PF, WS_PF_BMP, WS_PF_BUF, WS_PF_CAP, WS_ROW_STRIDE
 
 
-@triton.jit
+@jit
 def _prefilter_sample_kernel(
     x_ptr,
     s_xr,
@@ -85,7 +84,7 @@ def _prefilter_sample_kernel(
             tl.store(ws_row + WS_PF_BMP + w, tl.zeros([WORDS], tl.int32), mask=w * 32 < length)
 
 
-@triton.jit
+@jit
 def _pass_chunk(ws_row, x, offs, valid, thr, TILE: tl.constexpr, MARKED: tl.constexpr):
     """Collect the chunk's keys >= thr; ``x``, ``offs``, ``valid``: ``[words, 32]`` tiles
     (the chunk starts on a word). Returns the chunk's candidate count.
@@ -113,7 +112,7 @@ def _pass_chunk(ws_row, x, offs, valid, thr, TILE: tl.constexpr, MARKED: tl.cons
     return n
 
 
-@triton.jit
+@jit
 def _prefilter_pass_kernel(
     x_ptr,
     s_xr,
@@ -173,7 +172,7 @@ def _prefilter_pass_kernel(
                 tl.store(fb_ptr + 1 + tl.atomic_add(fb_ptr, 1, sem="relaxed"), row)
 
 
-@triton.jit
+@jit
 def _nth_set_bit(word, r):
     """Index of the r-th (from 0) lowest set bit of each uint32 ``word`` (r < its popcount):
     halve the span five times by the popcount of its low half."""
@@ -186,7 +185,7 @@ def _nth_set_bit(word, r):
     return p
 
 
-@triton.jit
+@jit
 def _list_marked(x_row, s_xn, ws_row, length, total, TILE: tl.constexpr, LOG_WORDS: tl.constexpr):
     """The candidates marked in the row's bitmap, in position order: (key, pos, valid)
     ``[TILE]`` tiles. The i-th candidate lies in the first word whose running count (a scan
@@ -212,7 +211,7 @@ def _list_marked(x_row, s_xn, ws_row, length, total, TILE: tl.constexpr, LOG_WOR
     return key, pos, valid
 
 
-@triton.jit
+@jit
 def _columns_from_bitmap(ws_row, length, pos, take, TILE: tl.constexpr, LOG_WORDS: tl.constexpr):
     """Output column of each taken position of an unordered buffer: the taken positions
     before it, from a bitmap of them (popcounts and one scan over its words)."""
@@ -231,7 +230,7 @@ def _columns_from_bitmap(ws_row, length, pos, take, TILE: tl.constexpr, LOG_WORD
     return col + popcount(mine & (bit - 1))
 
 
-@triton.jit
+@jit
 def _prefilter_select(
     x_row,
     s_xn,
@@ -302,7 +301,7 @@ def _prefilter_select(
     return valid_count(ok, K, FUSED)
 
 
-@triton.jit
+@jit
 def _prefilter_finish_kernel(
     x_ptr,
     s_xr,

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 import torch
-import triton
 import triton.language as tl
 
 from ..._launch import launch
-from ..._runtime import pdl_prologue
+from ..._runtime import jit, pdl_prologue
 from .config import TopKConfig, TopKPlan
 from .digits import (
     add_digit,
@@ -38,7 +37,7 @@ from .workspace import (
 # ---------------------------------------------------------------------------------------
 
 
-@triton.jit
+@jit
 def _state_after(ws_row, P: tl.constexpr, K: tl.constexpr):
     """Selection state after the first P passes (prefix, need, done) of a split row.
 
@@ -59,14 +58,14 @@ def _state_after(ws_row, P: tl.constexpr, K: tl.constexpr):
     return prefix, need, done
 
 
-@triton.jit
+@jit
 def _store_state(ws_row, P: tl.constexpr, prefix, need, done):
     tl.store(ws_row + WS_STATE + 4 * P, prefix.to(tl.int32, bitcast=True))
     tl.store(ws_row + WS_STATE + 4 * P + 1, need)
     tl.store(ws_row + WS_STATE + 4 * P + 2, done)
 
 
-@triton.jit
+@jit
 def _hist_chunk(
     hist,
     x_row,
@@ -90,7 +89,7 @@ def _hist_chunk(
     return hist
 
 
-@triton.jit
+@jit
 def _hist_range(x_row, s_xn, lo, hi, prefix, P: tl.constexpr, BLOCK: tl.constexpr):
     """Histogram of pass P's digit over the candidates among positions [lo, hi)."""
     hist = tl.zeros([NBINS], tl.int32)
@@ -102,7 +101,7 @@ def _hist_range(x_row, s_xn, lo, hi, prefix, P: tl.constexpr, BLOCK: tl.constexp
     return hist
 
 
-@triton.jit
+@jit
 def _count_chunk(
     n_gt, n_eq, x_row, s_xn, start, end, thr, BLOCK: tl.constexpr, MASKED: tl.constexpr
 ):
@@ -112,7 +111,7 @@ def _count_chunk(
     return n_gt, n_eq
 
 
-@triton.jit
+@jit
 def _count_range(x_row, s_xn, lo, hi, thr, BLOCK: tl.constexpr):
     """(keys > thr, keys == thr) among positions [lo, hi) (zeros when lo >= hi)."""
     n_gt = lo * 0
@@ -125,7 +124,7 @@ def _count_range(x_row, s_xn, lo, hi, thr, BLOCK: tl.constexpr):
     return n_gt, n_eq
 
 
-@triton.jit
+@jit
 def _select(key, valid, thr, need, eq_seen):
     """In-order selection of one chunk: keys > thr, and keys == thr while fewer than
     ``need`` equal keys precede them in the row. Returns the mask, each selected key's
@@ -138,7 +137,7 @@ def _select(key, valid, thr, need, eq_seen):
     return sel, rank, tl.sum(s, 0), tl.sum(eq, 0)
 
 
-@triton.jit
+@jit
 def _write_chunk(
     base,
     eq_seen,
@@ -187,7 +186,7 @@ def _write_chunk(
     return base + n_sel, eq_seen + n_eq, nvalid
 
 
-@triton.jit
+@jit
 def _write_range(
     base,
     eq_seen,
@@ -235,7 +234,7 @@ def _write_range(
 # ---------------------------------------------------------------------------------------
 
 
-@triton.jit
+@jit
 def _topk_row_kernel(
     x_ptr,
     s_xr,
@@ -378,7 +377,7 @@ def _topk_row_kernel(
 # ---------------------------------------------------------------------------------------
 
 
-@triton.jit
+@jit
 def _split_hist_row(
     row, sl, x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols, ws_ptr, ws_stride, slice_len,
     K: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
@@ -400,7 +399,7 @@ def _split_hist_row(
             tl.atomic_add(ws_row + WS_HIST + P * NBINS + bins, hist, mask=hist > 0, sem="relaxed")
 
 
-@triton.jit
+@jit
 def _split_hist_kernel(
     x_ptr,
     s_xr,
@@ -432,7 +431,7 @@ def _split_hist_kernel(
         )  # fmt: skip
 
 
-@triton.jit
+@jit
 def _split_count_row(
     row, sl, x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols, ws_ptr, ws_stride, slice_len, cnt_ptr,
     s_cnt, K: tl.constexpr, BLOCK: tl.constexpr, ZERO_COUNTS: tl.constexpr,
@@ -455,7 +454,7 @@ def _split_count_row(
                 tl.store(cnt_ptr + row * s_cnt, 0)  # the write pass adds each slice's count
 
 
-@triton.jit
+@jit
 def _split_count_kernel(
     x_ptr,
     s_xr,
@@ -489,7 +488,7 @@ def _split_count_kernel(
         )  # fmt: skip
 
 
-@triton.jit
+@jit
 def _split_write_row(
     row, sl, x_ptr, s_xr, s_xn, len_ptr, s_len, n_cols, ws_ptr, ws_stride, slice_len, n_splits,
     out_ptr, s_or, s_oc, cnt_ptr, s_cnt, bt_ptr, s_btr, s_btc, req_ptr, s_req, n_req, n_pages,
@@ -575,7 +574,7 @@ def _split_write_row(
             )
 
 
-@triton.jit
+@jit
 def _split_write_kernel(
     x_ptr,
     s_xr,

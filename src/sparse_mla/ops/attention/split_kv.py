@@ -24,10 +24,9 @@ table or has a negative page id, and a ``req_id`` outside the table are invalid 
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
-from ..._runtime import pdl_prologue
+from ..._runtime import jit, pdl_prologue
 from .._common.paging import page_slot
 
 LOG2E = 1.4426950408889634
@@ -42,7 +41,7 @@ K_SCALE_WORD = tl.constexpr(NOPE // 4)  # first fp32 scale of an fp8 row, in 4-b
 K_ROPE_HALF = tl.constexpr((NOPE + 16) // 2)  # first rope value of an fp8 row, in 2-byte units
 
 
-@triton.jit
+@jit
 def _mma(a, b, acc, INTERPRET: tl.constexpr):
     """``acc + a @ b``; the interpreter computes 16-bit dots wrongly, so it gets fp32."""
     if INTERPRET:
@@ -51,7 +50,7 @@ def _mma(a, b, acc, INTERPRET: tl.constexpr):
     return tl.dot(a, b, acc)
 
 
-@triton.jit
+@jit
 def to_bf16(x, INTERPRET: tl.constexpr):
     """fp32 -> bf16, round to nearest even. Triton 3.9's interpreter truncates instead, so
     there the rounding is done on the bits (NaN kept NaN: a payload's carry could wrap)."""
@@ -65,7 +64,7 @@ def to_bf16(x, INTERPRET: tl.constexpr):
     return y
 
 
-@triton.jit
+@jit
 def _block_slots(
     idx_row, idx_s1, cols, n_valid, num_rows, bt_row, bt_s1, bt_width, req_ok, block_size,
     FUSED: tl.constexpr,
@@ -89,7 +88,7 @@ def _block_slots(
     return tl.minimum(tl.maximum(slot, 0), num_rows - 1), ok
 
 
-@triton.jit
+@jit
 def _load_nope(
     kv_u8, kv_bf16, row, ok, g, kv_s2, scale, FP8: tl.constexpr, INTERPRET: tl.constexpr
 ):
@@ -109,7 +108,7 @@ def _load_nope(
     return vals
 
 
-@triton.jit
+@jit
 def _load_scales(kv_f32, row, ok):
     """The fp8 rows' four fp32 group scales (0 where not valid)."""
     words = row // 4 + K_SCALE_WORD
@@ -120,7 +119,7 @@ def _load_scales(kv_f32, row, ok):
     return s0, s1, s2, s3
 
 
-@triton.jit
+@jit
 def _softmax_update(s, m_i, l_i):
     """Online softmax (base 2) over the block's columns of the scores ``s [H, N]``:
     (p, alpha, m_new, l_new); a block with nothing valid leaves the state as it is."""
@@ -131,7 +130,7 @@ def _softmax_update(s, m_i, l_i):
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
-@triton.jit
+@jit
 def _step(
     q0, q1, q2, q3, qr, k0, k1, k2, k3, kr, ok, qk_scale, m_i, l_i, acc0, acc1, acc2, acc3,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
@@ -153,7 +152,7 @@ def _step(
     return m_i, l_i, acc0, acc1, acc2, acc3
 
 
-@triton.jit
+@jit
 def _load_queries(q_row, hmask, q_s2):
     """The program's bf16 queries, loaded once: four 128-wide nope groups and the rope part."""
     d = tl.arange(0, 128)
@@ -166,7 +165,7 @@ def _load_queries(q_row, hmask, q_s2):
     return q0, q1, q2, q3, qr
 
 
-@triton.jit
+@jit
 def _store_result(
     acc0, acc1, acc2, acc3, m_i, l_i, heads, hmask, t64, split, num_splits, h_q,
     sink_ptr, sink_s0, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, max_ptr, out_s0, out_s1,
@@ -208,7 +207,7 @@ def _store_result(
             tl.store(max_ptr + t64 * h_q + heads, m_i * K_LN2, mask=hmask)
 
 
-@triton.jit
+@jit
 def _sparse_mla_decode_kernel(
     q_ptr, kv_u8, kv_f32, kv_bf16, idx_ptr, len_ptr, bt_ptr, req_ptr, sink_ptr,
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, max_ptr,

@@ -18,8 +18,9 @@ from ..._checks import (
     check_shape,
     check_tensor,
 )
+from ..._custom_op import compiling, custom_op, decode_config, encode_config, run_eager
 from ..._launch import (
-    PlanCache,
+    HostPlanCache,
     byte_extent,
     check_disjoint,
     launch,
@@ -28,8 +29,8 @@ from ..._launch import (
     value_key,
 )
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
-from ..kv_cache.kv_cache import mla_cache_layout
-from . import combine, decode  # kernels looked up on their modules (tests/sm90_compile.py)
+from ..kv_cache.layout import mla_cache_layout
+from . import combine, split_kv  # kernels looked up on their modules (tests/sm90_compile.py)
 from .config import (
     MAX_HEADS,
     AttentionConfig,
@@ -37,7 +38,7 @@ from .config import (
     choose_attention_config,
     workspace_rows,
 )
-from .decode import LOG2E, NOPE, ROPE
+from .split_kv import LOG2E, NOPE, ROPE
 
 HEAD_DIM = NOPE + ROPE
 INT32_MAX = 2**31 - 1
@@ -214,15 +215,15 @@ def sparse_mla_decode(
           unchanged). Infinite values in a selected cache row can make out NaN (0 * inf)
           with a finite lse.
     """
-    if torch.compiler.is_compiling():  # through torch.ops.sparse_mla (library.py)
-        from ... import library
-
-        return library.sparse_mla_decode(
-            q, kv_cache, indices, sm_scale=sm_scale, block_table=block_table,
-            req_id=req_id, block_size=block_size, topk_length=topk_length,
-            attn_sink=attn_sink, out=out, lse=lse, workspace=workspace, config=config,
-            max_logits=max_logits,
+    if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
+        out = _empty_out(q) if out is None else out
+        lse = _empty_lse(q) if lse is None else lse
+        ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
+        _sparse_mla_decode_op(
+            q, kv_cache, indices, float(sm_scale), block_table, req_id, block_size, topk_length,
+            attn_sink, out, lse, *ws, encode_config(config), max_logits,
         )  # fmt: skip
+        return out, lse
     try:  # the checks and the choices depend on this key only
         ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
         tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse,
@@ -238,7 +239,7 @@ def sparse_mla_decode(
         key = None
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS.put(key, _plan(q, kv_cache, indices, sm_scale, block_table, req_id,
+        plan = _PLANS.put(key, _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id,
                                      block_size, topk_length, attn_sink, out, lse, workspace,
                                      config, max_logits))  # fmt: skip
     # Addresses are not in the key: checked on every call.
@@ -246,10 +247,8 @@ def sparse_mla_decode(
                     out, lse, workspace, max_logits)  # fmt: skip
     num_tokens, h_q, _ = q.shape
     dev = q.device
-    if out is None:
-        out = torch.empty((num_tokens, h_q, NOPE), dtype=torch.bfloat16, device=dev)
-    if lse is None:
-        lse = torch.empty((num_tokens, h_q), dtype=torch.float32, device=dev)
+    out = _empty_out(q) if out is None else out
+    lse = _empty_lse(q) if lse is None else lse
     if num_tokens == 0:
         return out, lse
     cfg = plan.config
@@ -263,11 +262,51 @@ def sparse_mla_decode(
     return out, lse
 
 
-_PLANS = PlanCache()
+@custom_op(
+    "sparse_mla_decode",
+    public=sparse_mla_decode,
+    mutates_args=("out", "lse", "partial_out", "partial_lse", "max_logits"),
+    represents={"workspace": ("partial_out", "partial_lse")},
+)
+def _sparse_mla_decode_op(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    block_table: torch.Tensor | None,
+    req_id: torch.Tensor | None,
+    block_size: int | None,
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    partial_out: torch.Tensor | None,
+    partial_lse: torch.Tensor | None,
+    config: str | None,
+    max_logits: torch.Tensor | None,
+) -> None:
+    ws = None if partial_out is None else AttentionWorkspace(partial_out, partial_lse)
+    run_eager(
+        sparse_mla_decode, q, kv_cache, indices, sm_scale=sm_scale, block_table=block_table,
+        req_id=req_id, block_size=block_size, topk_length=topk_length, attn_sink=attn_sink,
+        out=out, lse=lse, workspace=ws, config=decode_config(config, AttentionConfig),
+        max_logits=max_logits,
+    )  # fmt: skip
+
+
+def _empty_out(q: torch.Tensor) -> torch.Tensor:
+    return torch.empty((*q.shape[:2], NOPE), dtype=torch.bfloat16, device=q.device)
+
+
+def _empty_lse(q: torch.Tensor) -> torch.Tensor:
+    return torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+
+
+_PLANS = HostPlanCache()
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the cached launch's key
-class _AttnPlan:
+class _AttnHostPlan:
     """What a decode call decides from its arguments' metadata."""
 
     config: AttentionConfig
@@ -281,8 +320,8 @@ class _AttnPlan:
     extents: tuple
 
 
-def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
-          attn_sink, out, lse, workspace, config, max_logits) -> _AttnPlan:  # fmt: skip
+def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
+          attn_sink, out, lse, workspace, config, max_logits) -> _AttnHostPlan:  # fmt: skip
     """Checks every argument of :func:`sparse_mla_decode` and picks its launch shape."""
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     num_tokens, h_q, dim = q.shape
@@ -349,7 +388,7 @@ def _plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_
     tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
     ws = (workspace.partial_out, workspace.partial_lse) if workspace is not None else (None,) * 2
     extents = tuple(map(byte_extent, (*tensors, *ws, max_logits)))
-    return _AttnPlan(cfg, splits, fmt, main, comb, extents)
+    return _AttnHostPlan(cfg, splits, fmt, main, comb, extents)
 
 
 _INPUTS = ("q", "kv_cache", "indices", "block_table", "req_id", "topk_length", "attn_sink")
@@ -507,7 +546,7 @@ def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, o
     if plan.config.kernel == "sm90":
         kernel = _sm90_kernel().sparse_mla_decode_sm90_kernel
     else:
-        kernel = decode._sparse_mla_decode_kernel
+        kernel = split_kv._sparse_mla_decode_kernel
     launch(kernel, grid, args, kwargs, plan)
     if split:
         grid, ints, kwargs = plan.combine

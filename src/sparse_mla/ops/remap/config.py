@@ -1,6 +1,6 @@
 """How the remap kernel tiles a ``[T, K]`` index matrix: a small pure function, tested alone.
 
-``choose_remap_layout`` (the ``auto`` layout) gives each program whole rows, so counts and
+``choose_remap_config`` (the ``auto`` layout) gives each program whole rows, so counts and
 compaction need no atomics and compaction keeps column order, for every K (masked lanes for
 widths that are not a power of two, column chunks for very wide rows). It picks between two
 kernels (rows in a 2-D tile, or a few rows read as one flat run), the warps, block-table
@@ -8,7 +8,7 @@ staging, an evict-first hint and the PDL mode from the shapes; the measurements 
 rule are in this package's README.
 
 Other tilings (the upstream ones in ``benchmarks/baselines``) are passed as a
-:class:`RemapLayout`.
+:class:`RemapConfig`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from functools import lru_cache
 
 from ..._runtime import next_pow2
 
-# The thresholds below are constants of choose_remap_layout (a pure function), not knobs:
-# to run a call with other launch parameters, pass it a RemapLayout.
+# The thresholds below are constants of choose_remap_config (a pure function), not knobs:
+# to run a call with other launch parameters, pass it a RemapConfig.
 # Widest column chunk one program loads at once; wider rows loop over chunks.
 MAX_CHUNK = 4096
 # From this many rows on the grid fills the chip and 4 warps per program are best.
@@ -36,7 +36,7 @@ EVICT_MIN_ELEMENTS = 1 << 22
 # Plain (non-compacting) calls of wide rows in grids below this many rows use PDL mode 3.
 PDL_AFTER_WAIT_MAX_ROWS = 512
 # Plain calls of rows of more than 1024 positions in grids of up to this many rows stage
-# the whole block-table row (RemapLayout.stage_row), with 16 warps and PDL mode 3.
+# the whole block-table row (RemapConfig.stage_row), with 16 warps and PDL mode 3.
 STAGE_ROW_MAX_ROWS = 1024
 # Plain calls of narrow rows whose width is not a power of two, from this many rows on,
 # use the flat layout: FLAT_CHUNK entries a step, rows_per_program rows a program, at most
@@ -49,7 +49,7 @@ MAX_FLAT_CHUNKS = 8
 
 
 @dataclass(frozen=True)
-class RemapLayout:
+class RemapConfig:
     """Tiling of the remap kernel.
 
     Attributes:
@@ -100,14 +100,14 @@ class RemapLayout:
 # Pure and called on every launch: cached to keep host overhead down (so the module's
 # constants are read once per shape).
 @lru_cache(maxsize=512)
-def choose_remap_layout(
+def choose_remap_config(
     num_cols: int,
     *,
     count_valid: bool,
     compact: bool = False,
     num_rows: int | None = None,
     num_blocks: int | None = None,
-) -> RemapLayout:
+) -> RemapConfig:
     """Pick the tiling for a ``[num_rows, num_cols]`` remap.
 
     Args:
@@ -138,7 +138,7 @@ def choose_remap_layout(
         and flat_chunks <= MAX_FLAT_CHUNKS
     ):
         # No idle lanes (K = 384 in 512-lane rows idles a quarter); pays only in big grids.
-        return RemapLayout(
+        return RemapConfig(
             flat_rows,
             FLAT_CHUNK,
             flat_chunks,
@@ -180,7 +180,7 @@ def choose_remap_layout(
         and num_rows <= STAGE_ROW_MAX_ROWS
     ):
         # The whole block-table row needs no wait for the positions (README: staging).
-        return RemapLayout(
+        return RemapConfig(
             1,
             block_cols,
             1,
@@ -192,7 +192,7 @@ def choose_remap_layout(
             flat=True,
             stage_row=True,
         )
-    return RemapLayout(
+    return RemapConfig(
         1,
         block_cols,
         num_chunks,
@@ -207,8 +207,8 @@ def choose_remap_layout(
     )
 
 
-def validate_layout(
-    layout: RemapLayout, num_cols: int, *, count: bool, compact: bool, num_blocks: int
+def validate_config(
+    layout: RemapConfig, num_cols: int, *, count: bool, compact: bool, num_blocks: int
 ) -> None:
     """Reject a hand-made layout the kernel cannot run correctly (ValueError naming it)."""
 
@@ -262,3 +262,8 @@ def validate_layout(
                 f"layout {layout}: stage_row needs a block table of "
                 f"1..{MAX_STAGED_PAGES} columns, got {num_blocks}"
             )
+
+
+# The names before RemapConfig (issue 32), kept for one release.
+RemapLayout = RemapConfig
+choose_remap_layout = choose_remap_config
