@@ -14,7 +14,7 @@ from ..._checks import check_int
 from ..._runtime import cdiv, next_pow2
 
 CACHE_FORMATS = ("bf16", "fp8")
-# "triton": the portable kernel (decode.py); "sm90": the warp-specialised Gluon kernel for
+# "triton": the portable kernel (split_kv.py); "sm90": the warp-specialised Gluon kernel for
 # Hopper (decode_sm90.py: kernel A, up to 32 heads a program and one consumer warpgroup;
 # kernel B, 64 heads a program and two consumer warpgroups (8 warps); 64 rows a ring slot).
 KERNELS = ("triton", "sm90")

@@ -1,6 +1,6 @@
 """Sparse MLA decode attention for Hopper (sm_90), warp-specialised, written in Gluon.
 
-Same contract as the portable Triton kernel (``decode.py``). In every form a producer
+Same contract as the portable Triton kernel (``split_kv.py``). In every form a producer
 partition gathers the next 64 selected rows of the cache into a two-slot shared-memory ring
 (fp8 rows dequantised to bf16 on the way), with a 0 / -inf bias per row for invalid entries,
 and signals ``ready``; consumers free a slot on ``empty``.
@@ -17,7 +17,7 @@ and signals ``ready``; consumers free a slot on ``empty``.
 
 One program owns query row ``t``, one split of its columns and ``BLOCK_H`` heads; its
 results go to the same places as the Triton kernel's (bf16 out and lse, or the fp32 split
-partials the combine kernel merges); ``_store_result`` repeats decode.py's normalisation
+partials the combine kernel merges); ``_store_result`` repeats split_kv.py's normalisation
 (Gluon cannot call a ``triton.jit`` function, and this module imports only Triton so that a
 venv of the GPU machine's Triton can compile it). Gluon has no interpreter: this file is
 compiled for sm_90 in CI (tests/test_gluon_compile.py) and runs only on a GPU.
@@ -500,7 +500,7 @@ def _consumer_right(k_nope, p_smem, row_smem, empty, p_ready, p_free, n_blocks, 
 @gluon.jit
 def _weights(m_i, l_i, heads, hmask, sink_ptr, sink_s0, HAS_SINK: gl.constexpr,
              SPLIT: gl.constexpr):  # fmt: skip
-    """(the factor each head's ``O`` is scaled by, its base-2 lse), as decode.py's
+    """(the factor each head's ``O`` is scaled by, its base-2 lse), as split_kv.py's
     ``_store_result``: 0 and -inf for a head with no valid entry (``l == 0``), NaN where a
     score was NaN or +inf (``l`` NaN); the sink applied unsplit."""
     empty = l_i == 0
