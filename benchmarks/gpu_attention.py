@@ -42,16 +42,10 @@ import traceback
 from dataclasses import replace
 
 import torch
+from harness.anchors import import_flashmla, import_vllm  # (this folder)
 
 from sparse_mla import convert_req_index_to_global_index
-from sparse_mla.bench.attention import (
-    flashmla_launch,
-    flashmla_outputs,
-    import_flashmla,
-    import_vllm,
-    vllm_launch,
-)
-from sparse_mla.bench.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.bench.attention import flashmla_launch, flashmla_outputs, vllm_launch
 from sparse_mla.compat import flashmla as compat_flashmla
 from sparse_mla.ops.attention import (
     AttentionConfig,
@@ -62,6 +56,7 @@ from sparse_mla.ops.attention import (
 )
 from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
 from sparse_mla.testing import attention_error, attention_max_errors, poison
+from sparse_mla.testing.floor import PEAK_FLOPS, attention_bytes, attention_flops
 
 BW = 4.3e12  # about the H200's measured copy bandwidth (the bench measures it each run)
 TOPK, PAGE, NKV = 2048, 64, 1 << 20

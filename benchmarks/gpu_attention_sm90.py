@@ -24,9 +24,9 @@ import time
 
 import torch
 from gpu_attention import BW, NKV, PAGE, SCALE, TOPK, eager_us, graph_us  # (this folder)
+from harness.anchors import import_flashmla  # (this folder)
 
-from sparse_mla.bench.attention import flashmla_launch, import_flashmla
-from sparse_mla.bench.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.bench.attention import flashmla_launch
 from sparse_mla.ops.attention import (
     AttentionConfig,
     attention_workspace,
@@ -36,6 +36,7 @@ from sparse_mla.ops.attention import (
 )
 from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
 from sparse_mla.testing import attention_error, attention_max_errors, poison
+from sparse_mla.testing.floor import PEAK_FLOPS, attention_bytes, attention_flops
 
 
 def _log(msg: str) -> None:

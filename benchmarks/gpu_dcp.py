@@ -41,10 +41,10 @@ import sparse_mla  # noqa: E402  (first: it picks the interpreter mode before tr
 # isort: split
 from sparse_mla import dcp, select_topk  # noqa: E402
 from sparse_mla._runtime import default_device  # noqa: E402
-from sparse_mla.bench.timing import measure_graph, select_backend  # noqa: E402
 from sparse_mla.dcp.naive import combine_reference, merge_candidates_reference  # noqa: E402
 from sparse_mla.ops.topk import select_topk_reference  # noqa: E402
 from sparse_mla.testing import POISON, dcp_scores, dcp_shard_scores  # noqa: E402
+from sparse_mla.testing.timing import measure_graph, select_backend  # noqa: E402
 
 DEV = default_device()
 HBM_BYTES_PER_S = 4.3e12

@@ -32,7 +32,7 @@ for step in "$@"; do
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
     tune_topk) run tune_topk python3 benchmarks/tune_topk.py --out "$W" ${TUNE_TOPK_ARGS:-} ;;
     tune_logits) run tune_logits python3 benchmarks/tune_logits.py --out "$W" ${TUNE_LOGITS_ARGS:-} ;;
-    bench) run bench python3 -m sparse_mla.cli bench --out "$W/bench" ${BENCH_ARGS:-} ;;
+    bench) run bench python3 -m benchmarks.harness --out "$W/bench" ${BENCH_ARGS:-} ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -33,7 +33,7 @@ the default budget keeps the whole run under 4 minutes; narrow the sweep with ``
 Prints a table per case (config, us, TFLOPS, % of the copy bandwidth measured in the same run,
 speed-up over the flattened form) and a summary (best native and best flattened config per
 case, and their ratio); writes ``tune_logits.json`` under ``--out``.
-Bytes per call: ``sparse_mla.bench.floor.indexer_bytes`` (keys read once per request + fp32
+Bytes per call: ``sparse_mla.testing.floor.indexer_bytes`` (keys read once per request + fp32
 logits written + q + weights + block table + lengths). TFLOPS count the q.k dot only
 (``2 * B * n * H * D * ctx``).
 
@@ -58,13 +58,6 @@ import torch  # noqa: E402
 
 # sparse_mla before triton: importing it decides interpreter vs GPU (see _runtime).
 from sparse_mla import _runtime  # noqa: E402
-from sparse_mla.bench.floor import INDEXER_BYTES_RULE, copy_fraction, indexer_bytes  # noqa: E402
-from sparse_mla.bench.timing import (  # noqa: E402
-    Backend,
-    measure_copy_bandwidth,
-    measure_graph,
-    select_backend,
-)
 from sparse_mla.ops.decode_metadata import expand_decode_tokens  # noqa: E402
 from sparse_mla.ops.indexer import (  # noqa: E402
     IndexLogitsConfig,
@@ -73,6 +66,13 @@ from sparse_mla.ops.indexer import (  # noqa: E402
     index_logits_reference,
 )
 from sparse_mla.ops.kv_cache import new_indexer_k_cache, write_indexer_k  # noqa: E402
+from sparse_mla.testing.floor import INDEXER_BYTES_RULE, copy_fraction, indexer_bytes  # noqa: E402
+from sparse_mla.testing.timing import (  # noqa: E402
+    Backend,
+    measure_copy_bandwidth,
+    measure_graph,
+    select_backend,
+)
 
 FULL = dict(requests=64, ctx=32768, heads=64, dim=128, page=64)
 QUICK = dict(requests=2, ctx=256, heads=8, dim=32, page=64)

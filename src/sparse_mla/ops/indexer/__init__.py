@@ -2,6 +2,7 @@
 
 from .logits import IndexLogitsConfig, choose_index_logits_config, index_logits
 from .naive import index_logits_reference
+from .quant import quantize_index_q as quantize_index_q
 
 __all__ = [
     "IndexLogitsConfig",

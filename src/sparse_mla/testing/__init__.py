@@ -1,0 +1,56 @@
+"""The one testing kit, shared by the tests, ``sparse-mla verify``, ``sparse-mla bench``, the
+demo and the GPU scripts; importable by users who want to check their own integration the way
+we check ours.
+
+``checks``: the poison value and the tolerances of the float kernels; ``inputs``: the input
+generators; ``timing``: the one CUDA-graph timer (and eager timing, the launch floor, copy
+bandwidth); ``floor``: the bytes each op must move and the floor rule.
+"""
+
+from .checks import (
+    ATTN_LSE_ATOL,
+    ATTN_LSE_RTOL,
+    ATTN_OUT_RTOL,
+    POISON,
+    attention_error,
+    attention_max_errors,
+    compiled_matches_eager,
+    logits_error,
+    logits_tolerance,
+    logits_tolerance_scale,
+    max_logits_error,
+    poison,
+)
+from .inputs import (
+    dcp_scores,
+    dcp_shard_scores,
+    distinct_block_table,
+    filled_indexer_cache,
+    indexer_queries,
+    ragged_lens,
+    random_attention_indices,
+    random_mla_cache,
+)
+
+__all__ = [
+    "ATTN_LSE_ATOL",
+    "ATTN_LSE_RTOL",
+    "ATTN_OUT_RTOL",
+    "POISON",
+    "attention_error",
+    "attention_max_errors",
+    "compiled_matches_eager",
+    "dcp_scores",
+    "dcp_shard_scores",
+    "distinct_block_table",
+    "filled_indexer_cache",
+    "indexer_queries",
+    "logits_error",
+    "logits_tolerance",
+    "logits_tolerance_scale",
+    "max_logits_error",
+    "poison",
+    "ragged_lens",
+    "random_attention_indices",
+    "random_mla_cache",
+]

@@ -1,0 +1,194 @@
+"""Input generators shared by the tests, ``sparse-mla verify``, ``sparse-mla bench`` and the GPU
+scripts: random caches, indices, scores, lengths and block tables."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+
+def random_mla_cache(
+    num_pages: int,
+    block_size: int,
+    *,
+    fp8: bool,
+    g: torch.Generator,
+    scale: float = 1.0,
+    arbitrary_scales: bool = False,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """An MLA latent cache (``new_mla_cache``'s formats) with every slot holding a random
+    latent of magnitude ``scale``, written by the reference writer (fp8: power-of-two scales).
+    ``arbitrary_scales`` then multiplies each fp32 scale by a random factor in [0.5, 2)
+    (the stored e4m3 values stay, so each row is still an exact e4m3 * scale)."""
+    from ..ops.kv_cache import new_mla_cache
+    from ..ops.kv_cache.naive import write_mla_latent_reference
+
+    rows = num_pages * block_size
+    kv = (torch.randn(rows, 576, generator=g) * scale).bfloat16().to(device)
+    cache = new_mla_cache(num_pages, block_size, fp8=fp8, device=device)
+    write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache, torch.arange(rows, device=device))
+    if fp8 and arbitrary_scales:
+        sc = cache.view(rows, -1)[:, 512:528].view(torch.float32)
+        factor = 0.5 + 1.5 * torch.rand(sc.shape, generator=g)
+        sc.mul_(factor.to(device))
+    return cache
+
+
+def random_attention_indices(
+    g: torch.Generator,
+    num_tokens: int,
+    topk: int,
+    num_rows: int,
+    *,
+    invalid_tail: int = 0,
+    invalid_frac: float = 0.0,
+) -> torch.Tensor:
+    """int32 ``[T, topk]`` random slots in ``[0, num_rows)``; the last ``invalid_tail`` of a
+    row and a random ``invalid_frac`` of the rest are -1."""
+    idx = torch.randint(0, max(num_rows, 1), (num_tokens, topk), generator=g, dtype=torch.int32)
+    if invalid_frac > 0:
+        idx[torch.rand(num_tokens, topk, generator=g) < invalid_frac] = -1
+    if invalid_tail > 0:
+        idx[:, topk - invalid_tail :] = -1
+    return idx
+
+
+# ---------------------------------------------------------------------------------------
+# Decode context parallelism (sparse_mla.dcp): inputs of one simulated rank
+# ---------------------------------------------------------------------------------------
+
+
+def dcp_scores(
+    rows: int, n: int, *, kind: str, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """fp32 ``[rows, n]`` indexer-like scores for DCP top-k tests (CPU).
+
+    ``kind``: ``"normal"`` (distinct with probability ~1), ``"ties"`` (three values, so
+    ties straddle every rank), ``"special"`` (ties plus -inf, NaN, -0.0 and +0.0).
+    """
+    if kind == "normal":
+        return torch.randn(rows, n, generator=generator)
+    x = torch.randint(0, 3, (rows, n), generator=generator).float()
+    if kind == "ties":
+        return x
+    if kind != "special":
+        raise ValueError(f"kind must be 'normal', 'ties' or 'special', got {kind!r}")
+    pick = torch.randint(0, 8, (rows, n), generator=generator)
+    x = torch.where(pick == 0, float("-inf"), x)
+    x = torch.where(pick == 1, float("nan"), x)
+    x = torch.where(pick == 2, -0.0, x)
+    return torch.where(pick == 3, 0.0, x)
+
+
+def dcp_shard_scores(
+    logits: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+    fill: float = float("nan"),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One DCP rank's view of full rows: the scores of the positions it owns, in local order.
+
+    Args:
+        logits: fp32 ``[T, N]``, scores of global positions.
+        seq_lens: int32 ``[T]``, global lengths (clamped to ``[0, N]``).
+
+    Returns:
+        ``(local_logits fp32 [T, N_local], local_seq_lens int32 [T])``: column ``l`` is the
+        rank's ``l``-th owned position; ``N_local`` is the same on every rank (the most any
+        rank owns of N), columns the rank does not have hold ``fill`` (which a correct
+        kernel never reads as a candidate).
+    """
+    from ..ops._common.dcp import dcp_local_count_reference, dcp_owner_reference
+
+    rows, n = logits.shape
+    pos = torch.arange(n)
+    mine = pos[dcp_owner_reference(pos, dcp_size, interleave) == dcp_rank]
+    n_local = max(
+        int(dcp_local_count_reference(torch.tensor([n]), r, dcp_size, interleave))
+        for r in range(dcp_size)
+    )
+    local = torch.full((rows, n_local), fill, dtype=torch.float32)
+    local[:, : mine.numel()] = logits[:, mine]
+    lens = seq_lens.clamp(0, n).to(torch.int32)
+    local_lens = dcp_local_count_reference(lens, dcp_rank, dcp_size, interleave)
+    return local, local_lens.to(torch.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# Input generators
+# --------------------------------------------------------------------------------------------
+
+
+def ragged_lens(total: int, n: int, rng: random.Random) -> list[int]:
+    """Decode lengths uniform in [1, n] whose sum is exactly ``total`` (the last one trimmed)."""
+    lens: list[int] = []
+    left = total
+    while left > 0:
+        v = min(rng.randint(1, n), left)
+        lens.append(v)
+        left -= v
+    return lens
+
+
+def distinct_block_table(
+    num_pages: int,
+    rows: int,
+    width: int,
+    *,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """int32 ``[rows, width]`` block table of distinct random page ids in ``[0, num_pages)``
+    (every request its own pages, scattered over the cache); needs ``rows * width <=
+    num_pages``. ``generator`` must live on ``device``."""
+    if rows * width > num_pages:
+        raise ValueError(f"{rows} x {width} distinct pages need num_pages >= {rows * width}")
+    perm = torch.randperm(num_pages, device=device, generator=generator)
+    return perm[: rows * width].view(rows, width).to(torch.int32)
+
+
+def indexer_queries(
+    rows: int,
+    heads: int,
+    dim: int,
+    *,
+    fp8: bool,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random indexer queries ``[rows, heads, dim]`` (bf16, or e4m3 when ``fp8``) and fp32
+    head weights ``[rows, heads]`` scaled by ``(heads * dim)^-1/2`` as V3.2 folds them."""
+    q = torch.randn(rows, heads, dim, device=device, generator=generator)
+    q = q.to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
+    w = torch.randn(rows, heads, device=device, generator=generator) * (heads * dim) ** -0.5
+    return q, w
+
+
+def filled_indexer_cache(
+    num_pages: int,
+    block_size: int,
+    dim: int,
+    *,
+    fp8: bool,
+    device: torch.device | str | None = None,
+    chunk: int = 1 << 20,
+) -> torch.Tensor:
+    """An indexer K cache of ``num_pages`` pages of standard-normal bf16 keys, written through
+    ``write_indexer_k`` (so the fp8 format holds real scales) ``chunk`` tokens at a time to
+    bound the temporaries."""
+    from .. import new_indexer_k_cache, write_indexer_k
+    from .._runtime import canonical_device
+
+    device = canonical_device(device)
+    cache = new_indexer_k_cache(num_pages, block_size, dim, fp8=fp8, device=device)
+    total = num_pages * block_size
+    for s0 in range(0, total, chunk):
+        t = min(chunk, total - s0)
+        keys = torch.randn(t, dim, device=device, dtype=torch.bfloat16)
+        write_indexer_k(keys, cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64))
+    return cache
