@@ -16,12 +16,13 @@ Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
    64-head buffer each call, as engines do); vLLM's Triton kernel
    (``.anchors/vllm_triton_sparse_mla.py`` or ``shared/anchors/``), bf16 cache. Max abs diff
    of out (and lse for FlashMLA, its +inf for empty rows mapped to -inf) against ours.
-3. Timings per call inside a CUDA graph (10 calls alternating two index sets; triton's
-   do_bench median of replays / 10) and eagerly, for h_q {8,16,32,64,128} x T
-   {1,8,32,128,512} (+256 at 128 heads) x {fp8, bf16}: topk 2048, a 2^20-token cache (page
-   64), random slots with the last 100 of each row -1 (shared/anchors/README.md). Beside each
-   figure its floor ``max(gathered bytes / 4.3 TB/s, FLOPs / 790 TFLOPS)`` with FLOPs
-   ``2 h_q T topk (576 + 512)``, and TFLOPS. Fused remap vs global slots at T = 1, 128, 1024.
+3. Timings per call inside a CUDA graph (10 calls alternating two index sets; the testing kit's
+   timer, ``sparse_mla.testing.timing.graph_us``: median of replays / 10) and eagerly, for h_q
+   {8,16,32,64,128} x T {1,8,32,128,512} (+256 at 128 heads) x {fp8, bf16}: topk 2048, a
+   2^20-token cache (page 64), random slots with the last 100 of each row -1
+   (shared/anchors/README.md). Beside each figure its floor ``max(gathered bytes / 4.3 TB/s,
+   FLOPs / 790 TFLOPS)`` with FLOPs ``2 h_q T topk (576 + 512)``, and TFLOPS. Fused remap vs
+   global slots at T = 1, 128, 1024.
 4. A launch-config sweep (``AttentionConfig``: head block, rows per step, stages, warps,
    splits) at ``--sweep-shapes`` (h_q:T:format,...), each config checked
    against the reference; after the rest only while the time budget lasts (``--no-sweep``
@@ -57,6 +58,7 @@ from sparse_mla.ops.attention import (
 from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
 from sparse_mla.testing import attention_error, attention_max_errors, poison
 from sparse_mla.testing.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.testing.timing import eager_us, graph_us  # the kit's one timer
 
 BW = 4.3e12  # about the H200's measured copy bandwidth (the bench measures it each run)
 TOPK, PAGE, NKV = 2048, 64, 1 << 20
@@ -72,31 +74,6 @@ def _log(msg: str) -> None:
 
 
 # ---- timing -------------------------------------------------------------------------------------
-
-
-def graph_us(fns) -> float:
-    from triton.testing import do_bench
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    t = do_bench(g.replay, warmup=5, rep=60, return_mode="median") * 1e3 / len(fns)
-    del g
-    return t
-
-
-def eager_us(fn) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3
 
 
 def floor_us(h: int, t: int, fp8: bool) -> float:

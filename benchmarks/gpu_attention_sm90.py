@@ -23,7 +23,7 @@ import sys
 import time
 
 import torch
-from gpu_attention import BW, NKV, PAGE, SCALE, TOPK, eager_us, graph_us  # (this folder)
+from gpu_attention import BW, NKV, PAGE, SCALE, TOPK  # (this folder)
 from harness.anchors import import_flashmla  # (this folder)
 
 from sparse_mla.bench.attention import flashmla_launch
@@ -37,6 +37,7 @@ from sparse_mla.ops.attention import (
 from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
 from sparse_mla.testing import attention_error, attention_max_errors, poison
 from sparse_mla.testing.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.testing.timing import eager_us, graph_us
 
 
 def _log(msg: str) -> None:

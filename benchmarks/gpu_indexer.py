@@ -25,7 +25,6 @@ import functools
 import json
 import os
 import secrets
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -55,6 +54,7 @@ from sparse_mla.ops.kv_cache.naive import (
     write_mla_latent_reference,
 )
 from sparse_mla.testing import logits_tolerance_scale
+from sparse_mla.testing.timing import eager_us
 
 DEV = torch.device("cuda")
 H, D, PAGE = 64, 128, 64
@@ -77,18 +77,8 @@ def report(name: str, ok: bool, detail: str = "") -> None:
 
 
 def time_ms(fn: Callable[[], object], reps: int = 30, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median eager milliseconds of one call (the kit's timer, events around each call)."""
+    return eager_us(fn, reps=reps, warmup=warmup) / 1e3
 
 
 # ---- problem construction -------------------------------------------------------------------

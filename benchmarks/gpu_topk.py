@@ -12,8 +12,8 @@ Run on a CUDA machine (triton >= 3.6):
    (ties, -inf, NaN, +-0, denormals, huge/tiny); the fused slot epilogue against the
    two-step composition; replays of a captured CUDA graph on fresh data; the workspace's
    histograms zero after use.
-2. Timings (median; ``triton.testing.do_bench`` eager with L2 flush, and CUDA-graph replay
-   of back-to-back calls with warm L2): ours (auto path), ours fused, torch.topk
+2. Timings (median; the testing kit's timer, ``sparse_mla.testing.timing``: eager calls and
+   CUDA-graph replays of back-to-back calls, warm L2): ours (auto path), ours fused, torch.topk
    (sorted=True default, and sorted=False in the graph), rows of 4K/16K/64K/128K at batch
    1/8/64, k=2048; plus a num_splits sweep (1 = row kernel) to tune the split heuristic.
 
@@ -36,7 +36,6 @@ import sparse_mla  # noqa: F401  (first: it picks the interpreter mode before tr
 
 # isort: split
 import triton
-import triton.testing
 
 from sparse_mla._runtime import default_device, num_sms
 from sparse_mla.ops.topk import TopKConfig, select_topk, topk_workspace
@@ -44,6 +43,7 @@ from sparse_mla.ops.topk import workspace as ws_layout
 from sparse_mla.ops.topk.config import choose_num_splits
 from sparse_mla.ops.topk.naive import positions_to_slots_reference, select_topk_reference
 from sparse_mla.testing import POISON
+from sparse_mla.testing.timing import eager_us, graph_us
 
 DEV = default_device()
 SIZES = (4096, 16384, 65536, 131072)
@@ -218,33 +218,6 @@ def run_exactness(checks: Checks, cfg: dict) -> None:
 # ---- timing ------------------------------------------------------------------------------
 
 
-def graph_time_us(fn, calls: int = 20, replays: int = 10) -> float:
-    """Median per-call time of ``calls`` back-to-back calls captured in one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / calls)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def eager_time_us(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1000.0
-
-
 def safe(timer, fn, **kw) -> float:
     """A timing, or NaN (with a note) when it cannot be taken, so one failure ends nothing."""
     try:
@@ -296,12 +269,12 @@ def run_timing() -> list[dict]:
                 torch.topk(x, k, dim=1, sorted=False)
 
             r = {"n": n, "batch": rows, "k": k, "num_splits": splits}
-            r["ours_graph_us"] = safe(graph_time_us, ours)
-            r["fused_graph_us"] = safe(graph_time_us, fused)
-            r["torch_graph_us"] = safe(graph_time_us, ref)
-            r["torch_unsorted_graph_us"] = safe(graph_time_us, ref_unsorted)
-            r["ours_eager_us"] = safe(eager_time_us, ours)
-            r["torch_eager_us"] = safe(eager_time_us, ref)
+            r["ours_graph_us"] = safe(graph_us, ours, graph_calls=20, reps=10)
+            r["fused_graph_us"] = safe(graph_us, fused, graph_calls=20, reps=10)
+            r["torch_graph_us"] = safe(graph_us, ref, graph_calls=20, reps=10)
+            r["torch_unsorted_graph_us"] = safe(graph_us, ref_unsorted, graph_calls=20, reps=10)
+            r["ours_eager_us"] = safe(eager_us, ours, reps=40, warmup=10)
+            r["torch_eager_us"] = safe(eager_us, ref, reps=40, warmup=10)
             r["speedup_graph"] = r["torch_graph_us"] / r["ours_graph_us"]
             rows_out.append(r)
             print(
@@ -335,7 +308,7 @@ def run_split_sweep(quick: bool) -> list[dict]:
             def fn(x=x, lengths=lengths, out=out, ws=ws, s=s):
                 select_topk(x, lengths, k=k, out=out, workspace=ws, num_splits=s)
 
-            t = safe(graph_time_us, fn, calls=10, replays=5)
+            t = safe(graph_us, fn, graph_calls=10, reps=5)
             res.append({"n": n, "batch": rows, "num_splits": s, "graph_us": t})
             line.append(f"{s}:{t:.1f}")
         print(f"  N={n} B={rows}: " + "  ".join(line), flush=True)

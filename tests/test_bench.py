@@ -94,6 +94,22 @@ def test_graph_and_eager_timing():
     assert fb.captures == 1 and g.calls == 3 and e.calls == 3
 
 
+def test_graph_us_and_eager_us_are_the_kit_timer_as_numbers():
+    fb = FakeBackend(ms_per_call=0.003)
+    calls = _counting_calls(fb, 2)
+    assert timing.graph_us(calls, reps=4, warmup=1, backend=fb) == pytest.approx(3.0)
+    assert fb.captures == 1 and fb.calls == 2 * (1 + 1 + 4)  # one graph of both calls
+    fb = FakeBackend(ms_per_call=0.003)
+    calls = _counting_calls(fb, 1)
+    us = timing.graph_us(calls[0], graph_calls=5, reps=2, warmup=0, backend=fb)
+    assert us == pytest.approx(3.0) and fb.calls == 5 * (1 + 2)
+    fb = FakeBackend(ms_per_call=0.002, fixed_ms=0.01)
+    calls = _counting_calls(fb, 1)
+    us = timing.eager_us(calls[0], n_calls=2, reps=3, warmup=1, backend=fb)
+    assert us == pytest.approx((2 * 0.002 + 0.01) * 1e3 / 2) and fb.captures == 0
+    assert fb.calls == 2 * (1 + 3)
+
+
 def test_plan_sizes_and_rotation_sets():
     plan = timing.plan_sizes
     assert plan(1.0, max_calls=128, max_reps=30, budget_ms=200) == (128, 30)
