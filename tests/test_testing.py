@@ -55,3 +55,22 @@ def test_generators():
     assert testing.indexer_queries(1, 4, 16, fp8=False)[0].dtype == torch.bfloat16
     cache = testing.filled_indexer_cache(3, 64, 32, fp8=True, chunk=100)
     assert cache.shape[0] == 3 and cache.dtype == torch.uint8 and bool((cache != 0).all(-1).any())
+
+
+def test_topk_scores_every_kind_is_drawn_from_its_generator():
+    for kind in testing.TOPK_SCORE_KINDS:
+        a = testing.topk_scores(kind, 3, 400, torch.Generator().manual_seed(5), k=64)
+        b = testing.topk_scores(kind, 3, 400, torch.Generator().manual_seed(5), k=64)
+        assert a.shape == (3, 400) and a.dtype == torch.float32, kind
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), kind  # NaN bits too
+    g = torch.Generator().manual_seed(1)
+    x = testing.topk_scores("nan_mix", 3, 400, g)
+    assert x[0].isnan().all() and x[1, :350].isnan().all()
+    assert testing.topk_scores("all_neg_inf", 2, 9, g).isneginf().all()
+    x = testing.topk_scores("k_ties_on_top", 2, 400, g, k=64)
+    assert ((x == 7.0).sum(dim=1) == 64).all()
+    x = testing.topk_scores("neg_inf_runs", 2, 400, g)
+    assert x[0, :200].isneginf().all() and x[0, 210:600].isneginf().all()
+    assert testing.topk_scores("denormals", 2, 400, g).abs().max() < 1.2e-38
+    with pytest.raises(ValueError, match="unknown score distribution"):
+        testing.topk_scores("few_values", 1, 8, g)

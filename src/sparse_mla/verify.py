@@ -65,20 +65,21 @@ from .ops.topk import (
     select_topk_reference,
     topk_workspace,
 )
-from .testing import POISON, logits_error
+from .testing import POISON, logits_error, topk_scores
 
 TOPK_WIDTHS = (128, 384, 512, 1024, 2048)
 PAGE_SIZES = (16, 64)
 INVALID_FRACTIONS = (0.0, 0.05, 0.5, 0.95, 1.0)
 
-# Score distributions and shapes of the top-k cases.
+# Score distributions (the kit's names: ``sparse_mla.testing.topk_scores``) and shapes of the
+# top-k cases.
 TOPK_DISTS = (
     "normal",
     "all_equal",
-    "threshold_ties",
+    "ties_at_threshold",
     "two_valued",
     "neg_inf_runs",
-    "nan",
+    "nan_mix",
     "huge_tiny",
     "signed_zeros",
 )
@@ -392,60 +393,6 @@ def _rand_choice(g: torch.Generator, options: tuple | list):
     return options[_rand_int(g, 0, len(options) - 1)]
 
 
-def _topk_scores(dist: str, rows: int, n: int, k: int, g: torch.Generator) -> torch.Tensor:
-    """fp32 ``[rows, n]`` scores drawn from one of the adversarial distributions."""
-    inf, nan = float("inf"), float("nan")
-    x = torch.randn(rows, n, generator=g)
-
-    def coin(p: float) -> torch.Tensor:
-        return torch.rand(rows, n, generator=g) < p
-
-    if dist == "normal":
-        return x * 10.0 ** _rand_int(g, -3, 3)
-    if dist == "all_equal":
-        return torch.full((rows, n), float(torch.randn((), generator=g)))
-    if dist == "threshold_ties":
-        if _rand_int(g, 0, 1):  # few distinct values: every threshold is a long tie
-            return torch.randint(0, _rand_int(g, 2, 8), (rows, n), generator=g).float()
-        # A large share of each row equals the row's k-th largest score.
-        kth = x.sort(dim=1, descending=True).values[:, min(k, n) - 1 : min(k, n)]
-        return torch.where(coin(0.05 + 0.6 * float(torch.rand((), generator=g))), kth, x)
-    if dist == "two_valued":
-        a, b = torch.randn(2, generator=g).tolist()
-        return torch.where(coin(float(torch.rand((), generator=g))), a, b)
-    if dist == "neg_inf_runs":
-        for r in range(rows):
-            for _ in range(_rand_int(g, 1, 5)):
-                start = _rand_int(g, 0, n - 1)
-                x[r, start : start + _rand_int(g, 1, max(1, n // 2))] = -inf
-        if rows > 1 and _rand_int(g, 0, 1):
-            x[_rand_int(g, 0, rows - 1)] = -inf  # a row of -inf only
-        return x
-    if dist == "nan":
-        x[coin(_rand_choice(g, (0.01, 0.3, 0.95)))] = nan
-        x[coin(0.05)] = -inf
-        x[coin(0.01)] = inf
-        if _rand_int(g, 0, 1):
-            x[_rand_int(g, 0, rows - 1)] = nan  # a row of NaN only
-        return x
-    if dist == "huge_tiny":
-        # Magnitudes from denormal to overflow (-> inf), and a pool of extreme values.
-        exp = torch.randint(-46, 40, (rows, n), generator=g).double()
-        scaled = (x.double() * torch.pow(10.0, exp)).float()
-        pool = torch.tensor(
-            [3.4e38, -3.4e38, 1e30, -1e30, 1e-38, -1e-38, 1e-45, -1e-45, inf, -inf, 0.0, 1.0]
-        )
-        picks = pool[torch.randint(0, len(pool), (rows, n), generator=g)]
-        return torch.where(coin(0.3), picks, scaled)
-    if dist == "signed_zeros":
-        z = torch.where(coin(0.5), 0.0, -0.0)
-        z[coin(0.03)] = 1e-45
-        z[coin(0.03)] = -1e-45
-        z[coin(0.2)] = -1.0
-        return z
-    raise ValueError(f"unknown score distribution {dist!r}")
-
-
 def _topk_lengths(rows: int, n: int, k: int, g: torch.Generator) -> torch.Tensor:
     """int32 [rows]: the full row first, then 0, < k, = k, > k, past N, negative, random."""
     pool = [0, _rand_int(g, 1, max(1, k - 1)), k, k + 1, n - 1, n + 7, -3]
@@ -481,7 +428,7 @@ def _run_topk_case(
         elif mode == "split":
             num_splits = _rand_int(g, 2, min(32, cdiv(n, config.split_block)))
     prefilter = _rand_choice(g, (None, True, False)) if mode == "split" else None
-    x = _topk_scores(p["dist"], rows, n, k, g)
+    x = topk_scores(p["dist"], rows, n, g, k=k)
     lengths = _topk_lengths(rows, n, k, g)
     want = select_topk_reference(x, lengths, k)
     want_counts = lengths.clamp(0, n).clamp_max(k)

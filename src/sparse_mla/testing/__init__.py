@@ -3,8 +3,9 @@ demo and the GPU scripts; importable by users who want to check their own integr
 we check ours.
 
 ``checks``: the poison value and the tolerances of the float kernels; ``inputs``: the input
-generators; ``timing``: the one CUDA-graph timer (and eager timing, the launch floor, copy
-bandwidth); ``floor``: the bytes each op must move and the floor rule.
+generators; ``topk_scores``: the top-k op's adversarial rows; ``timing``: the one CUDA-graph
+timer (and eager timing, the launch floor, copy bandwidth); ``floor``: the bytes each op must
+move and the floor rule.
 """
 
 from .checks import (
@@ -31,12 +32,14 @@ from .inputs import (
     random_attention_indices,
     random_mla_cache,
 )
+from .topk_scores import TOPK_SCORE_KINDS, topk_scores
 
 __all__ = [
     "ATTN_LSE_ATOL",
     "ATTN_LSE_RTOL",
     "ATTN_OUT_RTOL",
     "POISON",
+    "TOPK_SCORE_KINDS",
     "attention_error",
     "attention_max_errors",
     "compiled_matches_eager",
@@ -53,4 +56,5 @@ __all__ = [
     "ragged_lens",
     "random_attention_indices",
     "random_mla_cache",
+    "topk_scores",
 ]
