@@ -160,13 +160,19 @@ def indexer_queries(
     fp8: bool,
     device: torch.device | str = "cpu",
     generator: torch.Generator | None = None,
+    integer: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random indexer queries ``[rows, heads, dim]`` (bf16, or e4m3 when ``fp8``) and fp32
-    head weights ``[rows, heads]`` scaled by ``(heads * dim)^-1/2`` as V3.2 folds them."""
-    q = torch.randn(rows, heads, dim, device=device, generator=generator)
-    q = q.to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
-    w = torch.randn(rows, heads, device=device, generator=generator) * (heads * dim) ** -0.5
-    return q, w
+    head weights ``[rows, heads]`` scaled by ``(heads * dim)^-1/2`` as V3.2 folds them.
+    ``integer``: small integers instead (queries in [-3, 3], weights in [-4, 4], unscaled),
+    whose logits every path computes exactly."""
+    if integer:
+        q = torch.randint(-3, 4, (rows, heads, dim), device=device, generator=generator).float()
+        w = torch.randint(-4, 5, (rows, heads), device=device, generator=generator).float()
+    else:
+        q = torch.randn(rows, heads, dim, device=device, generator=generator)
+        w = torch.randn(rows, heads, device=device, generator=generator) * (heads * dim) ** -0.5
+    return q.to(torch.float8_e4m3fn if fp8 else torch.bfloat16), w
 
 
 def filled_indexer_cache(
@@ -177,10 +183,13 @@ def filled_indexer_cache(
     fp8: bool,
     device: torch.device | str | None = None,
     chunk: int = 1 << 20,
+    generator: torch.Generator | None = None,
+    integer: bool = False,
 ) -> torch.Tensor:
-    """An indexer K cache of ``num_pages`` pages of standard-normal bf16 keys, written through
-    ``write_indexer_k`` (so the fp8 format holds real scales) ``chunk`` tokens at a time to
-    bound the temporaries."""
+    """An indexer K cache of ``num_pages`` pages of standard-normal bf16 keys (``integer``:
+    integers in [-3, 3]), written through ``write_indexer_k`` (so the fp8 format holds real
+    scales) ``chunk`` tokens at a time to bound the temporaries. ``generator`` must live on
+    ``device``."""
     from .. import new_indexer_k_cache, write_indexer_k
     from .._runtime import canonical_device
 
@@ -189,6 +198,37 @@ def filled_indexer_cache(
     total = num_pages * block_size
     for s0 in range(0, total, chunk):
         t = min(chunk, total - s0)
-        keys = torch.randn(t, dim, device=device, dtype=torch.bfloat16)
-        write_indexer_k(keys, cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64))
+        if integer:
+            keys = torch.randint(-3, 4, (t, dim), device=device, generator=generator)
+        else:
+            keys = torch.randn(t, dim, device=device, generator=generator)
+        write_indexer_k(
+            keys.bfloat16(), cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64)
+        )
     return cache
+
+
+def indexer_problem(
+    g: torch.Generator,
+    num_req: int,
+    next_n: int,
+    max_ctx: int,
+    *,
+    heads: int,
+    dim: int,
+    block_size: int,
+    fp8: bool,
+    integer: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One ``index_logits`` problem on ``g``'s device: ``(q, weights, cache, seq_lens,
+    block_table)`` with ``num_req * next_n`` query rows, lengths uniform in ``[0, max_ctx]``,
+    each request its own distinct pages (one page more in the cache than the tables use)."""
+    dev = g.device
+    width = -(-max_ctx // block_size)
+    pages = num_req * width + 1
+    kw = dict(fp8=fp8, device=dev, generator=g, integer=integer)
+    cache = filled_indexer_cache(pages, block_size, dim, **kw)
+    bt = distinct_block_table(pages, num_req, width, device=dev, generator=g)
+    q, w = indexer_queries(num_req * next_n, heads, dim, **kw)
+    lens = torch.randint(0, max_ctx + 1, (num_req,), device=dev, generator=g).int()
+    return q, w, cache, lens, bt
