@@ -55,8 +55,14 @@ from sparse_mla.ops.attention import (
     sparse_mla_decode,
     sparse_mla_decode_reference,
 )
-from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
-from sparse_mla.testing import attention_error, attention_max_errors, poison
+from sparse_mla.ops.kv_cache import new_mla_cache
+from sparse_mla.testing import (
+    attention_error,
+    attention_max_errors,
+    poison,
+    random_attention_indices,
+    random_mla_cache,
+)
 from sparse_mla.testing.floor import PEAK_FLOPS, attention_bytes, attention_flops
 from sparse_mla.testing.timing import eager_us, graph_us  # the kit's one timer
 
@@ -89,25 +95,21 @@ def tflops(h: int, t: int, us: float) -> float:
 
 
 def build_caches(dev):
-    torch.manual_seed(0)
-    kv = (torch.randn(NKV, 576, device=dev) * 0.5).bfloat16()
-    slots = torch.arange(NKV, device=dev)
+    """Both formats holding the same random latents (the kit's generator, seed 0)."""
     caches = {}
     for fmt in ("fp8", "bf16"):
-        c = new_mla_cache(NKV // PAGE, PAGE, fp8=fmt == "fp8", device=dev)
-        write_mla_latent(kv[:, :512], kv[:, 512:], c, slots)
-        caches[fmt] = c
-    del kv
+        g = torch.Generator(device=dev).manual_seed(0)
+        caches[fmt] = random_mla_cache(
+            NKV // PAGE, PAGE, fp8=fmt == "fp8", g=g, scale=0.5, device=dev
+        )
+    torch.manual_seed(0)  # the indices: torch's generator, as before
     return caches
 
 
 def rand_indices(t: int, dev, n: int = 2) -> list[torch.Tensor]:
-    out = []
-    for _ in range(n):
-        ix = torch.randint(0, NKV, (t, TOPK), device=dev, dtype=torch.int32)
-        ix[:, -100:] = -1
-        out.append(ix)
-    return out
+    """``n`` index sets: random slots over the cache, the last 100 of each row -1."""
+    kw = dict(invalid_tail=100, device=dev)
+    return [random_attention_indices(None, t, TOPK, NKV, **kw) for _ in range(n)]
 
 
 def check_rows(q, cache, idx, out, lse, **kw) -> dict:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..testing import attention_error, poison
+from ..testing import attention_error, poison, random_mla_cache
 from ..testing.floor import ATTENTION_BYTES_RULE, attention_bytes, attention_flops, kfmt
 from .anchors import Anchors
 from .cases import Case, InputSet, OpSpec, Variant, register_op, self_check_of
@@ -105,17 +105,9 @@ def _ops(anchors: Anchors) -> SimpleNamespace:
 
 
 def _filled_mla_cache(pages: int, page: int, dim: int, *, fp8: bool, device: Any) -> torch.Tensor:
-    """A latent cache of ``pages`` pages, every row random (written by our writer, 2^18 rows
-    at a time to bound the temporaries). ``dim`` is the pool's key; always 576 here."""
-    from ..ops.kv_cache import new_mla_cache, write_mla_latent
-
-    cache = new_mla_cache(pages, page, fp8=fp8, device=device)
-    total, chunk = pages * page, 1 << 18
-    for s0 in range(0, total, chunk):
-        kv = (torch.randn(min(chunk, total - s0), dim, device=device) * 0.5).bfloat16()
-        slots = torch.arange(s0, s0 + kv.shape[0], device=device)
-        write_mla_latent(kv[:, :512], kv[:, 512:], cache, slots)
-    return cache
+    """A latent cache of ``pages`` pages, every row random of magnitude 0.5 (the kit's
+    generator). ``dim`` is the pool's key; always 576 here."""
+    return random_mla_cache(pages, page, fp8=fp8, g=None, scale=0.5, device=device)
 
 
 POOL = CachePool(fill=_filled_mla_cache)

@@ -13,43 +13,54 @@ def random_mla_cache(
     block_size: int,
     *,
     fp8: bool,
-    g: torch.Generator,
+    g: torch.Generator | None,
     scale: float = 1.0,
     arbitrary_scales: bool = False,
     device: torch.device | str = "cpu",
+    chunk: int = 1 << 18,
 ) -> torch.Tensor:
     """An MLA latent cache (``new_mla_cache``'s formats) with every slot holding a random
-    latent of magnitude ``scale``, written by the reference writer (fp8: power-of-two scales).
-    ``arbitrary_scales`` then multiplies each fp32 scale by a random factor in [0.5, 2)
-    (the stored e4m3 values stay, so each row is still an exact e4m3 * scale)."""
+    latent of magnitude ``scale``, written by the reference writer (fp8: power-of-two scales)
+    ``chunk`` rows at a time (engine-size caches: drawn on ``g``'s device, ``None``: torch's
+    default generator on ``device``). ``arbitrary_scales`` then multiplies each fp32 scale by
+    a random factor in [0.5, 2) (the stored e4m3 values stay, so each row is still an exact
+    e4m3 * scale)."""
     from ..ops.kv_cache import new_mla_cache
     from ..ops.kv_cache.naive import write_mla_latent_reference
 
+    draw_on = g.device if g is not None else device
     rows = num_pages * block_size
-    kv = (torch.randn(rows, 576, generator=g) * scale).bfloat16().to(device)
     cache = new_mla_cache(num_pages, block_size, fp8=fp8, device=device)
-    write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache, torch.arange(rows, device=device))
+    for s0 in range(0, rows, chunk):
+        n = min(chunk, rows - s0)
+        kv = (torch.randn(n, 576, generator=g, device=draw_on) * scale).bfloat16().to(device)
+        slots = torch.arange(s0, s0 + n, device=device)
+        write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache, slots)
     if fp8 and arbitrary_scales:
         sc = cache.view(rows, -1)[:, 512:528].view(torch.float32)
-        factor = 0.5 + 1.5 * torch.rand(sc.shape, generator=g)
+        factor = 0.5 + 1.5 * torch.rand(sc.shape, generator=g, device=draw_on)
         sc.mul_(factor.to(device))
     return cache
 
 
 def random_attention_indices(
-    g: torch.Generator,
+    g: torch.Generator | None,
     num_tokens: int,
     topk: int,
     num_rows: int,
     *,
     invalid_tail: int = 0,
     invalid_frac: float = 0.0,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """int32 ``[T, topk]`` random slots in ``[0, num_rows)``; the last ``invalid_tail`` of a
-    row and a random ``invalid_frac`` of the rest are -1."""
-    idx = torch.randint(0, max(num_rows, 1), (num_tokens, topk), generator=g, dtype=torch.int32)
+    """int32 ``[T, topk]`` random slots in ``[0, num_rows)`` on ``g``'s device (``g`` None:
+    torch's default generator on ``device``); the last ``invalid_tail`` of a row and a random
+    ``invalid_frac`` of the rest are -1."""
+    dev = g.device if g is not None else (device or "cpu")
+    shape = (num_tokens, topk)
+    idx = torch.randint(0, max(num_rows, 1), shape, generator=g, dtype=torch.int32, device=dev)
     if invalid_frac > 0:
-        idx[torch.rand(num_tokens, topk, generator=g) < invalid_frac] = -1
+        idx[torch.rand(shape, generator=g, device=dev) < invalid_frac] = -1
     if invalid_tail > 0:
         idx[:, topk - invalid_tail :] = -1
     return idx
