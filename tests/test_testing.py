@@ -74,3 +74,11 @@ def test_topk_scores_every_kind_is_drawn_from_its_generator():
     assert testing.topk_scores("denormals", 2, 400, g).abs().max() < 1.2e-38
     with pytest.raises(ValueError, match="unknown score distribution"):
         testing.topk_scores("few_values", 1, 8, g)
+
+
+def test_dcp_partials_mark_unseen_rows():
+    outs, lses = testing.dcp_partials(4, 5, 8, 16, torch.Generator().manual_seed(3))
+    assert outs.shape == (4, 5, 8, 16) and lses.shape == (4, 5, 8)
+    assert torch.isneginf(lses[1:, 0]).all() and lses[0, 0].isfinite().all()
+    assert torch.isneginf(lses[:, 1]).all() and torch.isneginf(lses[0, 2, ::2]).all()
+    assert torch.equal(outs.isnan().all(-1), torch.isneginf(lses))  # NaN exactly where unseen

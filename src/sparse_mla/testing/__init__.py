@@ -23,6 +23,7 @@ from .checks import (
     poison,
 )
 from .inputs import (
+    dcp_partials,
     dcp_scores,
     dcp_shard_scores,
     distinct_block_table,
@@ -44,6 +45,7 @@ __all__ = [
     "attention_error",
     "attention_max_errors",
     "compiled_matches_eager",
+    "dcp_partials",
     "dcp_scores",
     "dcp_shard_scores",
     "distinct_block_table",

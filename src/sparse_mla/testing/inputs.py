@@ -135,6 +135,23 @@ def dcp_shard_scores(
 # --------------------------------------------------------------------------------------------
 
 
+def dcp_partials(
+    world: int, tokens: int, heads: int, dim: int, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every simulated rank's attention partial (CPU): out fp32 ``[W, T, H, D]`` and lse fp32
+    ``[W, T, H]``. With more than two rows: only rank 0 saw row 0, nobody saw row 1, half of
+    rank 0's heads saw nothing in row 2; a partial with lse -inf holds NaN in its out (which
+    a combine must never read)."""
+    outs = torch.randn(world, tokens, heads, dim, generator=g)
+    lses = 4 * torch.randn(world, tokens, heads, generator=g)
+    if tokens > 2:
+        lses[1:, 0] = float("-inf")
+        lses[:, 1] = float("-inf")
+        lses[0, 2, ::2] = float("-inf")
+    outs = torch.where(torch.isinf(lses)[..., None], float("nan"), outs)
+    return outs, lses
+
+
 def ragged_lens(total: int, n: int, rng: random.Random) -> list[int]:
     """Decode lengths uniform in [1, n] whose sum is exactly ``total`` (the last one trimmed)."""
     lens: list[int] = []
