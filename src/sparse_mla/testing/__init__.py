@@ -33,6 +33,7 @@ from .inputs import (
     ragged_lens,
     random_attention_indices,
     random_mla_cache,
+    random_remap_inputs,
 )
 from .topk_scores import TOPK_SCORE_KINDS, topk_scores
 
@@ -60,5 +61,6 @@ __all__ = [
     "ragged_lens",
     "random_attention_indices",
     "random_mla_cache",
+    "random_remap_inputs",
     "topk_scores",
 ]

@@ -66,6 +66,29 @@ def random_attention_indices(
     return idx
 
 
+def random_remap_inputs(
+    g: torch.Generator,
+    tokens: int,
+    k: int,
+    *,
+    block_size: int,
+    num_req: int,
+    width: int,
+    invalid: float,
+    dcp_size: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hostile remap inputs (CPU): ``(req_id int32 [T], block_table int32 [R, width],
+    positions int32 [T, k])``. The block table is a view with rows 3 wider (its row stride
+    is not its width); positions run to 1.25x the addressable range (``width * block_size *
+    dcp_size``), so a tail maps past the table; a random ``invalid`` share of them is -1."""
+    bt_wide = torch.randint(0, 5000, (num_req, width + 3), generator=g, dtype=torch.int32)
+    span = int(width * block_size * dcp_size * 1.25) + 1
+    idx = torch.randint(0, span, (tokens, k), generator=g, dtype=torch.int32)
+    idx[torch.rand((tokens, k), generator=g) < invalid] = -1
+    req_id = torch.randint(0, num_req, (tokens,), generator=g, dtype=torch.int32)
+    return req_id, bt_wide[:, :width], idx
+
+
 # ---------------------------------------------------------------------------------------
 # Decode context parallelism (sparse_mla.dcp): inputs of one simulated rank
 # ---------------------------------------------------------------------------------------

@@ -14,26 +14,23 @@ from ...ops.remap import (
 )
 from ...ops.remap.naive import convert_req_index_to_global_index_reference
 from ..checks import POISON
+from ..inputs import random_remap_inputs
 from .draw import Case, first_diff, log_uniform_int, to_device
 
 
 def _make_remap_inputs(case: Case, g: torch.Generator):
+    """The kit's hostile remap inputs at a shape drawn from ``g``, with a page stride and
+    prefill rows where the case asks for them."""
     p = case.params
     k, page = p["k"], p["page"]
     tokens = log_uniform_int(g, 1, p["max_tokens"])
     num_req = int(torch.randint(1, 9, (), generator=g))
     width = int(torch.randint(1, 40, (), generator=g))
     stride = page * int(torch.randint(2, 5, (), generator=g)) if p.get("strided") else None
-    # Row stride wider than the table, as when engines slice a bigger buffer.
-    bt_full = torch.randint(0, 5000, (num_req, width + 3), generator=g, dtype=torch.int32)
-    block_table = bt_full[:, :width]
-    dcp = p.get("dcp", 1)
-    # Positions up to 1.25x the addressable range: the tail has out-of-range page ids.
-    span = int(width * page * dcp * 1.25) + 1
-    idx = torch.randint(0, span, (tokens, k), generator=g, dtype=torch.int32)
-    drop = torch.rand((tokens, k), generator=g) < p["invalid"]
-    idx[drop] = -1
-    req_id = torch.randint(0, num_req, (tokens,), generator=g, dtype=torch.int32)
+    req_id, block_table, idx = random_remap_inputs(
+        g, tokens, k, block_size=page, num_req=num_req, width=width, invalid=p["invalid"],
+        dcp_size=p.get("dcp", 1),
+    )  # fmt: skip
     kwargs = dict(block_size=page)
     if stride:
         kwargs["block_stride_rows"] = stride
