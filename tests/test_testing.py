@@ -82,3 +82,14 @@ def test_dcp_partials_mark_unseen_rows():
     assert torch.isneginf(lses[1:, 0]).all() and lses[0, 0].isfinite().all()
     assert torch.isneginf(lses[:, 1]).all() and torch.isneginf(lses[0, 2, ::2]).all()
     assert torch.equal(outs.isnan().all(-1), torch.isneginf(lses))  # NaN exactly where unseen
+
+
+def test_block_table_view_layouts_hold_the_same_values():
+    vals = torch.randint(0, 100, (3, 5), dtype=torch.int32)
+    views = {lay: testing.block_table_view(vals, lay) for lay in testing.BLOCK_TABLE_LAYOUTS}
+    assert all(torch.equal(v, vals) for v in views.values())
+    assert views["contiguous"].is_contiguous() and views["wide_rows"].stride() == (12, 1)
+    assert views["column_step"].stride() == (10, 2) and views["transposed"].stride() == (1, 3)
+    assert views["wide_rows"].storage().tolist()[5:12] == [testing.POISON] * 7
+    with pytest.raises(ValueError, match="layout must be one of"):
+        testing.block_table_view(vals, "diagonal")

@@ -26,7 +26,7 @@ from sparse_mla.ops.decode_metadata.naive import (
     expand_decode_tokens_torch_ops,
     native_decode_seq_lens_reference,
 )
-from sparse_mla.testing import POISON
+from sparse_mla.testing import POISON, block_table_view
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -56,17 +56,9 @@ def poisoned(num_tokens: int, width: int) -> ExpandedDecodeTokens:
 
 
 def block_table(num_reqs: int, layout: str) -> torch.Tensor:
-    """Random page ids, contiguous or as a view with wider rows or a column step."""
+    """Random page ids, contiguous or as a view (the kit's ``block_table_view``)."""
     vals = torch.randint(0, 1 << 24, (num_reqs, W), dtype=torch.int32, device=DEV)
-    if layout == "wide_rows":
-        big = torch.full((num_reqs, W + 96), POISON, dtype=torch.int32, device=DEV)
-        big[:, :W] = vals
-        return big[:, :W]
-    if layout == "column_step":
-        big = torch.full((num_reqs, 2 * W), POISON, dtype=torch.int32, device=DEV)
-        big[:, ::2] = vals
-        return big[:, ::2]
-    return vals
+    return block_table_view(vals, layout, device=DEV)
 
 
 @pytest.mark.parametrize("idx", range(len(EXPAND_CONFIGS)))

@@ -23,6 +23,8 @@ from .checks import (
     poison,
 )
 from .inputs import (
+    BLOCK_TABLE_LAYOUTS,
+    block_table_view,
     dcp_partials,
     dcp_scores,
     dcp_shard_scores,
@@ -39,12 +41,14 @@ from .topk_scores import TOPK_SCORE_KINDS, topk_scores
 
 __all__ = [
     "ATTN_LSE_ATOL",
+    "BLOCK_TABLE_LAYOUTS",
     "ATTN_LSE_RTOL",
     "ATTN_OUT_RTOL",
     "POISON",
     "TOPK_SCORE_KINDS",
     "attention_error",
     "attention_max_errors",
+    "block_table_view",
     "compiled_matches_eager",
     "dcp_partials",
     "dcp_scores",

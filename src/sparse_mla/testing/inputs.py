@@ -203,6 +203,34 @@ def distinct_block_table(
     return perm[: rows * width].view(rows, width).to(torch.int32)
 
 
+#: The memory layouts :func:`block_table_view` lays a block table out in.
+BLOCK_TABLE_LAYOUTS = ("contiguous", "wide_rows", "column_step", "transposed")
+
+
+def block_table_view(
+    values: torch.Tensor, layout: str, *, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``values`` (int32 ``[R, W]``) on ``device`` in one of :data:`BLOCK_TABLE_LAYOUTS`:
+    contiguous; ``wide_rows``, a view of rows 7 wider (a capacity-sized table: the row
+    stride is not the width); ``column_step``, every other column of a wider tensor; or
+    ``transposed``, column-major storage. What the view leaves out holds the poison value."""
+    from .checks import POISON
+
+    rows, width = values.shape
+    if layout == "contiguous":
+        return values.to(device)
+    if layout == "transposed":
+        return values.t().contiguous().t().to(device)
+    if layout not in BLOCK_TABLE_LAYOUTS:
+        raise ValueError(f"layout must be one of {BLOCK_TABLE_LAYOUTS}, got {layout!r}")
+    wide = layout == "wide_rows"
+    big = torch.full((rows, width + 7 if wide else 2 * width), POISON, dtype=torch.int32)
+    big = big.to(device)
+    view = big[:, :width] if wide else big[:, ::2]
+    view.copy_(values.to(device))
+    return view
+
+
 def indexer_queries(
     rows: int,
     heads: int,
