@@ -40,16 +40,10 @@ import torch
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
 from sparse_mla.decode import DecodePlan, DecodePlanConfig, decode_step_reference
-from sparse_mla.decode.cases import (
-    INDEX_DIM,
-    INDEX_HEADS,
-    clone_inputs,
-    quantize_index_q,
-    random_step,
-    step_error,
-)
+from sparse_mla.decode.cases import INDEX_DIM, INDEX_HEADS, clone_inputs, random_step, step_error
 from sparse_mla.decode.naive import sparse_attention_torch
 from sparse_mla.decode.plan import LATENT_DIM, STAGES, DecodeInputs
+from sparse_mla.ops.indexer import quantize_index_q
 from sparse_mla.ops.kv_cache import (
     new_indexer_k_cache,
     new_mla_cache,
