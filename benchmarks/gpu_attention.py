@@ -16,12 +16,13 @@ Run on the H200 from the repository root (about 5 minutes; ``--quick`` about 2):
    64-head buffer each call, as engines do); vLLM's Triton kernel
    (``.anchors/vllm_triton_sparse_mla.py`` or ``shared/anchors/``), bf16 cache. Max abs diff
    of out (and lse for FlashMLA, its +inf for empty rows mapped to -inf) against ours.
-3. Timings per call inside a CUDA graph (10 calls alternating two index sets; triton's
-   do_bench median of replays / 10) and eagerly, for h_q {8,16,32,64,128} x T
-   {1,8,32,128,512} (+256 at 128 heads) x {fp8, bf16}: topk 2048, a 2^20-token cache (page
-   64), random slots with the last 100 of each row -1 (shared/anchors/README.md). Beside each
-   figure its floor ``max(gathered bytes / 4.3 TB/s, FLOPs / 790 TFLOPS)`` with FLOPs
-   ``2 h_q T topk (576 + 512)``, and TFLOPS. Fused remap vs global slots at T = 1, 128, 1024.
+3. Timings per call inside a CUDA graph (10 calls alternating two index sets; the testing kit's
+   timer, ``sparse_mla.testing.timing.graph_us``: median of replays / 10) and eagerly, for h_q
+   {8,16,32,64,128} x T {1,8,32,128,512} (+256 at 128 heads) x {fp8, bf16}: topk 2048, a
+   2^20-token cache (page 64), random slots with the last 100 of each row -1
+   (shared/anchors/README.md). Beside each figure its floor ``max(gathered bytes / 4.3 TB/s,
+   FLOPs / 790 TFLOPS)`` with FLOPs ``2 h_q T topk (576 + 512)``, and TFLOPS. Fused remap vs
+   global slots at T = 1, 128, 1024.
 4. A launch-config sweep (``AttentionConfig``: head block, rows per step, stages, warps,
    splits) at ``--sweep-shapes`` (h_q:T:format,...), each config checked
    against the reference; after the rest only while the time budget lasts (``--no-sweep``
@@ -42,16 +43,10 @@ import traceback
 from dataclasses import replace
 
 import torch
+from harness.anchors import import_flashmla, import_vllm  # (this folder)
 
 from sparse_mla import convert_req_index_to_global_index
-from sparse_mla.bench.attention import (
-    flashmla_launch,
-    flashmla_outputs,
-    import_flashmla,
-    import_vllm,
-    vllm_launch,
-)
-from sparse_mla.bench.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.bench.attention import flashmla_launch, flashmla_outputs, vllm_launch
 from sparse_mla.compat import flashmla as compat_flashmla
 from sparse_mla.ops.attention import (
     AttentionConfig,
@@ -60,8 +55,16 @@ from sparse_mla.ops.attention import (
     sparse_mla_decode,
     sparse_mla_decode_reference,
 )
-from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
-from sparse_mla.testing import attention_error, attention_max_errors, poison
+from sparse_mla.ops.kv_cache import new_mla_cache
+from sparse_mla.testing import (
+    attention_error,
+    attention_max_errors,
+    poison,
+    random_attention_indices,
+    random_mla_cache,
+)
+from sparse_mla.testing.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.testing.timing import eager_us, graph_us  # the kit's one timer
 
 BW = 4.3e12  # about the H200's measured copy bandwidth (the bench measures it each run)
 TOPK, PAGE, NKV = 2048, 64, 1 << 20
@@ -79,31 +82,6 @@ def _log(msg: str) -> None:
 # ---- timing -------------------------------------------------------------------------------------
 
 
-def graph_us(fns) -> float:
-    from triton.testing import do_bench
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    t = do_bench(g.replay, warmup=5, rep=60, return_mode="median") * 1e3 / len(fns)
-    del g
-    return t
-
-
-def eager_us(fn) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3
-
-
 def floor_us(h: int, t: int, fp8: bool) -> float:
     rows = attention_bytes(t, TOPK, "fp8" if fp8 else "bf16")
     return max(rows / BW, attention_flops(h, t, TOPK) / PEAK_FLOPS) * 1e6
@@ -117,25 +95,21 @@ def tflops(h: int, t: int, us: float) -> float:
 
 
 def build_caches(dev):
-    torch.manual_seed(0)
-    kv = (torch.randn(NKV, 576, device=dev) * 0.5).bfloat16()
-    slots = torch.arange(NKV, device=dev)
+    """Both formats holding the same random latents (the kit's generator, seed 0)."""
     caches = {}
     for fmt in ("fp8", "bf16"):
-        c = new_mla_cache(NKV // PAGE, PAGE, fp8=fmt == "fp8", device=dev)
-        write_mla_latent(kv[:, :512], kv[:, 512:], c, slots)
-        caches[fmt] = c
-    del kv
+        g = torch.Generator(device=dev).manual_seed(0)
+        caches[fmt] = random_mla_cache(
+            NKV // PAGE, PAGE, fp8=fmt == "fp8", g=g, scale=0.5, device=dev
+        )
+    torch.manual_seed(0)  # the indices: torch's generator, as before
     return caches
 
 
 def rand_indices(t: int, dev, n: int = 2) -> list[torch.Tensor]:
-    out = []
-    for _ in range(n):
-        ix = torch.randint(0, NKV, (t, TOPK), device=dev, dtype=torch.int32)
-        ix[:, -100:] = -1
-        out.append(ix)
-    return out
+    """``n`` index sets: random slots over the cache, the last 100 of each row -1."""
+    kw = dict(invalid_tail=100, device=dev)
+    return [random_attention_indices(None, t, TOPK, NKV, **kw) for _ in range(n)]
 
 
 def check_rows(q, cache, idx, out, lse, **kw) -> dict:

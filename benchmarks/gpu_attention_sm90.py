@@ -23,10 +23,10 @@ import sys
 import time
 
 import torch
-from gpu_attention import BW, NKV, PAGE, SCALE, TOPK, eager_us, graph_us  # (this folder)
+from gpu_attention import BW, NKV, PAGE, SCALE, TOPK  # (this folder)
+from harness.anchors import import_flashmla  # (this folder)
 
-from sparse_mla.bench.attention import flashmla_launch, import_flashmla
-from sparse_mla.bench.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.bench.attention import flashmla_launch
 from sparse_mla.ops.attention import (
     AttentionConfig,
     attention_workspace,
@@ -34,8 +34,9 @@ from sparse_mla.ops.attention import (
     sparse_mla_decode,
     sparse_mla_decode_reference,
 )
-from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
-from sparse_mla.testing import attention_error, attention_max_errors, poison
+from sparse_mla.testing import attention_error, attention_max_errors, poison, random_mla_cache
+from sparse_mla.testing.floor import PEAK_FLOPS, attention_bytes, attention_flops
+from sparse_mla.testing.timing import eager_us, graph_us
 
 
 def _log(msg: str) -> None:
@@ -43,11 +44,8 @@ def _log(msg: str) -> None:
 
 
 def _cache(rows: int, fp8: bool, dev, seed: int = 0) -> torch.Tensor:
-    torch.manual_seed(seed)
-    kv = (torch.randn(rows, 576, device=dev) * 0.5).bfloat16()
-    c = new_mla_cache(rows // PAGE, PAGE, fp8=fp8, device=dev)
-    write_mla_latent(kv[:, :512], kv[:, 512:], c, torch.arange(rows, device=dev))
-    return c
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return random_mla_cache(rows // PAGE, PAGE, fp8=fp8, g=g, scale=0.5, device=dev)
 
 
 def _sm90_config(h: int, fmt: str, splits: int, nbuf: int = 2) -> AttentionConfig:

@@ -40,16 +40,10 @@ import torch
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
 from sparse_mla.decode import DecodePlan, DecodePlanConfig, decode_step_reference
-from sparse_mla.decode.cases import (
-    INDEX_DIM,
-    INDEX_HEADS,
-    clone_inputs,
-    quantize_index_q,
-    random_step,
-    step_error,
-)
+from sparse_mla.decode.cases import INDEX_DIM, INDEX_HEADS, clone_inputs, random_step, step_error
 from sparse_mla.decode.naive import sparse_attention_torch
 from sparse_mla.decode.plan import LATENT_DIM, STAGES, DecodeInputs
+from sparse_mla.ops.indexer import quantize_index_q
 from sparse_mla.ops.kv_cache import (
     new_indexer_k_cache,
     new_mla_cache,
@@ -57,6 +51,7 @@ from sparse_mla.ops.kv_cache import (
     write_mla_latent,
 )
 from sparse_mla.ops.kv_cache.naive import dequantize_indexer_k_cache
+from sparse_mla.testing.timing import graph_us
 
 PAGE, LAYERS = 64, 61
 TOPK = 2048  # --dry-run: 128
@@ -65,31 +60,11 @@ SM_SCALE = 0.135234
 
 
 def graph_time_us(fn, iters: int = 20, reps: int = 5) -> float:
-    """Median per-call time of ``fn`` captured ``iters`` times in one CUDA graph (on the CPU,
-    for --dry-run: one eager call's wall time)."""
+    """Median per-call time of ``fn`` captured ``iters`` times in one CUDA graph (the kit's
+    timer; on the CPU, for --dry-run: one eager call's wall time)."""
     if DEV.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return 1e6 * (time.perf_counter() - t0)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(1e3 * a.elapsed_time(b) / iters)
-    return sorted(times)[len(times) // 2]
+        return graph_us(fn, graph_calls=1, reps=1, warmup=0)
+    return graph_us(fn, graph_calls=iters, reps=reps, warmup=1)
 
 
 # ---- 1. correctness -------------------------------------------------------------------------

@@ -20,7 +20,9 @@ run() {  # name, command...
 for step in "$@"; do
   case $step in
     env) run env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -m sparse_mla.cli info; date -u' ;;
-    tests) run tests python3 -m pytest -q -n 8 ${TESTS:-tests} ;;
+    tests) run tests python3 -m pytest -q -n 8 -m "not gpu" ${TESTS:-tests} ;;
+    # The large-shape exactness tests (pytest -m gpu; SPARSE_MLA_GPU_PROFILE=quick: fewer).
+    gpu_tests) run gpu_tests python3 -m pytest -q -n 4 -m gpu ${GPU_TESTS:-tests} ;;
     # The quick sweep's cases of some kinds (few small launches of every variant) under memcheck.
     memcheck_verify) run memcheck_verify compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m sparse_mla.cli verify --quick --no-progress ${MEMCHECK_KINDS:---kind attention} ;;
     fast_tests) run fast_tests env SPARSE_MLA_FAST_LAUNCH=1 python3 -m pytest -q -n 8 ${FAST_TESTS:-tests/ops} ;;
@@ -32,7 +34,7 @@ for step in "$@"; do
     tune) run tune python3 benchmarks/tune_remap.py --out "$W" ;;
     tune_topk) run tune_topk python3 benchmarks/tune_topk.py --out "$W" ${TUNE_TOPK_ARGS:-} ;;
     tune_logits) run tune_logits python3 benchmarks/tune_logits.py --out "$W" ${TUNE_LOGITS_ARGS:-} ;;
-    bench) run bench python3 -m sparse_mla.cli bench --out "$W/bench" ${BENCH_ARGS:-} ;;
+    bench) run bench python3 -m benchmarks.harness --out "$W/bench" ${BENCH_ARGS:-} ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -33,7 +33,7 @@ the default budget keeps the whole run under 4 minutes; narrow the sweep with ``
 Prints a table per case (config, us, TFLOPS, % of the copy bandwidth measured in the same run,
 speed-up over the flattened form) and a summary (best native and best flattened config per
 case, and their ratio); writes ``tune_logits.json`` under ``--out``.
-Bytes per call: ``sparse_mla.bench.floor.indexer_bytes`` (keys read once per request + fp32
+Bytes per call: ``sparse_mla.testing.floor.indexer_bytes`` (keys read once per request + fp32
 logits written + q + weights + block table + lengths). TFLOPS count the q.k dot only
 (``2 * B * n * H * D * ctx``).
 
@@ -58,13 +58,6 @@ import torch  # noqa: E402
 
 # sparse_mla before triton: importing it decides interpreter vs GPU (see _runtime).
 from sparse_mla import _runtime  # noqa: E402
-from sparse_mla.bench.floor import INDEXER_BYTES_RULE, copy_fraction, indexer_bytes  # noqa: E402
-from sparse_mla.bench.timing import (  # noqa: E402
-    Backend,
-    measure_copy_bandwidth,
-    measure_graph,
-    select_backend,
-)
 from sparse_mla.ops.decode_metadata import expand_decode_tokens  # noqa: E402
 from sparse_mla.ops.indexer import (  # noqa: E402
     IndexLogitsConfig,
@@ -72,7 +65,18 @@ from sparse_mla.ops.indexer import (  # noqa: E402
     index_logits,
     index_logits_reference,
 )
-from sparse_mla.ops.kv_cache import new_indexer_k_cache, write_indexer_k  # noqa: E402
+from sparse_mla.testing import (  # noqa: E402
+    distinct_block_table,
+    filled_indexer_cache,
+    indexer_queries,
+)
+from sparse_mla.testing.floor import INDEXER_BYTES_RULE, copy_fraction, indexer_bytes  # noqa: E402
+from sparse_mla.testing.timing import (  # noqa: E402
+    Backend,
+    measure_copy_bandwidth,
+    measure_graph,
+    select_backend,
+)
 
 FULL = dict(requests=64, ctx=32768, heads=64, dim=128, page=64)
 QUICK = dict(requests=2, ctx=256, heads=8, dim=32, page=64)
@@ -100,22 +104,18 @@ def short(e: BaseException) -> str:
 
 
 def build_cache(pages: int, page: int, dim: int, fp8: bool, dev: torch.device) -> torch.Tensor:
-    cache = new_indexer_k_cache(pages, page, dim, fp8=fp8, device=dev)
-    total, chunk = pages * page, 1 << 20  # slices bound the temporary bf16 keys
-    for s0 in range(0, total, chunk):
-        t = min(chunk, total - s0)
-        k = torch.randn(t, dim, device=dev).bfloat16()
-        write_indexer_k(k, cache, torch.arange(s0, s0 + t, device=dev))
-    return cache
+    """Standard-normal keys on every page (the kit's generator)."""
+    return filled_indexer_cache(pages, page, dim, fp8=fp8, device=dev)
 
 
 def make_inputs(sh: dict, n: int, fp8: bool, cache: torch.Tensor, dev: torch.device) -> dict:
+    """One timed problem over the shared cache: the kit's queries and distinct block tables,
+    every request at the full context."""
     b, ctx, h, d, page = sh["requests"], sh["ctx"], sh["heads"], sh["dim"], sh["page"]
     width = -(-ctx // page)
-    bt = torch.randperm(cache.shape[0], device=dev)[: b * width].view(b, width).int()
+    bt = distinct_block_table(cache.shape[0], b, width, device=dev)
     lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
-    q = torch.randn(b * n, h, d, device=dev).to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
-    w = torch.randn(b * n, h, device=dev) * (h**-0.5 * d**-0.5)
+    q, w = indexer_queries(b * n, h, d, fp8=fp8, device=dev)
     out = torch.empty(b * n, ctx, dtype=torch.float32, device=dev)
     flat = None
     if n > 1:  # the library's expansion: one row, one length, one block-table row per token

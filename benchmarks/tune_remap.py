@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from sparse_mla import RemapLayout, choose_remap_layout, convert_req_index_to_global_index
-from sparse_mla.bench.timing import CudaBackend, measure_graph
+from sparse_mla.testing.timing import CudaBackend, measure_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines.remap_layouts import seed_layout, tiled_atomic_layout  # noqa: E402

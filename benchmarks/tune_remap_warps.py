@@ -17,7 +17,7 @@ import torch
 
 from sparse_mla import choose_remap_layout, convert_req_index_to_global_index
 from sparse_mla.bench.remap import make_remap_set
-from sparse_mla.bench.timing import CudaBackend, measure_graph
+from sparse_mla.testing.timing import CudaBackend, measure_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines.remap_layouts import seed_layout  # noqa: E402

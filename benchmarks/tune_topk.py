@@ -48,15 +48,15 @@ import sparse_mla  # noqa: F401  (first: it picks the interpreter mode before tr
 import triton
 
 from sparse_mla._runtime import num_sms
-from sparse_mla.bench.timing import (
+from sparse_mla.ops.topk import TopKConfig, plan_topk, select_topk, topk_workspace
+from sparse_mla.testing import POISON
+from sparse_mla.testing.timing import (
     Backend,
     measure_eager,
     measure_graph,
     rotation_sets,
     select_backend,
 )
-from sparse_mla.ops.topk import TopKConfig, plan_topk, select_topk, topk_workspace
-from sparse_mla.testing import POISON
 
 FULL = dict(
     k=2048,

@@ -1,12 +1,12 @@
-"""CPU tests of the benchmark harness (``sparse_mla.bench``). No test asserts a measured time:
-timing logic is driven by a fake clock, and the end-to-end runs (the real kernels in the
-interpreter, one planted bug each) check that every stage ran and agreed with its references."""
+"""CPU tests of ``sparse-mla bench`` (``sparse_mla.bench``) and the kit's timer and floors
+(``sparse_mla.testing.timing``, ``.floor``; the PERF page: ``test_harness.py``). No test
+asserts a measured time: timing logic is driven by a fake clock, and the end-to-end runs (the
+real kernels in the interpreter, one planted bug each) check that every stage ran and agreed
+with its references."""
 
 from __future__ import annotations
 
 import functools
-import json
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -14,21 +14,22 @@ import torch
 
 from sparse_mla import _runtime
 from sparse_mla.bench import attention as bench_attention
-from sparse_mla.bench import cases, floor, page, report, runner, timing
+from sparse_mla.bench import cases, record, report, runner
 from sparse_mla.bench import indexer as bench_indexer
 from sparse_mla.bench import remap as bench_remap
 from sparse_mla.bench import topk as bench_topk
-from sparse_mla.bench.report import Result, Table
-from sparse_mla.testing import POISON
+from sparse_mla.bench.anchors import Anchors, import_anchors
+from sparse_mla.bench.report import Result
+from sparse_mla.testing import POISON, floor, timing
 
 ON_GPU = not _runtime.INTERPRETER and torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="the smoke runs use the CPU interpreter backend")
 
 
 def _load(out):
-    """(meta, results, summaries) of a bench run's output directory (its ops merged)."""
-    runs = page.load_runs(out)
-    meta = dict(runs[0].meta, ops=[r.meta["ops"][0] for r in runs])
+    """(meta, results, summaries) of a bench record or run directory (its runs merged)."""
+    runs = record.load_runs(out)
+    meta = dict(runs[0].meta, ops=[op for r in runs for op in r.meta["ops"]])
     return meta, [x for r in runs for x in r.results], [t for r in runs for t in r.summaries]
 
 
@@ -91,6 +92,22 @@ def test_graph_and_eager_timing():
     assert bw == pytest.approx(2 * 4096 / 0.5e-3)  # read + written over the median
     g, e = timing.measure_launch_floor(fb, graph_calls=3, reps=2, warmup=1)
     assert fb.captures == 1 and g.calls == 3 and e.calls == 3
+
+
+def test_graph_us_and_eager_us_are_the_kit_timer_as_numbers():
+    fb = FakeBackend(ms_per_call=0.003)
+    calls = _counting_calls(fb, 2)
+    assert timing.graph_us(calls, reps=4, warmup=1, backend=fb) == pytest.approx(3.0)
+    assert fb.captures == 1 and fb.calls == 2 * (1 + 1 + 4)  # one graph of both calls
+    fb = FakeBackend(ms_per_call=0.003)
+    calls = _counting_calls(fb, 1)
+    us = timing.graph_us(calls[0], graph_calls=5, reps=2, warmup=0, backend=fb)
+    assert us == pytest.approx(3.0) and fb.calls == 5 * (1 + 2)
+    fb = FakeBackend(ms_per_call=0.002, fixed_ms=0.01)
+    calls = _counting_calls(fb, 1)
+    us = timing.eager_us(calls[0], n_calls=2, reps=3, warmup=1, backend=fb)
+    assert us == pytest.approx((2 * 0.002 + 0.01) * 1e3 / 2) and fb.captures == 0
+    assert fb.calls == 2 * (1 + 3)
 
 
 def test_plan_sizes_and_rotation_sets():
@@ -199,18 +216,16 @@ def test_floor_and_byte_counts():
     assert floor.count_touched_pages(req_id, idx, block_size=64, max_blocks=4, **dcp) == 3
 
 
-def test_remap_inputs_and_baselines():
+def test_remap_inputs_and_baselines_from_the_caller():
     cpu = torch.device("cpu")
     s = bench_remap.make_remap_set(5, 16, width=8, ctx=4096, max_requests=2, device=cpu)
     idx = s["token_indices"]
     assert idx.shape == (5, 16) and s["req_id"].tolist() == [0, 0, 0, 1, 1]
     assert (idx != 0).any() and (s["block_table"] != 0).any()
     assert all(r[r >= 0].numel() == int((r >= 0).sum()) for r in idx)  # -1 only as a suffix
-    base = bench_remap.baseline_layouts()
-    assert sorted(base) == ["seed", "tiled_atomic"]
-    lay = base["seed"](2048, count_valid=True)
-    assert (lay.col_tiles, lay.atomic, lay.num_warps, lay.pdl) == (1, False, 8, 0)
-    assert base["tiled_atomic"](384, count_valid=True).col_tiles == 3
+    # the upstream tilings are the caller's (the repository's harness passes them)
+    ops = bench_remap._ops(Anchors(remap_layouts={"up": len}))
+    assert ops.baselines == {"up": len} and bench_remap._ops(Anchors()).baselines == {}
 
 
 _BASE = dict(op="remap", group="remap K=2048", plot="remap_K2048", bytes_moved=10**6)
@@ -267,54 +282,6 @@ def test_finalize_per_step_and_group_tables():
     assert md.splitlines()[0].startswith("| case | sets |") and md.count("\n| T=") == 3
 
 
-def test_page_render_merge_and_record(tmp_path, monkeypatch):
-    rs = _sample_results()
-    meta = dict(ops=["remap"], gpu="NVIDIA H200", date="2026-11-29T10:00:00", torch="2.11")
-    meta.update(triton="3.6", mode="cuda", commit="abc123", method=["in graph: ..."])
-    meta.update(command="sparse-mla bench --ops remap", launch_graph_us=0.6, copy_gbs=4300.0)
-    steps = report.per_step_table(rs, group="remap K=2048", ours="ours", baselines=("seed",))
-    text = page.render_perf_page([page.Run(meta, rs, [steps])], {"remap_K2048": "perf/x.png"})
-    needles = ["NVIDIA H200", "`sparse-mla bench --ops remap`", "torch 2.11, triton 3.6"]
-    needles += ["| commit | abc123 |", "![remap_K2048](perf/x.png)", "per decode step", "in graph"]
-    assert [n for n in needles if n not in text] == []
-    assert "mean nothing" not in text
-
-    rs[1].note = 'a "quoted", comma note'
-    topk = _r("c", 1, "ours", "ours", 8.0, 9.0, op="topk", group="g", plot="p")
-    old = page.Run({"date": "2026-11-29T10:00:00", "gpu": "old"}, [*rs, topk])
-    summary = Table("remap per decode step (K=2048)", ["a"], [["1"]], ["n"])
-    new = page.Run({"date": "2026-11-30T10:00:00", "gpu": "new"}, rs[:1], [summary])
-    runs = page.latest_per_op([old, new])
-    assert [(r.meta["ops"], r.meta["gpu"]) for r in runs] == [(["topk"], "old"), (["remap"], "new")]
-    assert runs[1].results == rs[:1] and runs[1].summaries == [summary]
-    page.write_runs_json(tmp_path / "r.json", runs)
-    json.loads((tmp_path / "r.json").read_text())  # plain JSON
-    back = page.load_runs(tmp_path / "r.json")
-    assert [(r.meta, r.results, r.summaries) for r in back] == [
-        (r.meta, r.results, r.summaries) for r in runs
-    ]
-    # the page regenerated from the record, then read back from the output directory
-    out = tmp_path / "docs"
-    assert runner.main(["--report", str(tmp_path / "r.json"), "--out", str(out), "--no-plots"]) == 0
-    assert "## topk" in (out / "PERF.md").read_text() and len(page.load_runs(out)) == 2
-    (out / "PERF.md").unlink()
-    monkeypatch.chdir(tmp_path)  # no SRC, no --out: docs/perf/results.json into docs/
-    assert runner.main(["--report", "--no-plots"]) == 0 and (out / "PERF.md").exists()
-
-
-def test_plots(tmp_path):
-    pytest.importorskip("matplotlib")
-    rs = _sample_results()
-    rs += [
-        _r("B=1", 2, "triton-uniform", "ours", 2.0, 9.0, group="expand n=2", plot="expand"),
-        _r("B=1", 2, "torch-ops", "baseline", 30.0, 60.0, group="expand n=2", plot="expand"),
-        _r("B=1", 3, "triton-uniform", "ours", 2.0, 9.0, group="expand n=3", plot="expand"),
-    ]
-    paths = report.write_plots(rs, tmp_path)
-    assert sorted(p.name for p in paths) == ["expand.png", "remap_K2048.png"]
-    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
-
-
 def test_gpu_grids_build_lazily_and_cache_pool():
     # Building the GPU grids allocates nothing (inputs and caches are made per case, later).
     cpu = torch.device("cpu")
@@ -354,7 +321,11 @@ def test_gpu_grids_build_lazily_and_cache_pool():
     big = next(c for c in full if (c.params["cache"], c.params["h_q"], c.x) == ("bf16", 128, 128))
     assert big.flops == 2 * 128 * 128 * 2048 * 1088 and big.set_bytes > 128 * 2048 * 1152
     assert bench_attention.POOL._caches == {}
-    assert "anchors: not run (no CUDA device)" in bench_attention.SPEC.notes
+    assert "anchors: none asked for" in bench_attention.SPEC.notes[-1]
+    fm, vl = _fake_anchors()  # anchors passed by the caller join the cases of their format
+    named = bench_attention.build("quick", cpu, Anchors(flashmla=fm, vllm=vl))
+    names = {(c.params["cache"], v.name) for c in named for v in c.variants if v.role == "baseline"}
+    assert names == {("fp8", "FlashMLA"), ("bf16", "vLLM Triton")}
 
 
 def test_topk_checker_catches_wrong_selections():
@@ -472,26 +443,6 @@ def test_attention_checker_and_anchor_launches():
     assert out.shape == (2, 128, 512) and torch.isneginf(lse[0]).all() and lse[1].isfinite().all()
 
 
-def test_anchor_imports(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the importers prepend their folders
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench_attention, "ROOT", tmp_path / "repo")
-    monkeypatch.setenv("FLASHMLA_PATH", str(tmp_path / "nowhere"))
-    for mod, why in (bench_attention.import_flashmla(), bench_attention.import_vllm()):
-        assert mod is None and "not found" in why
-    (tmp_path / ".anchors").mkdir()
-    (tmp_path / ".anchors" / "vllm_triton_sparse_mla.py").write_text("raise ImportError('x')\n")
-    mod, why = bench_attention.import_vllm()
-    assert mod is None and "did not import: x" in why
-    (tmp_path / "fm" / "flash_mla").mkdir(parents=True)
-    (tmp_path / "fm" / "flash_mla" / "__init__.py").write_text("ANCHOR = 1\n")
-    monkeypatch.setenv("FLASHMLA_PATH", str(tmp_path / "fm"))
-    monkeypatch.setitem(sys.modules, "flash_mla", None)  # removed again after the test
-    del sys.modules["flash_mla"]
-    mod, why = bench_attention.import_flashmla()
-    assert why is None and mod.ANCHOR == 1
-
-
 def test_layer_check_helpers():
     slots = torch.tensor([[5, 7, -1], [1, -1, -1]], dtype=torch.int32)
     counts = torch.tensor([2, 1], dtype=torch.int32)
@@ -607,39 +558,12 @@ def test_cli_usage_errors(capsys):
     assert "--allow-cpu" in capsys.readouterr().err
     assert runner.main(["--allow-cpu", "--ops", "remap,nope"]) == 2
     assert "unknown op" in capsys.readouterr().err
-
-
-@cpu_only
-def test_smoke_remap_expand(tmp_path, capsys, monkeypatch):
-    # a planted bug in our remap at K=384 only: the checks must catch exactly that
-    when = lambda args, kw: kw.get("layout") == "auto" and args[2].shape[1] == 384  # noqa: E731
-    _planted(bench_remap, "convert", when, monkeypatch)
-    out = tmp_path / "run"
-    rc = runner.main(["--allow-cpu", "--out", str(out), "--seed", "5", "--no-plots"])
-    captured = capsys.readouterr()
-    assert rc == 1 and "mismatch" in captured.err and "times mean nothing" in captured.out
-    meta, rs, summ = _load(out)
-    assert meta["mode"] == "cpu" and meta["seed"] == 5 and meta["ops"] == ["expand", "remap"]
-    bad = {(r.group, r.variant) for r in rs if r.check.startswith("mismatch")}
-    assert bad == {("remap K=384", "ours")}
-    others = [r for r in rs if (r.group, r.variant) not in bad]
-    assert all(r.check in ("ok", "reference") and not r.note for r in others)
-    groups = {"remap K=256", "remap K=384", "remap DCP=2 K=256", "expand n=2"}
-    assert {r.group for r in rs} == groups
-    variants = {r.variant for r in rs if r.group == "remap DCP=2 K=256"}
-    assert variants == {"ours", "tiled_atomic", "seed", "torch"}
-    for r in rs:
-        assert r.graph_us and r.eager_us and r.floor_us > 0 and r.bytes_moved > 0
-        assert r.n_sets >= 1 and r.working_set_bytes >= r.n_sets
-    # the ragged case carries the uniform case's token count
-    tok = {(r.params["B"], r.params["data"]): r.x for r in rs if r.op == "expand"}
-    assert tok[(3, "ragged")] == tok[(3, "uniform")] == 6
-    assert [t.title[:22] for t in summ] == ["expansion: ragged kern", "remap per decode step "]
-    assert "(K=384" in summ[1].title  # the largest K of the CPU grid
-    text = (out / "PERF.md").read_text()
-    assert "sparse-mla bench --allow-cpu" in text and "mean nothing" in text
-    assert "per decode step" in (out / "table.txt").read_text()
-    assert not list((out / "perf").glob("*.png"))
+    with pytest.raises(SystemExit):
+        runner.parse_args(["--anchors", "flashmla,nope"])
+    assert "unknown anchor" in capsys.readouterr().err
+    # named anchors are imported by module name; one that does not import is a note
+    missing = import_anchors(["flashmla", "vllm"])
+    assert missing.flashmla is None and len(missing.notes) == 2
 
 
 @cpu_only
@@ -649,9 +573,9 @@ def test_smoke_topk_indexer(tmp_path, capsys, monkeypatch):
     _planted(bench_topk, "select", when, monkeypatch)
     out = tmp_path / "ti"
     argv = ["--allow-cpu", "--ops", "topk,indexer", "--out", str(out), "--seed", "13"]
-    assert runner.main([*argv, "--graph-calls", "1", "--no-plots"]) == 1, capsys.readouterr().err
+    assert runner.main([*argv, "--graph-calls", "1"]) == 1, capsys.readouterr().err
     meta, rs, summ = _load(out)
-    assert meta["ops"] == ["indexer", "topk"] and meta["mode"] == "cpu"
+    assert meta["ops"] == ["topk", "indexer"] and meta["mode"] == "cpu"  # as asked for
     bad = {(r.group, r.variant) for r in rs if r.check.startswith("mismatch")}
     assert bad == {("topk N=2K k=128", "ours+slots")}
     others = [r for r in rs if (r.group, r.variant) not in bad]
@@ -674,10 +598,11 @@ def test_smoke_topk_indexer(tmp_path, capsys, monkeypatch):
     stages = [r for r in layer if r.params["n"] == 2 and r.variant in bench_indexer.LAYER_STAGES]
     assert chain.bytes_moved == sum(r.bytes_moved for r in stages)
     titles = [t.title for t in summ]
-    assert titles[0].startswith("indexer logits") and titles[1].startswith("indexer side per layer")
-    assert titles[2].startswith("top-k: ours vs torch.topk") and len(summ[1].rows) == 2
-    text = (out / "PERF.md").read_text()
-    assert "indexer side per layer" in text and "% copy" in text and "fp64" in text
+    assert titles[1].startswith("indexer logits") and titles[2].startswith("indexer side per layer")
+    assert titles[0].startswith("top-k: ours vs torch.topk") and len(summ[2].rows) == 2
+    text = (out / "table.txt").read_text()
+    assert "indexer side per layer" in text and "% copy" in text
+    assert any("fp64" in n for n in meta["op_notes"]["indexer"])
     assert bench_indexer.POOL._caches == {}  # the shared caches are freed after the run
 
 
@@ -685,17 +610,13 @@ def test_smoke_topk_indexer(tmp_path, capsys, monkeypatch):
 def test_smoke_attention(tmp_path, capsys, monkeypatch):
     # stand-in anchors, and a planted bug in the fused call on the fp8 cache only
     fm, vl = _fake_anchors()
-    real = bench_attention._ops
-    anchors = dict(flashmla=fm, vllm=vl, notes=["stand-in anchors"])
-    monkeypatch.setattr(
-        bench_attention, "_ops", lambda d: SimpleNamespace(**dict(vars(real(d)), **anchors))
-    )
+    anchors = Anchors(flashmla=fm, vllm=vl, notes=["stand-in anchors"])
     when = lambda args, kw: "block_table" in kw and args[1].dtype == torch.uint8  # noqa: E731
     _planted(bench_attention, "decode", when, monkeypatch)
     out = tmp_path / "att"
-    argv = ["--allow-cpu", "--ops", "attention", "--out", str(out), "--seed", "7", "--no-plots"]
+    argv = ["--allow-cpu", "--ops", "attention", "--out", str(out), "--seed", "7"]
     argv += ["--graph-calls", "1"]
-    assert runner.main(argv) == 1, capsys.readouterr().err
+    assert runner.main(argv, anchors=anchors) == 1, capsys.readouterr().err
     meta, rs, summ = _load(out)
     assert meta["ops"] == ["attention"] and "stand-in anchors" in meta["op_notes"]["attention"]
     bad = {(r.group, r.variant) for r in rs if r.check.startswith("mismatch")}
@@ -718,8 +639,9 @@ def test_smoke_attention(tmp_path, capsys, monkeypatch):
     row = dict(zip(t.headers, t.rows[0], strict=True))
     assert row["cache"] == "fp8" and row["anchor"] == "FlashMLA" and row["anchor/ours"] != "n/a"
     assert row["ours TFLOPS"] != "n/a"
-    text = (out / "PERF.md").read_text()
-    assert "## attention" in text and "anchor/ours" in text and "790 TFLOPS" in text
+    text = (out / "table.txt").read_text()
+    assert "== attention: ours" in text and "anchor/ours" in text
+    assert any("790 TFLOPS" in n for n in meta["op_notes"]["attention"])
     assert bench_attention.POOL._caches == {}
 
 

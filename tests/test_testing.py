@@ -55,3 +55,42 @@ def test_generators():
     assert testing.indexer_queries(1, 4, 16, fp8=False)[0].dtype == torch.bfloat16
     cache = testing.filled_indexer_cache(3, 64, 32, fp8=True, chunk=100)
     assert cache.shape[0] == 3 and cache.dtype == torch.uint8 and bool((cache != 0).all(-1).any())
+
+
+def test_topk_scores_every_kind_is_drawn_from_its_generator():
+    for kind in testing.TOPK_SCORE_KINDS:
+        a = testing.topk_scores(kind, 3, 400, torch.Generator().manual_seed(5), k=64)
+        b = testing.topk_scores(kind, 3, 400, torch.Generator().manual_seed(5), k=64)
+        assert a.shape == (3, 400) and a.dtype == torch.float32, kind
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), kind  # NaN bits too
+    g = torch.Generator().manual_seed(1)
+    x = testing.topk_scores("nan_mix", 3, 400, g)
+    assert x[0].isnan().all() and x[1, :350].isnan().all()
+    assert testing.topk_scores("all_neg_inf", 2, 9, g).isneginf().all()
+    x = testing.topk_scores("k_ties_on_top", 2, 400, g, k=64)
+    assert ((x == 7.0).sum(dim=1) == 64).all()
+    x = testing.topk_scores("neg_inf_runs", 2, 400, g)
+    assert x[0, :200].isneginf().all() and x[0, 210:600].isneginf().all()
+    assert testing.topk_scores("denormals", 2, 400, g).abs().max() < 1.2e-38
+    with pytest.raises(ValueError, match="unknown score distribution"):
+        testing.topk_scores("few_values", 1, 8, g)
+
+
+def test_dcp_partials_mark_unseen_rows():
+    outs, lses = testing.dcp_partials(4, 5, 8, 16, torch.Generator().manual_seed(3))
+    assert outs.shape == (4, 5, 8, 16) and lses.shape == (4, 5, 8)
+    assert torch.isneginf(lses[1:, 0]).all() and lses[0, 0].isfinite().all()
+    assert torch.isneginf(lses[:, 1]).all() and torch.isneginf(lses[0, 2, ::2]).all()
+    assert torch.equal(outs.isnan().all(-1), torch.isneginf(lses))  # NaN exactly where unseen
+
+
+def test_block_table_view_layouts_hold_the_same_values():
+    vals = torch.randint(0, 100, (3, 5), dtype=torch.int32)
+    views = {lay: testing.block_table_view(vals, lay) for lay in testing.BLOCK_TABLE_LAYOUTS}
+    assert all(torch.equal(v, vals) for v in views.values())
+    assert views["contiguous"].is_contiguous() and views["wide_rows"].stride() == (12, 1)
+    assert views["column_step"].stride() == (10, 2) and views["transposed"].stride() == (1, 3)
+    pad = views["wide_rows"].as_strided((7,), (1,), 5)  # between rows 0 and 1
+    assert (pad == testing.POISON).all()
+    with pytest.raises(ValueError, match="layout must be one of"):
+        testing.block_table_view(vals, "diagonal")

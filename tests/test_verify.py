@@ -10,6 +10,8 @@ import torch
 
 from sparse_mla import verify
 from sparse_mla._runtime import default_device
+from sparse_mla.testing.sweep import caches, indices
+from sparse_mla.testing.sweep import topk as sweep_topk
 
 DEV = default_device()
 
@@ -77,30 +79,30 @@ def _first_quick(kind: str, **params) -> verify.Case:
 
 
 PLANTS = {
-    # kind: (case filter, names in verify's namespace to wrap)
-    "topk": (dict(mode="row"), ("select_topk",)),
-    "kvcache": (dict(cache="indexer_fp8"), ("write_indexer_k", "write_mla_latent")),
-    "logits": (dict(fp8=True), ("index_logits",)),
-    "remap": ({}, ("convert_req_index_to_global_index",)),
-    "dcp": ({}, ("filter_and_convert_dcp_index",)),
+    # kind: (case filter, the check's module, names in its namespace to wrap)
+    "topk": (dict(mode="row"), sweep_topk, ("select_topk",)),
+    "kvcache": (dict(cache="indexer_fp8"), caches, ("write_indexer_k", "write_mla_latent")),
+    "logits": (dict(fp8=True), caches, ("index_logits",)),
+    "remap": ({}, indices, ("convert_req_index_to_global_index",)),
+    "dcp": ({}, indices, ("filter_and_convert_dcp_index",)),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(PLANTS))
 def test_planted_mismatch_is_reported(kind: str, monkeypatch: pytest.MonkeyPatch, capsys):
-    where, names = PLANTS[kind]
+    where, module, names = PLANTS[kind]
     case = _first_quick(kind, **where)
     assert verify.run_case(case, DEV) is None  # passes as shipped
 
     for name in names:
-        real = getattr(verify, name)
+        real = getattr(module, name)
 
         def planted(*args, _real=real, **kwargs):
             res = _real(*args, **kwargs)
             _corrupt(res[0] if isinstance(res, tuple) else res)
             return res
 
-        monkeypatch.setattr(verify, name, planted)
+        monkeypatch.setattr(module, name, planted)
     err = verify.run_case(case, DEV)
     assert err is not None and "raised" not in err, err
 

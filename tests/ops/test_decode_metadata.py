@@ -26,7 +26,7 @@ from sparse_mla.ops.decode_metadata.naive import (
     expand_decode_tokens_torch_ops,
     native_decode_seq_lens_reference,
 )
-from sparse_mla.testing import POISON
+from sparse_mla.testing import BLOCK_TABLE_LAYOUTS, POISON, block_table_view
 
 DEV = default_device()
 
@@ -48,21 +48,9 @@ def poisoned_out(num_tokens: int, width: int, rng: random.Random) -> ExpandedDec
 
 
 def make_block_table(num_reqs: int, width: int, layout: str) -> torch.Tensor:
-    """Random page ids in the requested memory layout (values identical across layouts)."""
+    """Random page ids in the requested memory layout (the kit's ``block_table_view``)."""
     vals = torch.randint(0, 1 << 20, (num_reqs, width), dtype=torch.int32)
-    if layout == "contiguous":
-        return vals.to(DEV)
-    if layout == "wide_rows":  # row stride > width, as in a capacity-sized table
-        big = torch.full((num_reqs, width + 7), POISON, dtype=torch.int32, device=DEV)
-        big[:, :width] = vals
-        return big[:, :width]
-    if layout == "column_step":  # non-contiguous view: every other column
-        big = torch.full((num_reqs, 2 * width), POISON, dtype=torch.int32, device=DEV)
-        big[:, ::2] = vals
-        return big[:, ::2]
-    if layout == "transposed":  # column-major storage
-        return vals.t().contiguous().t().to(DEV)
-    raise AssertionError(layout)
+    return block_table_view(vals, layout, device=DEV)
 
 
 def assert_same(got: ExpandedDecodeTokens, want: ExpandedDecodeTokens, msg: str) -> None:
@@ -158,7 +146,7 @@ def test_native_example() -> None:
 # Randomised comparisons against the references
 # ----------------------------------------------------------------------------------------------
 
-LAYOUTS = ["contiguous", "wide_rows", "column_step", "transposed"]
+LAYOUTS = list(BLOCK_TABLE_LAYOUTS)
 DCP_CONFIGS = [(1, 1), (2, 1), (2, 16), (4, 1), (4, 16), (4, 64), (2, 64)]
 
 

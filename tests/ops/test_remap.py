@@ -14,7 +14,7 @@ from sparse_mla.ops.remap import remap as remap_mod
 from sparse_mla.ops.remap.naive import (
     convert_req_index_to_global_index_reference as reference,
 )
-from sparse_mla.testing import POISON
+from sparse_mla.testing import POISON, random_remap_inputs
 
 DEV = sparse_mla._runtime.default_device()
 
@@ -69,13 +69,10 @@ def rand_case(
     invalid: float = 0.2,
     dcp: int = 1,
 ):
+    """The kit's hostile remap inputs (``random_remap_inputs``) on the test device."""
     g = torch.Generator().manual_seed(seed)
-    bt_wide = torch.randint(0, 3000, (num_req, width + 5), generator=g, dtype=torch.int32)
-    bt = bt_wide[:, :width]  # row stride > width
-    span = int(width * page * dcp * 1.3) + 1  # tail: out-of-range pages
-    idx = torch.randint(0, span, (tokens, k), generator=g, dtype=torch.int32)
-    idx[torch.rand((tokens, k), generator=g) < invalid] = -1
-    req = torch.randint(0, num_req, (tokens,), generator=g, dtype=torch.int32)
+    kw = dict(block_size=page, num_req=num_req, width=width, invalid=invalid, dcp_size=dcp)
+    req, bt, idx = random_remap_inputs(g, tokens, k, **kw)
     return req.to(DEV), bt.to(DEV), idx.to(DEV)
 
 

@@ -30,7 +30,7 @@ from sparse_mla.ops.topk import (
 from sparse_mla.ops.topk import api as topk_api
 from sparse_mla.ops.topk import workspace as wsl
 from sparse_mla.ops.topk.config import prefilter_marks, prefilter_tile
-from sparse_mla.testing import POISON
+from sparse_mla.testing import POISON, TOPK_SCORE_KINDS, topk_scores
 
 DEV = sparse_mla._runtime.default_device()
 PATHS = (
@@ -158,88 +158,10 @@ def test_k2048_large_row(seed: int, rng: random.Random):
     run_checked(x, lengths, 2048, prefilter=False)
 
 
-# ---- adversarial scores -------------------------------------------------------------------
+# ---- adversarial scores (the kit's generator, shared with verify and the GPU tests) -------
 
-
-def adversarial(name: str, rows: int, n: int, g: torch.Generator) -> torch.Tensor:
-    inf, nan = float("inf"), float("nan")
-    if name == "all_equal":
-        return torch.full((rows, n), 0.5)
-    if name == "ties_at_threshold":
-        return torch.randint(0, 6, (rows, n), generator=g).float()
-    if name == "two_valued":
-        return torch.where(torch.rand(rows, n, generator=g) < 0.5, 1.0, -2.0)
-    if name == "integer_valued":
-        return torch.randint(-50, 50, (rows, n), generator=g).float()
-    if name == "neg_inf_runs":
-        x = torch.randn(rows, n, generator=g)
-        x[:, : n // 2] = -inf
-        x[:, n // 2 + 10 : n // 2 + 400] = -inf
-        return x
-    if name == "all_neg_inf":
-        return torch.full((rows, n), -inf)
-    if name == "nan_mix":
-        x = torch.randn(rows, n, generator=g)
-        x[torch.rand(rows, n, generator=g) < 0.3] = nan
-        x[torch.rand(rows, n, generator=g) < 0.1] = -inf
-        x[torch.rand(rows, n, generator=g) < 0.01] = inf
-        x[0, :] = nan  # a row of NaN only
-        x[1, : n - 50] = nan  # fewer numbers than k: NaNs fill the rest
-        return x
-    if name == "nan_payloads":
-        bits = torch.randint(0x7F800001, 0x7FFFFFFF, (rows, n), generator=g, dtype=torch.int64)
-        sign = torch.randint(0, 2, (rows, n), generator=g, dtype=torch.int64) << 31
-        x = ((bits | sign) - (1 << 32) * ((bits | sign) >= 2**31)).to(torch.int32)
-        x = x.view(torch.float32).clone()
-        x[torch.rand(rows, n, generator=g) < 0.5] = -inf
-        return x
-    if name == "huge_tiny":
-        pool = torch.tensor([3.4e38, -3.4e38, 1e-38, -1e-38, inf, -inf, 1e30, -1e30, 1.0])
-        return pool[torch.randint(0, len(pool), (rows, n), generator=g)]
-    if name == "denormals":
-        bits = torch.randint(1, 0x007FFFFF, (rows, n), generator=g, dtype=torch.int32)
-        x = bits.view(torch.float32).clone()
-        neg = torch.rand(rows, n, generator=g) < 0.5
-        x[neg] = -x[neg]
-        x[torch.rand(rows, n, generator=g) < 0.2] = 0.0
-        return x
-    if name == "signed_zeros":
-        x = torch.where(torch.rand(rows, n, generator=g) < 0.5, 0.0, -0.0)
-        x[torch.rand(rows, n, generator=g) < 0.05] = 1e-45
-        x[torch.rand(rows, n, generator=g) < 0.05] = -1e-45
-        return x
-    if name == "exactly_k_on_top":  # the first pass takes its whole bin (k = 128)
-        x = torch.randn(rows, n, generator=g)
-        x[:, torch.randperm(n, generator=g)[:128]] = 100.0 + torch.rand(rows, 128, generator=g)
-        return x
-    if name == "k_ties_on_top":
-        x = torch.randn(rows, n, generator=g)
-        x[:, torch.randperm(n, generator=g)[:128]] = 7.0
-        return x
-    if name == "ascending":
-        return torch.arange(n).float().repeat(rows, 1)
-    if name == "descending_dups":
-        return (-(torch.arange(n) // 7)).float().repeat(rows, 1)
-    raise ValueError(name)
-
-
-ADVERSARIAL = (
-    "all_equal",
-    "ties_at_threshold",
-    "two_valued",
-    "integer_valued",
-    "neg_inf_runs",
-    "all_neg_inf",
-    "nan_mix",
-    "nan_payloads",
-    "huge_tiny",
-    "denormals",
-    "signed_zeros",
-    "exactly_k_on_top",
-    "k_ties_on_top",
-    "ascending",
-    "descending_dups",
-)
+# Random normal rows are the other tests' (above).
+ADVERSARIAL = tuple(kind for kind in TOPK_SCORE_KINDS if kind != "normal")
 
 
 @pytest.mark.parametrize("name", ADVERSARIAL)
@@ -247,7 +169,7 @@ def test_adversarial(path: dict, name: str, seed: int, rng: random.Random):
     g = torch.Generator().manual_seed(seed)
     k = 128
     n = rng.randint(1100, 1400)
-    x = adversarial(name, 4, n, g).to(DEV)
+    x = topk_scores(name, 4, n, g, k=k).to(DEV)
     lengths = i32([n, n - rng.randint(1, 500), k + 1 + rng.randint(0, 3), n + 7])
     run_checked(x, lengths, k, **path)
 
@@ -335,7 +257,7 @@ def test_fused_matches_two_step(
 ):
     g = torch.Generator().manual_seed(seed)
     k, rows, n = 128, 8, rng.randint(1000, 1300)
-    x = adversarial("ties_at_threshold", rows, n, g).to(DEV)
+    x = topk_scores("ties_at_threshold", rows, n, g, k=k).to(DEV)
     x[::2] = torch.randn(rows // 2, n, generator=g).to(DEV)
     x[1::2, 0] = 1e30  # position 0 selected (row 1 lies past the block table)
     num_req = 5

@@ -1,31 +1,27 @@
 """Benchmark cases for the sparse MLA decode attention (``sparse_mla.sparse_mla_decode``):
 ``ours`` (global slots), ``ours fused`` (request-local positions through the block table, the
-same call) and, where they import on a GPU, the anchors FlashMLA (fp8 cache) and vLLM's
+same call) and, where the caller passes them (``anchors``), FlashMLA (fp8 cache) and vLLM's
 Triton kernel (bf16 cache). Inputs and checks are in the op's notes below.
 
-The anchor importers and launches are shared with ``benchmarks/gpu_attention.py``.
+The anchor launches are shared with ``benchmarks/gpu_attention.py``.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from ..testing import attention_error, poison
+from ..testing import attention_error, poison, random_mla_cache
+from ..testing.floor import ATTENTION_BYTES_RULE, attention_bytes, attention_flops, kfmt
+from .anchors import Anchors
 from .cases import Case, InputSet, OpSpec, Variant, register_op, self_check_of
-from .floor import ATTENTION_BYTES_RULE, attention_bytes, attention_flops, kfmt
 from .indexer import CachePool
 from .report import Result, Table, fmt_ratio, fmt_us, ratio_cell, tflops_of, us_of
 
 SM_SCALE = 0.1352  # V3.2's softmax scale
 FUSED, FLASHMLA, VLLM = "ours fused", "FlashMLA", "vLLM Triton"
-ROOT = Path(__file__).resolve().parents[3]  # the source checkout holding .anchors/, shared/
 
 GRIDS: dict[str, dict[str, Any]] = {
     # invalid_tail: the last entries of each row are -1; check_rows: rows vs the reference.
@@ -45,40 +41,7 @@ GRIDS["cpu"] = dict(GRIDS["full"], heads=(16,), tokens=(2,), topk=128, cache_tok
 GRIDS["cpu"].update(invalid_tail=16, check_rows=2)
 
 
-# ---- anchors (also used by benchmarks/gpu_attention.py) -----------------------------------------
-
-
-def _anchor_dirs() -> list[Path]:
-    roots = dict.fromkeys([Path.cwd(), ROOT])
-    return [r / d for r in roots for d in (".anchors", "shared/anchors", "../shared/anchors")]
-
-
-def _import_from(folder: Path, name: str) -> tuple[Any, str | None]:
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    try:
-        return importlib.import_module(name), None
-    except Exception as e:  # noqa: BLE001 - an anchor that does not import is skipped
-        return None, f"{name} at {folder} did not import: {e}"
-
-
-def import_flashmla() -> tuple[Any, str | None]:
-    """FlashMLA's ``flash_mla`` from ``$FLASHMLA_PATH`` or ``.anchors/flashmla`` (or
-    ``shared/anchors/flashmla``): (module, None), or (None, why not)."""
-    env = os.environ.get("FLASHMLA_PATH")
-    for c in ([Path(env)] if env else []) + [d / "flashmla" for d in _anchor_dirs()]:
-        if (c / "flash_mla").is_dir():
-            return _import_from(c, "flash_mla")
-    return None, "FlashMLA not found ($FLASHMLA_PATH, .anchors/flashmla)"
-
-
-def import_vllm() -> tuple[Any, str | None]:
-    """vLLM's Triton sparse MLA kernel from ``.anchors/vllm_triton_sparse_mla.py`` (or
-    ``shared/anchors/``): (module, None), or (None, why not)."""
-    for c in _anchor_dirs():
-        if (c / "vllm_triton_sparse_mla.py").is_file():
-            return _import_from(c, "vllm_triton_sparse_mla")
-    return None, "vllm_triton_sparse_mla.py not found (.anchors/)"
+# ---- anchor launches (also used by benchmarks/gpu_attention.py) -------------------------------
 
 
 def flashmla_launch(fm: Any, q: torch.Tensor, kv_cache: torch.Tensor, sm_scale: float, sched=None):
@@ -122,38 +85,29 @@ def vllm_launch(vl: Any, q: torch.Tensor, kv_cache: torch.Tensor, sm_scale: floa
 # ---- cases --------------------------------------------------------------------------------------
 
 
-def _ops(device: torch.device) -> SimpleNamespace:
-    """The implementations timed (tests replace this with stand-ins); anchors on CUDA only."""
+def _ops(anchors: Anchors) -> SimpleNamespace:
+    """The implementations timed (tests replace this with stand-ins): ours, the reference and
+    the anchors the caller passed."""
     import sparse_mla
     from sparse_mla.ops.attention import naive
 
-    fm = vl = None
-    notes = ["anchors: not run (no CUDA device)"]
-    if device.type == "cuda":
-        (fm, fm_note), (vl, vl_note) = import_flashmla(), import_vllm()
-        notes = [f"anchor skipped: {n}" for n in (fm_note, vl_note) if n]
+    notes = list(anchors.notes)
+    if anchors.flashmla is None and anchors.vllm is None and not notes:
+        notes = ["anchors: none asked for (sparse-mla bench --anchors flashmla,vllm)"]
     return SimpleNamespace(
         decode=sparse_mla.sparse_mla_decode,
         workspace=sparse_mla.attention_workspace,
         reference=naive.sparse_mla_decode_reference,
-        flashmla=fm,
-        vllm=vl,
+        flashmla=anchors.flashmla,
+        vllm=anchors.vllm,
         notes=notes,
     )
 
 
 def _filled_mla_cache(pages: int, page: int, dim: int, *, fp8: bool, device: Any) -> torch.Tensor:
-    """A latent cache of ``pages`` pages, every row random (written by our writer, 2^18 rows
-    at a time to bound the temporaries). ``dim`` is the pool's key; always 576 here."""
-    from ..ops.kv_cache import new_mla_cache, write_mla_latent
-
-    cache = new_mla_cache(pages, page, fp8=fp8, device=device)
-    total, chunk = pages * page, 1 << 18
-    for s0 in range(0, total, chunk):
-        kv = (torch.randn(min(chunk, total - s0), dim, device=device) * 0.5).bfloat16()
-        slots = torch.arange(s0, s0 + kv.shape[0], device=device)
-        write_mla_latent(kv[:, :512], kv[:, 512:], cache, slots)
-    return cache
+    """A latent cache of ``pages`` pages, every row random of magnitude 0.5 (the kit's
+    generator). ``dim`` is the pool's key; always 576 here."""
+    return random_mla_cache(pages, page, fp8=fp8, g=None, scale=0.5, device=device)
 
 
 POOL = CachePool(fill=_filled_mla_cache)
@@ -249,9 +203,9 @@ def _anchors(ops: SimpleNamespace, fmt: str, heads: int) -> list[Variant]:
     return out
 
 
-def build(grid: str, device: torch.device) -> list[Case]:
+def build(grid: str, device: torch.device, anchors: Anchors | None = None) -> list[Case]:
     g = GRIDS[grid]
-    ops = _ops(device)
+    ops = _ops(anchors or Anchors())
     SPEC.notes[:] = [*NOTES, *ops.notes]
     topk, page, pages = g["topk"], g["page"], g["cache_tokens"] // g["page"]
     cases = []
@@ -336,9 +290,9 @@ NOTES = [
     ATTENTION_BYTES_RULE,
     "variants: ours = sparse_mla_decode on global slots (pre-sized workspace, out and lse "
     "buffers); ours fused = request-local positions + req_id + block_table (page 64), same "
-    "call; FlashMLA (fp8 cache, $FLASHMLA_PATH or .anchors/flashmla; h_q < 64 padded to 64 by "
-    "copying q into a 64-head buffer each call, timed with it); vLLM's Triton sparse MLA "
-    "kernel (bf16 cache, .anchors/vllm_triton_sparse_mla.py). Anchors run when they import.",
+    "call; FlashMLA (fp8 cache; h_q < 64 padded to 64 by copying q into a 64-head buffer each "
+    "call, timed with it); vLLM's Triton sparse MLA kernel (bf16 cache). Anchors run when "
+    "asked for (--anchors) and they import.",
     "inputs: a 2^20-token cache per format (GPU grids; random latents, written once and "
     "shared), topk 2048, random slots with the last 100 of each row -1; each token its own "
     "request whose block table is a random permutation of the pages; sm_scale 0.1352.",

@@ -1,6 +1,6 @@
 """The registry of benchmarked ops, their cases and variants.
 
-Adding an op is one module that defines ``build(grid, device)`` returning :class:`Case`
+Adding an op is one module that defines ``build(grid, device, anchors)`` returning :class:`Case`
 objects and calls :func:`register_op`; then list the module in ``runner.OP_MODULES``. The
 runner does the rest (rotation, checks, timing, floors, tables, files, plots).
 """
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..testing import POISON
+from .anchors import Anchors
 from .report import Result, Table
 
 InputSet = dict[str, Any]
@@ -73,7 +74,7 @@ class Case:
 @dataclass
 class OpSpec:
     name: str
-    build: Callable[[str, torch.device], list[Case]]
+    build: Callable[[str, torch.device, Anchors | None], list[Case]]
     notes: list[str] = field(default_factory=list)
     summaries: Callable[[list[Result]], list[Table]] = lambda results: []
     cleanup: Callable[[], None] = lambda: None  # after all cases ran (e.g. free shared caches)

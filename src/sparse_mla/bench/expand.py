@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from ..testing import POISON, ragged_lens
+from ..testing.floor import EXPAND_BYTES_RULE, expand_bytes
+from .anchors import Anchors
 from .cases import Case, InputSet, OpSpec, Variant, compare_exact, register_op
-from .floor import EXPAND_BYTES_RULE, expand_bytes
 from .report import Result, Table, fmt_us, ratio_cell, us_of
 
 GRIDS: dict[str, dict[str, Any]] = {
@@ -107,7 +108,8 @@ def _bytes_fn(width: int):
     return bytes_moved
 
 
-def build(grid: str, device: torch.device) -> list[Case]:
+def build(grid: str, device: torch.device, anchors: Anchors | None = None) -> list[Case]:
+    """The cases of ``grid`` on ``device`` (no anchor times this op: ``anchors`` is unused)."""
     g = GRIDS[grid]
     ops = _ops()
     rng = random.Random(torch.initial_seed())

@@ -28,6 +28,18 @@ from ..testing import (
     logits_error,
     logits_tolerance_scale,
 )
+from ..testing.floor import (
+    INDEXER_BYTES_RULE,
+    LAYER_BYTES_RULE,
+    count_touched_pages,
+    expand_bytes,
+    indexer_bytes,
+    indexer_key_bytes,
+    kfmt,
+    remap_bytes,
+    topk_bytes,
+)
+from .anchors import Anchors
 from .cases import (
     Case,
     InputSet,
@@ -39,17 +51,6 @@ from .cases import (
     self_check_of,
 )
 from .expand import per_token_outputs
-from .floor import (
-    INDEXER_BYTES_RULE,
-    LAYER_BYTES_RULE,
-    count_touched_pages,
-    expand_bytes,
-    indexer_bytes,
-    indexer_key_bytes,
-    kfmt,
-    remap_bytes,
-    topk_bytes,
-)
 from .report import (
     Result,
     Table,
@@ -456,7 +457,8 @@ def pages_needed(g: dict[str, Any]) -> dict[bool, int]:
     return need
 
 
-def build(grid: str, device: torch.device) -> list[Case]:
+def build(grid: str, device: torch.device, anchors: Anchors | None = None) -> list[Case]:
+    """The cases of ``grid`` on ``device`` (no anchor times this op: ``anchors`` is unused)."""
     g = GRIDS[grid]
     ops = _ops()
     pages = pages_needed(g)

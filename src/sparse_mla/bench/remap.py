@@ -1,20 +1,20 @@
 """Benchmark cases for the index remap (section 2 of the spec) and its DCP form (section 3):
-``ours`` (layout "auto"), the upstream layouts from ``benchmarks/baselines`` when that
-directory is present, and the PyTorch reference; inputs as in the op's notes below."""
+``ours`` (layout "auto"), the upstream layouts where the caller passes them (``anchors``; the
+repository's harness takes them from ``benchmarks/baselines``), and the PyTorch reference;
+inputs as in the op's notes below."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from ..testing.floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
+from .anchors import Anchors
 from .cases import Case, InputSet, OpSpec, Variant, compare_exact, poison_keys, register_op
-from .floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
 from .report import Result, Table, per_step_table
 
 BLOCK_SIZE = 64
@@ -40,7 +40,7 @@ GRIDS["cpu"] = dict(ks=(256, 384), tokens=(1, 3), dcp_sizes=(2,), dcp_k=256, dcp
 GRIDS["cpu"].update(width=64, ctx=4096, max_requests=4)
 
 
-def _ops() -> SimpleNamespace:
+def _ops(anchors: Anchors) -> SimpleNamespace:
     """The implementations timed (tests replace this with stand-ins)."""
     import sparse_mla
     from sparse_mla.ops.remap import naive
@@ -51,7 +51,7 @@ def _ops() -> SimpleNamespace:
         dcp=sparse_mla.filter_and_convert_dcp_index,
         # The reference takes dcp_size/dcp_rank/interleave/compact itself.
         reference=naive.convert_req_index_to_global_index_reference,
-        baselines=baseline_layouts(),
+        baselines=dict(anchors.remap_layouts),
     )
 
 
@@ -110,18 +110,6 @@ def _snapshot(sorted_rows: bool):
     return snapshot
 
 
-def baseline_layouts() -> dict[str, Callable[..., Any]]:
-    """The upstream remap layouts (name -> ``f(K, count_valid=, compact=)``) from
-    ``benchmarks/baselines`` of a source checkout; empty when that file is absent."""
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "baselines" / "remap_layouts.py"
-    if not path.exists():
-        return {}
-    spec = importlib.util.spec_from_file_location("_sparse_mla_remap_baselines", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return dict(mod.LAYOUTS)
-
-
 def _variants(ops: SimpleNamespace, fn: Any, base_kw: dict[str, Any]) -> list[Variant]:
     """``ours`` (layout "auto"), the upstream layouts and the PyTorch reference, all counting."""
     compact = base_kw.get("compact", False)
@@ -171,9 +159,9 @@ def _bytes_fn(tokens: int, k: int, width: int, dcp: dict[str, int]):
     return bytes_moved
 
 
-def build(grid: str, device: torch.device) -> list[Case]:
+def build(grid: str, device: torch.device, anchors: Anchors | None = None) -> list[Case]:
     g = GRIDS[grid]
-    ops = _ops()
+    ops = _ops(anchors or Anchors())
 
     def case(k: int, t: int, group: str, plot: str, *, asc=False, dcp_size=1) -> Case:
         # DCP: rank 0's block table pages its local positions, a 1/d share of the context.

@@ -1,12 +1,12 @@
-"""Result records and everything that presents them: speedups, terminal and markdown tables,
-the per-decode-step table, JSON and PNG plots (the page itself: ``page``)."""
+"""Result records and what presents them: speedups, terminal and markdown tables, the
+per-decode-step table (the PERF page and its plots are the repository's:
+``benchmarks/harness``)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 # --------------------------------------------------------------------------------------------
@@ -123,7 +123,8 @@ def gbs(nbytes: float, time_us: float) -> float:
     return nbytes / (time_us * 1e-6) / 1e9
 
 
-def _ordered(items: Iterable[str]) -> list[str]:
+def ordered(items: Iterable[str]) -> list[str]:
+    """The distinct items in first-seen order."""
     return list(dict.fromkeys(items))
 
 
@@ -133,15 +134,15 @@ def group_tables(results: Sequence[Result], mode: str = "graph") -> list[Table]:
     if mode not in ("graph", "eager"):
         raise ValueError("mode must be 'graph' or 'eager'")
     tables = []
-    for group in _ordered(r.group for r in results):
+    for group in ordered(r.group for r in results):
         rs = [r for r in results if r.group == group]
-        variants = _ordered(r.variant for r in rs)
-        ours = _ordered(r.variant for r in rs if r.role == "ours")
-        bases = _ordered(r.variant for r in rs if r.role == "baseline")
+        variants = ordered(r.variant for r in rs)
+        ours = ordered(r.variant for r in rs if r.role == "ours")
+        bases = ordered(r.variant for r in rs if r.role == "baseline")
         headers = ["case", "sets", "bytes", "floor us"] + [f"{v} us" for v in variants]
         headers += ["ours GB/s", "ours/floor"] + [f"vs {b}" for b in bases]
         rows = []
-        for case in _ordered(r.case for r in rs):
+        for case in ordered(r.case for r in rs):
             row_rs = {r.variant: r for r in rs if r.case == case}
             first = next(iter(row_rs.values()))
             mine = next((row_rs[v] for v in ours if v in row_rs), None)
@@ -267,69 +268,3 @@ def render_markdown_table(table: Table) -> str:
 
 def table_from_dict(d: dict[str, Any]) -> Table:
     return Table(d["title"], list(d["headers"]), [list(r) for r in d["rows"]], list(d["notes"]))
-
-
-# --------------------------------------------------------------------------------------------
-# Plots (matplotlib is an optional extra, imported lazily)
-# --------------------------------------------------------------------------------------------
-
-
-def write_plots(results: Sequence[Result], out_dir: Path, *, dpi: int = 110) -> list[Path]:
-    """One PNG per plot key (one panel per group): per-call time vs tokens, log-log, a line per
-    variant (solid: in graph; dotted, same colour: eager) and the floor as a dashed black line.
-    Returns the files written; [] when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for plot in _ordered(r.plot for r in results):
-        prs = [r for r in results if r.plot == plot]
-        groups = _ordered(r.group for r in prs)
-        ncols = min(2, len(groups))
-        nrows = math.ceil(len(groups) / ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.6 * nrows), squeeze=False)
-        for ax, group in zip(axes.flat, groups, strict=False):
-            grs = [r for r in prs if r.group == group]
-            for i, series in enumerate(_ordered(r.series for r in grs)):
-                srs = sorted((r for r in grs if r.series == series), key=lambda r: r.x)
-                color = f"C{i % 10}"
-                g = [(r.x, r.graph_us) for r in srs if r.graph_us]
-                e = [(r.x, r.eager_us) for r in srs if r.eager_us]
-                if g:
-                    ax.plot(*zip(*g, strict=True), "o-", color=color, label=series, ms=3.5, lw=1.4)
-                if e:
-                    ax.plot(
-                        *zip(*e, strict=True),
-                        ":",
-                        color=color,
-                        lw=1.0,
-                        alpha=0.8,
-                        label=None if g else f"{series} (eager)",
-                    )
-            floor: dict[int, float] = {}
-            for r in grs:
-                floor[r.x] = min(floor.get(r.x, math.inf), r.floor_us)
-            if floor:
-                xs = sorted(floor)
-                ax.plot(xs, [floor[x] for x in xs], "k--", lw=1.2, label="floor")
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("tokens")
-            ax.set_ylabel("us per call")
-            ax.set_title(f"{group}  (solid: CUDA graph, dotted: eager)", fontsize=9)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        for ax in list(axes.flat)[len(groups) :]:
-            ax.axis("off")
-        fig.tight_layout()
-        path = out_dir / f"{plot}.png"
-        fig.savefig(path, dpi=dpi)
-        plt.close(fig)
-        written.append(path)
-    return written

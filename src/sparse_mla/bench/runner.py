@@ -1,4 +1,5 @@
-"""``sparse-mla bench``: run the registered cases, print tables, write JSON/CSV/PNG/markdown."""
+"""``sparse-mla bench``: run the registered cases, print their tables, and write the run's record
+(``OUT/results.json``) and the tables (``OUT/table.txt``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import datetime as _dt
 import importlib
 import platform
 import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -21,11 +21,8 @@ import triton
 
 from .. import _runtime
 from ..testing import POISON
-from .cases import OPS, Case, OpSpec
-from .floor import FLOOR_RULE, floor_us
-from .page import Run, latest_per_op, load_runs, write_page
-from .report import Result, finalize, fmt_bytes, fmt_us, group_tables, render_text
-from .timing import (
+from ..testing.floor import FLOOR_RULE, floor_us
+from ..testing.timing import (
     Backend,
     Timing,
     measure_copy_bandwidth,
@@ -37,6 +34,10 @@ from .timing import (
     rotation_sets,
     select_backend,
 )
+from .anchors import ANCHOR_MODULES, Anchors, import_anchors
+from .cases import OPS, Case, OpSpec
+from .record import Run, write_runs_json
+from .report import Result, finalize, fmt_bytes, fmt_us, group_tables, render_text
 
 #: op name -> module that registers it. Adding an op = one module + one line here.
 OP_MODULES: dict[str, str] = {
@@ -47,7 +48,6 @@ OP_MODULES: dict[str, str] = {
     "attention": "sparse_mla.bench.attention",
 }
 DEFAULT_OPS = ("remap", "expand")
-PAGE_RECORD = Path("docs/perf/results.json")
 
 NO_CUDA_MESSAGE = (
     "sparse-mla bench: no CUDA device (kernels would run in Triton's CPU interpreter, where "
@@ -202,22 +202,6 @@ def _progress(i: int, n: int, case: Case, rs: list[Result]) -> str:
     return f"[{i}/{n}] {case.group} {case.label}: " + " | ".join(cells) + flag
 
 
-def _git_commit() -> str:
-    """``git describe --always --dirty`` of the source tree this package runs from ("" when it
-    is not a git checkout)."""
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--abbrev=10"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
 def _measure_floors(backend: Backend, cfg: RunConfig) -> dict[str, float]:
     """The floor's terms, measured in this run (the names are the JSON's ``meta`` keys)."""
     kw = dict(graph_calls=cfg.graph_calls, reps=max(cfg.reps, 3), warmup=cfg.warmup)
@@ -307,15 +291,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="calls captured per CUDA graph and per eager repetition (CPU: at most 2)",
     )
     p.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
-        "--report",
-        nargs="*",
-        type=Path,
-        metavar="SRC",
-        help="time nothing: merge these bench JSON files or output directories (the newest "
-        f"run of each op wins; default {PAGE_RECORD}) into OUT/PERF.md and OUT/perf/ "
-        "(default OUT: docs)",
+        "--anchors",
+        default="",
+        help="comma-separated other implementations to time beside ours, imported by module "
+        f"name from your environment ({', '.join(f'{k}: {v}' for k, v in ANCHOR_MODULES.items())})",
     )
     p.add_argument(
         "--allow-cpu",
@@ -325,20 +305,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.graph_calls < 1:
         p.error("--graph-calls must be >= 1")
+    unknown = [a for a in _names(args.anchors) if a not in ANCHOR_MODULES]
+    if unknown:
+        p.error(f"unknown anchor(s) {unknown}; available: {', '.join(ANCHOR_MODULES)}")
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    anchors: Anchors | None = None,
+    meta: dict[str, Any] | None = None,
+) -> int:
     """Entry point of ``sparse-mla bench``; returns the exit status (0 ok, 1 a variant failed
-    or disagreed with its reference, 2 usage error or no CUDA device)."""
+    or disagreed with its reference, 2 usage error or no CUDA device).
+
+    ``anchors`` replaces what ``--anchors`` would import; ``meta`` entries are added to (or
+    replace) the run's recorded metadata (a caller's command line, the commit it ran at)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if args.report is not None:
-        srcs = args.report or [PAGE_RECORD]
-        runs = latest_per_op([run for src in srcs for run in load_runs(src)])
-        page = write_page(runs, args.out or Path("docs"), plots=not args.no_plots)
-        print(f"wrote {page} from {len(runs)} op(s): {', '.join(r.meta['ops'][0] for r in runs)}")
-        return 0
     ops = resolve_ops(args.ops)
     if "host" in ops:  # its own table (bench/host.py), not a case grid
         ops.remove("host")
@@ -356,8 +345,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if backend is None:
         print(NO_CUDA_MESSAGE, file=sys.stderr)
         return 2
+    if anchors is None:
+        anchors = import_anchors(_names(args.anchors))
     specs = [load_op(o) for o in ops]
+    run, errors, out_dir = _run(args, argv, specs, backend, anchors)
+    run.meta.update(meta or {})
+    write_runs_json(out_dir / "results.json", [run])
+    print(f"wrote {out_dir}/results.json and table.txt in {run.meta['duration_s']} s")
+    if errors:
+        print(f"{len(errors)} problem(s):", file=sys.stderr)
+        for e in errors:
+            print(f"  {e}", file=sys.stderr)
+        return 1
+    return 0
 
+
+def _run(
+    args: argparse.Namespace,
+    argv: list[str],
+    specs: list[OpSpec],
+    backend: Backend,
+    anchors: Anchors,
+) -> tuple[Run, list[str], Path]:
+    """Time every case of ``specs``; print and write the tables. Returns the run, its errors
+    and the output directory."""
     cuda = backend.name == "cuda"
     grid = "cpu" if not cuda else ("quick" if args.quick else "full")
     cfg = RunConfig(graph_calls=args.graph_calls)
@@ -386,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results: list[Result] = []
     errors: list[str] = []
-    cases = [(spec, c) for spec in specs for c in spec.build(grid, backend.device)]
+    cases = [(spec, c) for spec in specs for c in spec.build(grid, backend.device, anchors)]
     for i, (_, case) in enumerate(cases, 1):
         rs, errs = run_case(case, backend, cfg, launch_g, bw)
         results += rs
@@ -398,9 +409,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = [t for spec in specs for t in spec.summaries(results)]
 
     versions = _runtime.info()
-    meta: dict[str, Any] = dict(ops=ops, date=now.isoformat(timespec="seconds"))
+    meta: dict[str, Any] = dict(ops=[s.name for s in specs], date=now.isoformat(timespec="seconds"))
     meta.update(command="sparse-mla bench " + shlex.join(argv))
-    meta.update(process=shlex.join([Path(sys.executable).name, *sys.argv]), commit=_git_commit())
+    meta.update(process=shlex.join([Path(sys.executable).name, *sys.argv]), commit="")
     meta.update(gpu=backend.device_name(), mode=backend.name, torch=torch.__version__)
     meta.update(triton=triton.__version__, cuda=versions.get("cuda", ""))
     meta.update(sparse_mla=versions.get("sparse_mla", ""), python=platform.python_version())
@@ -415,19 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         text += [render_text(t) for t in group_tables(results, mode)]
     text += [render_text(t) for t in summaries]
     table_txt = "\n\n".join(text)
-
-    meta["duration_s"] = round(time.perf_counter() - t_start, 1)
-    page = write_page(
-        latest_per_op([Run(meta, results, summaries)]), out_dir, plots=not args.no_plots
-    )
     (out_dir / "table.txt").write_text(table_txt + "\n")
     print()
     print(table_txt)
     print()
-    print(f"wrote {page}, {out_dir}/perf/ and table.txt in {meta['duration_s']} s")
-    if errors:
-        print(f"{len(errors)} problem(s):", file=sys.stderr)
-        for e in errors:
-            print(f"  {e}", file=sys.stderr)
-        return 1
-    return 0
+    meta["duration_s"] = round(time.perf_counter() - t_start, 1)
+    return Run(meta, results, summaries), errors, out_dir

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from ..testing.floor import TOPK_BYTES_RULE, count_touched_pages, kfmt, topk_bytes
+from .anchors import Anchors
 from .cases import Case, InputSet, OpSpec, Variant, poison_keys, register_op, self_check_of
-from .floor import TOPK_BYTES_RULE, count_touched_pages, kfmt, topk_bytes
 from .report import Result, Table, copy_pct, fmt_ratio, fmt_us, ratio_cell, us_of
 
 BLOCK_SIZE = 64
@@ -193,7 +194,8 @@ def _bytes_fn(rows: int, n: int, k: int):
     return bytes_moved
 
 
-def build(grid: str, device: torch.device) -> list[Case]:
+def build(grid: str, device: torch.device, anchors: Anchors | None = None) -> list[Case]:
+    """The cases of ``grid`` on ``device`` (no anchor times this op: ``anchors`` is unused)."""
     g = GRIDS[grid]
     ops = _ops()
     k = g["k"]

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from .._runtime import canonical_device
+from ..ops.indexer import quantize_index_q
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache, write_indexer_k, write_mla_latent
-from ..ops.kv_cache.naive import quantize_pow2_e4m3
 from .plan import LATENT_DIM, DecodeInputs
 
 INDEX_HEADS, INDEX_DIM = 64, 128
@@ -24,18 +24,6 @@ class StepCase:
     decode_lens: list[int]
     num_tokens: int
     max_blocks: int
-
-
-def quantize_index_q(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8 indexer queries: per-(row, head) power-of-two scales folded into the weights.
-
-    Args:
-        q: float ``[T, H, D]``; weights: fp32 ``[T, H]``.
-    Returns:
-        ``(q_fp8 [T, H, D] float8_e4m3fn, weights * scale fp32 [T, H])``.
-    """
-    values, scale = quantize_pow2_e4m3(q, q.shape[-1])
-    return values, weights * scale.squeeze(-1)
 
 
 def random_step(

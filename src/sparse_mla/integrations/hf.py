@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .._checks import check_int
-from ..decode.cases import quantize_index_q
 from ..decode.plan import DecodeInputs, DecodePlan, DecodePlanConfig
 from ..ops.decode_metadata.expand import MAX_DECODE_LEN
+from ..ops.indexer import quantize_index_q
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache
 from ..ops.topk import MAX_K, supported_k
 

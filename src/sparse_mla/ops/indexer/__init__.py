@@ -3,6 +3,7 @@
 from .api import index_logits
 from .config import IndexLogitsConfig, choose_index_logits_config
 from .naive import index_logits_reference
+from .quant import quantize_index_q as quantize_index_q
 
 __all__ = [
     "IndexLogitsConfig",

@@ -1,5 +1,7 @@
 """Timing primitives: per-call time inside a CUDA graph and eagerly, the in-graph launch cost of
-an empty Triton kernel, and device-to-device copy bandwidth.
+an empty Triton kernel, and device-to-device copy bandwidth. The one CUDA-graph timer
+(:func:`measure_graph`, or :func:`graph_us` for a plain number) used by ``sparse-mla bench``,
+the tests and the GPU scripts.
 
 Everything goes through a small :class:`Backend` so the logic (rotation over input sets,
 division by the number of calls, medians, sizing) runs the same on the GPU, in the CPU
@@ -197,6 +199,44 @@ def measure_eager(
 ) -> Timing:
     """Events around ``n_calls`` eager back-to-back calls (rotating), ``reps`` times."""
     return _timed(rotation(calls, n_calls), n_calls, reps=reps, warmup=warmup, backend=backend)
+
+
+def _listed(calls: Call | Sequence[Call]) -> list[Call]:
+    return [calls] if callable(calls) else list(calls)
+
+
+def graph_us(
+    calls: Call | Sequence[Call],
+    *,
+    graph_calls: int | None = None,
+    reps: int = 20,
+    warmup: int = 3,
+    backend: Backend | None = None,
+) -> float:
+    """Median per-call microseconds of ``graph_calls`` back-to-back calls (default: one of each
+    of ``calls``, rotating) captured in one CUDA graph (:func:`measure_graph`). ``backend``:
+    CUDA where kernels compile for a GPU, else the CPU host clock (a dry run: no graph)."""
+    calls = _listed(calls)
+    backend = backend or select_backend(allow_cpu=True)
+    n = graph_calls or len(calls)
+    return measure_graph(calls, graph_calls=n, reps=reps, warmup=warmup, backend=backend).median_us
+
+
+def eager_us(
+    calls: Call | Sequence[Call],
+    *,
+    n_calls: int = 1,
+    reps: int = 20,
+    warmup: int = 3,
+    backend: Backend | None = None,
+) -> float:
+    """Median per-call microseconds of ``n_calls`` eager back-to-back calls (rotating over
+    ``calls``), events around each repetition (:func:`measure_eager`)."""
+    backend = backend or select_backend(allow_cpu=True)
+    timing = measure_eager(
+        _listed(calls), n_calls=n_calls, reps=reps, warmup=warmup, backend=backend
+    )
+    return timing.median_us
 
 
 def probe_us(calls: Sequence[Call], backend: Backend, n: int = 4) -> float:

@@ -1,0 +1,70 @@
+"""The one testing kit, shared by the tests, ``sparse-mla verify``, ``sparse-mla bench``, the
+demo and the GPU scripts; importable by users who want to check their own integration the way
+we check ours.
+
+``checks``: the poison value and the tolerances of the float kernels; ``inputs``: the input
+generators; ``topk_scores``: the top-k op's adversarial rows; ``timing``: the one CUDA-graph
+timer (and eager timing, the launch floor, copy bandwidth); ``floor``: the bytes each op must
+move and the floor rule.
+"""
+
+from .checks import (
+    ATTN_LSE_ATOL,
+    ATTN_LSE_RTOL,
+    ATTN_OUT_RTOL,
+    POISON,
+    attention_error,
+    attention_max_errors,
+    compiled_matches_eager,
+    logits_error,
+    logits_tolerance,
+    logits_tolerance_scale,
+    max_logits_error,
+    poison,
+)
+from .inputs import (
+    BLOCK_TABLE_LAYOUTS,
+    block_table_view,
+    dcp_partials,
+    dcp_scores,
+    dcp_shard_scores,
+    distinct_block_table,
+    filled_indexer_cache,
+    indexer_problem,
+    indexer_queries,
+    ragged_lens,
+    random_attention_indices,
+    random_mla_cache,
+    random_remap_inputs,
+)
+from .topk_scores import TOPK_SCORE_KINDS, topk_scores
+
+__all__ = [
+    "ATTN_LSE_ATOL",
+    "BLOCK_TABLE_LAYOUTS",
+    "ATTN_LSE_RTOL",
+    "ATTN_OUT_RTOL",
+    "POISON",
+    "TOPK_SCORE_KINDS",
+    "attention_error",
+    "attention_max_errors",
+    "block_table_view",
+    "compiled_matches_eager",
+    "dcp_partials",
+    "dcp_scores",
+    "dcp_shard_scores",
+    "distinct_block_table",
+    "filled_indexer_cache",
+    "indexer_problem",
+    "indexer_queries",
+    "logits_error",
+    "logits_tolerance",
+    "logits_tolerance_scale",
+    "max_logits_error",
+    "poison",
+    "ragged_lens",
+    "random_attention_indices",
+    "random_mla_cache",
+    "random_remap_inputs",
+    "topk_scores",
+]

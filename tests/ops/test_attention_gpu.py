@@ -1,0 +1,67 @@
+"""Sparse MLA decode attention at engine sizes on a CUDA device (``pytest -m gpu``; skipped
+without one): the correctness section of ``benchmarks/gpu_attention.py`` as tests.
+
+A 2^20-token cache per format (the kit's generator, magnitude 0.5), topk 2048, 24 query rows:
+the fused remap (request-local positions through a block table) bit-equal to remap-then-
+attend, with per-row lengths (one row empty) and an attention sink; the first 16 rows
+against the fp32 reference within the kit's tolerance; a second call bit-equal to the first.
+One head count per head-block size (8, 32, 128), and forced splits at 16 heads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparse_mla import convert_req_index_to_global_index
+from sparse_mla.ops.attention import (
+    AttentionConfig,
+    sparse_mla_decode,
+    sparse_mla_decode_reference,
+)
+from sparse_mla.testing import attention_error, random_mla_cache
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+TOPK, PAGE, NKV, SCALE = 2048, 64, 1 << 20, 0.1352
+CHECK_ROWS, TOKENS, REQS, WIDTH = 16, 24, 4, 1024
+CASES = [(8, None), (32, None), (128, None), (16, AttentionConfig(num_splits=5))]
+
+
+@pytest.fixture(scope="module")
+def caches() -> dict[str, torch.Tensor]:
+    """Both formats holding the same latents (seed 0)."""
+    out = {}
+    for fmt in ("fp8", "bf16"):
+        g = torch.Generator(device=DEV).manual_seed(0)
+        out[fmt] = random_mla_cache(NKV // PAGE, PAGE, fp8=fmt == "fp8", g=g, scale=0.5, device=DEV)
+    return out
+
+
+@pytest.mark.parametrize("heads,config", CASES, ids=("h8", "h32", "h128", "h16-splits5"))
+@pytest.mark.parametrize("fmt", ("fp8", "bf16"))
+def test_fused_lengths_sink_against_reference(fmt, heads, config, caches, seed: int):
+    cache = caches[fmt]
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    t = TOKENS
+    q = torch.randn(t, heads, 576, device=DEV, generator=g).bfloat16()
+    bt = torch.randint(0, NKV // PAGE, (REQS, WIDTH), device=DEV, dtype=torch.int32, generator=g)
+    req = torch.randint(0, REQS, (t,), device=DEV, dtype=torch.int32, generator=g)
+    pos = torch.randint(-1, WIDTH * PAGE, (t, TOPK), device=DEV, dtype=torch.int32, generator=g)
+    lens = torch.randint(0, TOPK + 1, (t,), device=DEV, dtype=torch.int32, generator=g)
+    lens[0] = 0
+    sink = torch.randn(heads, device=DEV, generator=g)
+    slots = convert_req_index_to_global_index(req, bt, pos, block_size=PAGE)
+    kw = dict(sm_scale=SCALE, topk_length=lens, attn_sink=sink, config=config)
+    two = sparse_mla_decode(q, cache, slots, **kw)
+    fused = sparse_mla_decode(q, cache, pos, block_table=bt, req_id=req, block_size=PAGE, **kw)
+    assert torch.equal(two[0], fused[0]) and torch.equal(two[1], fused[1]), "fused != two-step"
+    n = CHECK_ROWS
+    ref = sparse_mla_decode_reference(
+        q[:n], cache, slots[:n], sm_scale=SCALE, dtype=torch.float32, chunk=4, magnitude=True,
+        topk_length=lens[:n], attn_sink=sink,
+    )  # fmt: skip
+    err = attention_error(two[0][:n], two[1][:n], *ref)
+    assert err is None, err
+    again = sparse_mla_decode(q, cache, slots, **kw)
+    assert torch.equal(again[0], two[0]) and torch.equal(again[1], two[1]), "not deterministic"
