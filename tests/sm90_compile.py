@@ -35,6 +35,7 @@ MODULES = (
     "sparse_mla.ops.topk.prefilter",
     "sparse_mla.ops.indexer.logits",
     "sparse_mla.ops.kv_cache.kv_cache",
+    "sparse_mla.ops.kv_cache.model1",
     "sparse_mla.ops.attention.decode",
     "sparse_mla.ops.attention.combine",
 )

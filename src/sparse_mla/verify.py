@@ -14,17 +14,18 @@ PyTorch reference. Kinds:
   0 / < k / = k / > k, on the row, split (prefilter on, off or by default; its candidates
   marked or copied out) and automatic paths; bit-identical to ``select_topk_reference``,
   and the fused slot epilogue bit-identical to top-k followed by the remap.
-* ``kvcache``: the indexer-K and MLA-latent writers (bf16 and fp8 formats, ``-1`` and
+* ``kvcache``: the indexer-K and MLA-latent writers (bf16 and fp8 formats, V3.2's and
+  DeepSeek-V4's MODEL1, ``-1`` and
   out-of-range slots, garbage-filled caches) byte-identical to the PyTorch writers.
 * ``logits``: indexer logits (bf16 and fp8 caches, native multi-token, flattened and 2-D
   lengths, hostile lengths and page ids) against the fp64 reference within the tolerance of
   ``tests/ops/test_indexer.py``, with the ``-inf`` pattern exact.
 
-The full sweep (2420 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 72 logits,
+The full sweep (2444 configurations: 2040 remap/dcp/expand, 192 topk, 72 kvcache, 72 logits,
 56 attention, 12 decode_step: the whole step of ``sparse_mla.decode`` against its PyTorch
 reference)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
-contexts up to 16K); ``--quick`` (463) runs a subset at interpreter sizes (k 128/256, rows up to
+contexts up to 16K); ``--quick`` (479) runs a subset at interpreter sizes (k 128/256, rows up to
 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
 A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
 it (with ``--quick`` when it came from the quick sweep).
@@ -51,7 +52,11 @@ from .ops.decode_metadata import expand_decode_tokens
 from .ops.decode_metadata.naive import expand_decode_tokens_reference
 from .ops.indexer import index_logits, index_logits_reference
 from .ops.kv_cache import new_indexer_k_cache, new_mla_cache, write_indexer_k, write_mla_latent
-from .ops.kv_cache.naive import write_indexer_k_reference, write_mla_latent_reference
+from .ops.kv_cache.naive import (
+    write_indexer_k_reference,
+    write_mla_latent_reference,
+    write_model1_latent_reference,
+)
 from .ops.remap import (
     RemapLayout,
     convert_req_index_to_global_index,
@@ -85,7 +90,7 @@ TOPK_DISTS = (
 # short: N <= k (every row takes the short path); row / split: N > k on the one-program-per-row
 # kernel / the split kernels (num_splits forced); auto: N > k, launch shape from the heuristic.
 TOPK_MODES = ("short", "row", "split", "auto")
-KV_CACHES = ("indexer_bf16", "indexer_fp8", "mla_bf16", "mla_fp8")
+KV_CACHES = ("indexer_bf16", "indexer_fp8", "mla_bf16", "mla_fp8", "model1_bf16", "model1_fp8")
 # Per-case repetitions of the new kinds in the full sweep; the quick sweep keeps fewer.
 TOPK_REPS, KV_REPS, LOGITS_REPS = 3, 6, 6
 DECODE_STEP_REPS = 12
@@ -607,12 +612,15 @@ def _run_kvcache(case: Case, g: torch.Generator, dev: torch.device) -> str | Non
         want = write_indexer_k_reference(k, cache.clone(), slots)
         got = write_indexer_k(k.to(dev), cache.to(dev), slots.to(dev))
     else:
-        dim = 576
-        cache = _garbage_like(new_mla_cache(num_pages, page, fp8=fp8, device="cpu"), g)
+        model1 = cache_kind.startswith("model1")  # DeepSeek-V4's formats: 448 + 64 values
+        dim, nope = (512, 448) if model1 else (576, 512)
+        fmt = cache_kind.removeprefix("mla_")
+        cache = _garbage_like(new_mla_cache(num_pages, page, format=fmt, device="cpu"), g)
         kv = _rand_rows(g, tokens, dim)
-        want = write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache.clone(), slots)
+        ref = write_model1_latent_reference if model1 else write_mla_latent_reference
+        want = ref(kv[:, :nope], kv[:, nope:], cache.clone(), slots)
         got = write_mla_latent(
-            kv[:, :512].to(dev), kv[:, 512:].to(dev), cache.to(dev), slots.to(dev)
+            kv[:, :nope].to(dev), kv[:, nope:].to(dev), cache.to(dev), slots.to(dev)
         )
     a, b = _bits(got.cpu()), _bits(want)
     if not torch.equal(a, b):

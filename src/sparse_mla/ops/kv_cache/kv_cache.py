@@ -518,7 +518,9 @@ def write_mla_latent(
             ``[num_pages, block_size, 656]``): per token 512 e4m3 | 4 fp32 power-of-two scales
             (one per 128 nope values, FlashMLA's rule: module docstring) | 64 bf16 rope
             copied unquantised. The bytes equal FlashMLA's ``quantize_k_cache`` for finite
-            inputs.
+            inputs. Or a DeepSeek-V4 (MODEL1) cache, uint8 ``[num_pages, block_size, 1, 584]``
+            or bf16 ``[num_pages, block_size, 512]``, with ``kv_c`` ``[T, 448]`` and ``k_pe``
+            ``[T, 64]``: see :func:`sparse_mla.ops.kv_cache.model1.write_model1_latent`.
         slot_mapping: int32 or int64 ``[T]``, contiguous, ``page_id * block_size + offset``;
             ``-1`` skips the token; other out-of-range slots are skipped silently (device data).
 
@@ -529,6 +531,8 @@ def write_mla_latent(
         from ... import library
 
         return library.write_mla_latent(kv_c, k_pe, kv_cache, slot_mapping)
+    if _model1.routes_to_model1(kv_c, kv_cache):  # DeepSeek-V4's formats (model1.py)
+        return _model1.write_model1_latent(kv_c, k_pe, kv_cache, slot_mapping)
     try:  # the checks read metadata only: done once per key
         key = tuple(map(tensor_meta, (kv_c, k_pe, kv_cache, slot_mapping)))
     except AttributeError:
@@ -659,18 +663,39 @@ def new_mla_cache(
     num_pages: int,
     block_size: int,
     *,
-    fp8: bool,
-    nope_dim: int = MLA_NOPE_DIM,
-    rope_dim: int = MLA_ROPE_DIM,
+    fp8: bool | None = None,
+    nope_dim: int | None = None,
+    rope_dim: int | None = None,
     device: torch.device | str | None = None,
+    format: str | None = None,  # noqa: A002  (the natural name for it)
 ) -> torch.Tensor:
-    """Zeroed MLA latent cache: uint8 ``[num_pages, block_size, 1, 656]`` (fp8) or bf16
-    ``[num_pages, block_size, 576]``, on ``device`` (default: where kernels run). ``nope_dim``
-    is a positive multiple of 128 and ``rope_dim >= 0``, as the writer requires."""
+    """Zeroed MLA latent cache on ``device`` (default: where kernels run), in ``format``:
+
+    * ``"fp8"`` (or ``fp8=True``): FlashMLA's V3.2 format, uint8 ``[num_pages, block_size,
+      1, 656]``;
+    * ``"bf16"`` (or ``fp8=False``): bf16 ``[num_pages, block_size, 576]``;
+    * ``"model1_fp8"``: DeepSeek-V4's (FlashMLA's MODEL1) format, a uint8 ``[num_pages,
+      block_size, 1, 584]`` view of pages padded to a multiple of 576 bytes
+      (:mod:`sparse_mla.ops.kv_cache.model1`);
+    * ``"model1_bf16"``: bf16 ``[num_pages, block_size, 512]``.
+
+    ``nope_dim`` / ``rope_dim`` (V3.2 formats; default 512 / 64): a positive multiple of 128
+    and ``>= 0``, as the writer requires; the MODEL1 formats are 448 + 64 only. ``fp8`` and
+    ``format`` may both be given if they agree.
+    """
     device = canonical_device(device)
     check_int("num_pages", num_pages, lo=0)
     check_int("block_size", block_size, lo=1)
-    _check_bool("fp8", fp8)
+    fmt = _model1.resolve_mla_format(fp8, format)
+    if fmt.startswith("model1"):
+        for name, v, want in (("nope_dim", nope_dim, 448), ("rope_dim", rope_dim, 64)):
+            if v is not None and v != want:
+                raise ValueError(f"{name} of a {fmt} cache is {want}, got {v}")
+        return _model1.new_model1_cache(num_pages, block_size, fp8=fmt == "model1_fp8",
+                                        device=device)  # fmt: skip
+    fp8 = fmt == "fp8"
+    nope_dim = MLA_NOPE_DIM if nope_dim is None else nope_dim
+    rope_dim = MLA_ROPE_DIM if rope_dim is None else rope_dim
     _check_mla_dims(nope_dim, rope_dim)
     if fp8:
         width = mla_fp8_bytes_per_token(nope_dim, rope_dim)
@@ -678,3 +703,6 @@ def new_mla_cache(
     return torch.zeros(
         (num_pages, block_size, nope_dim + rope_dim), dtype=torch.bfloat16, device=device
     )
+
+
+from . import model1 as _model1  # noqa: E402  (DeepSeek-V4's formats; it imports this module)
