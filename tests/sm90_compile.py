@@ -36,6 +36,7 @@ MODULES = (
     "sparse_mla.ops.indexer.logits",
     "sparse_mla.ops.kv_cache.write",
     "sparse_mla.ops.attention.split_kv",
+    "sparse_mla.ops.kv_cache.model1",
     "sparse_mla.ops.attention.combine",
 )
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "launch_pdl")

@@ -101,11 +101,14 @@ def test_malformed_config_strings_name_the_argument():
     args = (q, torch.zeros(1, 16, 576, dtype=torch.bfloat16, device=DEV),
             torch.zeros(1, 4, dtype=torch.int32, device=DEV), 0.1, None, None, None, None, None,
             out, torch.empty(1, 16, device=DEV), None, None)  # fmt: skip
+    no_extra = (None,) * 5  # no second index set (DeepSeek-V4)
     with pytest.raises(ValueError, match="config must be None"):
-        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0", None)
+        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0", None, *no_extra)
     # Well-formed but wrong field values: the public function's checks name the field.
     with pytest.raises(TypeError, match="config.block_n must be an int"):
-        torch.ops.sparse_mla.sparse_mla_decode(*args, "(16, 64.0, 1, 4, 2, 8, 128, True)", None)
+        torch.ops.sparse_mla.sparse_mla_decode(
+            *args, "(16, 64.0, 1, 4, 2, 8, 128, True)", None, *no_extra
+        )
 
 
 # ---- every op's parameters are its public function's ----------------------------------------

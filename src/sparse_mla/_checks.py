@@ -120,6 +120,18 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int] | None:
     return first, first + (_reach(t) + 1) * t.element_size() - 1
 
 
+def check_slot_mapping(slot_mapping: torch.Tensor, num_tokens: int) -> None:
+    """A cache writer's ``slot_mapping``: int32 or int64 ``[num_tokens]``, contiguous."""
+    check_tensor("slot_mapping", slot_mapping, dtype=(torch.int32, torch.int64), ndim=1)
+    if slot_mapping.shape[0] != num_tokens:
+        raise ValueError(
+            f"slot_mapping has {slot_mapping.shape[0]} entries but there are {num_tokens} "
+            "tokens to write"
+        )
+    if slot_mapping.stride(0) != 1 and num_tokens > 1:
+        raise ValueError("slot_mapping must be contiguous")
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     """All given tensors on one device, the one kernels run on (CUDA, or the CPU under the
     interpreter); returns it."""

@@ -15,17 +15,18 @@ inputs from its own seed and compares our kernel with the plain PyTorch referenc
   0 / < k / = k / > k, on the row, split (prefilter on, off or by default; its candidates
   marked or copied out) and automatic paths; bit-identical to ``select_topk_reference``,
   and the fused slot epilogue bit-identical to top-k followed by the remap.
-* ``kvcache``: the indexer-K and MLA-latent writers (bf16 and fp8 formats, ``-1`` and
+* ``kvcache``: the indexer-K and MLA-latent writers (bf16 and fp8 formats, V3.2's and
+  DeepSeek-V4's MODEL1, ``-1`` and
   out-of-range slots, garbage-filled caches) byte-identical to the PyTorch writers.
 * ``logits``: indexer logits (bf16 and fp8 caches, native multi-token, flattened and 2-D
   lengths, hostile lengths and page ids) against the fp64 reference within the tolerance of
   ``tests/ops/test_indexer.py``, with the ``-inf`` pattern exact.
 
-The full sweep (2420 configurations: 2040 remap/dcp/expand, 192 topk, 48 kvcache, 72 logits,
-56 attention, 12 decode_step: the whole step of ``sparse_mla.decode`` against its PyTorch
+The full sweep (2456 configurations: 2040 remap/dcp/expand, 192 topk, 72 kvcache, 72 logits,
+68 attention, 12 decode_step: the whole step of ``sparse_mla.decode`` against its PyTorch
 reference)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
-contexts up to 16K); ``--quick`` (463) runs a subset at interpreter sizes (k 128/256, rows up to
+contexts up to 16K); ``--quick`` (483) runs a subset at interpreter sizes (k 128/256, rows up to
 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
 A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
 it (with ``--quick`` when it came from the quick sweep).
@@ -68,7 +69,7 @@ TOPK_DISTS = (
 # short: N <= k (every row takes the short path); row / split: N > k on the one-program-per-row
 # kernel / the split kernels (num_splits forced); auto: N > k, launch shape from the heuristic.
 TOPK_MODES = ("short", "row", "split", "auto")
-KV_CACHES = ("indexer_bf16", "indexer_fp8", "mla_bf16", "mla_fp8")
+KV_CACHES = ("indexer_bf16", "indexer_fp8", "mla_bf16", "mla_fp8", "model1_bf16", "model1_fp8")
 # Per-case repetitions of the new kinds in the full sweep; the quick sweep keeps fewer.
 TOPK_REPS, KV_REPS, LOGITS_REPS = 3, 6, 6
 DECODE_STEP_REPS = 12
@@ -221,6 +222,10 @@ def _attention_cases(quick: bool) -> list[tuple[Case, bool]]:
     for rep, fp8, heads in itertools.product(range(4), (False, True), ATTN_HEADS):
         params = dict(fp8=fp8, heads=heads, quick=quick)
         out.append((Case("attention", 0, params), rep == 0 and heads in (1, 16, 20, 128)))
+    # DeepSeek-V4's MODEL1 rows (512 wide, K = V), both formats.
+    for rep, fp8, heads in itertools.product(range(2), (False, True), (16, 20, 128)):
+        params = dict(fp8=fp8, heads=heads, quick=quick, model1=True)
+        out.append((Case("attention", 0, params), rep == 0 and heads in (16, 20)))
     return out
 
 

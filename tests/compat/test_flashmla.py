@@ -101,15 +101,15 @@ def test_bad_arguments_are_named(seed):
     ignored extra_* argument, no reshape or attribute error)."""
     q, cache, idx = _case(seed, b=2)
     lens = torch.full((2,), 8, dtype=torch.int32, device=DEV)
-    extras = {
-        "extra_topk_length": lens,  # was "Boolean value of Tensor ... is ambiguous"
-        "extra_k_cache": cache,
-        "extra_indices_in_kvcache": idx,
-    }
-    for name, value in extras.items():
-        with pytest.raises(ValueError, match=f"{name} is not supported"):
-            _call(q, cache, idx, **{name: value})
-    with pytest.raises(ValueError, match="extra_topk_length is not supported"):
+    # DeepSeek-V4's second set is taken (tests/compat/test_flashmla_model1.py), as FlashMLA
+    # takes it: its ids and lengths only with its cache, its cache only with its ids.
+    with pytest.raises(ValueError, match="extra_topk_length must not be provided when"):
+        _call(q, cache, idx, extra_topk_length=lens)  # was "Boolean value of Tensor ..."
+    with pytest.raises(ValueError, match="extra_indices_in_kvcache must not be provided when"):
+        _call(q, cache, idx, extra_indices_in_kvcache=idx)
+    with pytest.raises(ValueError, match="extra_indices_in_kvcache must be provided with"):
+        _call(q, cache, idx, extra_k_cache=cache)
+    with pytest.raises(ValueError, match="extra_topk_length must not be provided when"):
         _call(q, cache, idx, extra_topk_length=[0])  # was silently ignored
     with pytest.raises(ValueError, match=r"indices must be \[b, s_q, topk\] with b=2"):
         _call(q, cache, idx[:1])  # was a reshape error

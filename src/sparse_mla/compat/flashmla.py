@@ -10,13 +10,18 @@ per request (``[b]``), the schedule object (:class:`FlashMLASchedMeta`, FlashMLA
 reused across calls of one shape. Arguments are checked once per argument metadata (host
 cost), as the library's own wrappers do.
 
+DeepSeek-V4 ("MODEL1", ``d_qk`` 512): q ``[b, s_q, h_q, 512]``, caches in FlashMLA's MODEL1
+fp8 format (``[pages, page, 1, 584]``, as ``new_mla_cache(format="model1_fp8")`` makes them),
+and the second set ``extra_k_cache`` + ``extra_indices_in_kvcache`` (+ ``extra_topk_length``)
+attended in the same softmax, as FlashMLA takes them.
+
 Differences, all widening what is accepted: any ``h_q`` in 1..128 (FlashMLA: 64 or 128 on
-Hopper), a bf16 cache with ``is_fp8_kvcache=False``, any ``topk``, ``topk_length`` also as
-``[b, s_q]`` and with any strides; bad input raises ``ValueError``/``TypeError`` naming the
-argument instead of asserting. Not provided: dense (non-sparse) attention and DeepSeek-V4's
-``extra_k_cache`` / ``extra_indices_in_kvcache`` / ``extra_topk_length`` (any non-None value
-is refused). The schedule object holds our split workspace, sized on its first call (outside
-a CUDA graph, as FlashMLA's schedule is).
+Hopper), a bf16 cache with ``is_fp8_kvcache=False`` (MODEL1: 512-wide bf16 rows), any
+``topk``, ``topk_length`` / ``extra_topk_length`` also as ``[b, s_q]`` and with any strides,
+every id outside a cache masked (FlashMLA masks -1 only); bad input raises
+``ValueError``/``TypeError`` naming the argument instead of asserting. Not provided: dense
+(non-sparse) attention. The schedule object holds our split workspace, sized on its first
+call (outside a CUDA graph, as FlashMLA's schedule is).
 """
 
 from __future__ import annotations
@@ -86,15 +91,9 @@ def _flat_lengths(topk_length: torch.Tensor | None, b: int, s_q: int) -> torch.T
 
 def _check_flags(
     head_dim_v: object, num_splits: object, softmax_scale: object, causal: object,
-    is_fp8_kvcache: object, extras: dict[str, object],
+    is_fp8_kvcache: object,
 ) -> None:  # fmt: skip
-    """The host arguments FlashMLA asserts on, and the V4 arguments we do not take."""
-    for name, value in extras.items():
-        if value is not None:
-            raise ValueError(
-                f"{name} is not supported (DeepSeek-V4's extra cache; FlashMLA's V3.2 sparse "
-                f"decode takes None), got {type(value).__name__}"
-            )
+    """The host arguments FlashMLA asserts on."""
     if check_int("head_dim_v", head_dim_v) != HEAD_DIM_V:
         raise ValueError(f"head_dim_v must be {HEAD_DIM_V}, got {head_dim_v}")
     if num_splits is not None:
@@ -119,62 +118,100 @@ def _check_tensors(
         raise ValueError("indices is required: only sparse decode (indices=...) is provided")
     check_tensor("q", q, dtype=torch.bfloat16, ndim=4)
     b, s_q, h_q, d = q.shape
-    if d != LATENT_DIM:
-        raise ValueError(f"q must be [b, s_q, h_q, {LATENT_DIM}], got {tuple(q.shape)}")
-    dev = q.device
-    check_tensor("k_cache", k_cache, dtype=(torch.uint8, torch.float8_e4m3fn, torch.bfloat16),
-                 device=dev)  # fmt: skip
-    if k_cache.dim() not in (3, 4) or (k_cache.dim() == 4 and k_cache.shape[2] != 1):
-        raise ValueError(f"k_cache must be [pages, page, 1, bytes] (h_k = 1) or [pages, page, "
-                         f"bytes], got {tuple(k_cache.shape)}")  # fmt: skip
-    if (k_cache.dtype != torch.bfloat16) != is_fp8_kvcache:
+    if d not in (LATENT_DIM, HEAD_DIM_V):
         raise ValueError(
-            f"is_fp8_kvcache={is_fp8_kvcache} does not match a k_cache of dtype {k_cache.dtype}"
+            f"q must be [b, s_q, h_q, {LATENT_DIM}] (V3.2) or [b, s_q, h_q, {HEAD_DIM_V}] "
+            f"(MODEL1), got {tuple(q.shape)}"
         )
-    check_tensor("indices", indices, dtype=torch.int32, ndim=3, device=dev)
-    if indices.shape[:2] != (b, s_q):
-        got = tuple(indices.shape)
-        raise ValueError(f"indices must be [b, s_q, topk] with b={b}, s_q={s_q} as q, got {got}")
-    if topk_length is not None:
-        check_tensor("topk_length", topk_length, dtype=torch.int32, device=dev)
-        if topk_length.shape not in ((b,), (b, s_q)):
-            raise ValueError(
-                f"topk_length must be [{b}] (per request) or [{b}, {s_q}], got "
-                f"{tuple(topk_length.shape)}"
-            )
+    dev = q.device
+    _check_cache("k_cache", k_cache, is_fp8_kvcache, dev)
+    _check_ids("indices", indices, b, s_q, dev)
+    _check_lengths("topk_length", topk_length, b, s_q, dev)
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1, device=dev)
         if attn_sink.shape[0] != h_q:
             raise ValueError(f"attn_sink must be [h_q] = [{h_q}], got {tuple(attn_sink.shape)}")
 
 
+def _check_cache(name: str, cache: object, is_fp8_kvcache: bool, dev: torch.device) -> None:
+    """A cache tensor of FlashMLA's form (its byte layout is checked by the library)."""
+    check_tensor(name, cache, dtype=(torch.uint8, torch.int8, torch.float8_e4m3fn, torch.bfloat16),
+                 device=dev)  # fmt: skip
+    if cache.dim() not in (3, 4) or (cache.dim() == 4 and cache.shape[2] != 1):
+        raise ValueError(f"{name} must be [pages, page, 1, bytes] (h_k = 1) or [pages, page, "
+                         f"bytes], got {tuple(cache.shape)}")  # fmt: skip
+    if (cache.dtype != torch.bfloat16) != is_fp8_kvcache:
+        raise ValueError(
+            f"is_fp8_kvcache={is_fp8_kvcache} does not match {name}'s dtype {cache.dtype}"
+        )
+
+
+def _check_ids(name: str, ids: object, b: int, s_q: int, dev: torch.device) -> None:
+    check_tensor(name, ids, dtype=torch.int32, ndim=3, device=dev)
+    if ids.shape[:2] != (b, s_q):
+        got = tuple(ids.shape)
+        raise ValueError(f"{name} must be [b, s_q, topk] with b={b}, s_q={s_q} as q, got {got}")
+
+
+def _check_lengths(name: str, lengths: object, b: int, s_q: int, dev: torch.device) -> None:
+    if lengths is not None:
+        check_tensor(name, lengths, dtype=torch.int32, device=dev)
+        if lengths.shape not in ((b,), (b, s_q)):
+            raise ValueError(
+                f"{name} must be [{b}] (per request) or [{b}, {s_q}], got {tuple(lengths.shape)}"
+            )
+
+
+def _check_extras(q: torch.Tensor, cache: object, ids: object, lengths: object,
+                  is_fp8_kvcache: bool) -> None:  # fmt: skip
+    """DeepSeek-V4's second set, as FlashMLA requires it: all three or the cache and ids."""
+    if cache is None:
+        for name, value in (("extra_indices_in_kvcache", ids), ("extra_topk_length", lengths)):
+            if value is not None:
+                raise ValueError(f"{name} must not be provided when extra_k_cache is not")
+        return
+    if ids is None:
+        raise ValueError("extra_indices_in_kvcache must be provided with extra_k_cache")
+    b, s_q = q.shape[:2]
+    _check_cache("extra_k_cache", cache, is_fp8_kvcache, q.device)
+    _check_ids("extra_indices_in_kvcache", ids, b, s_q, q.device)
+    _check_lengths("extra_topk_length", lengths, b, s_q, q.device)
+
+
 def _call_config(
-    q: torch.Tensor, k_cache: torch.Tensor, topk: int, fp8: bool
-) -> FlashMLASchedMeta.Config:
+    q: torch.Tensor, k_cache: torch.Tensor, topk: int, fp8: bool,
+    extra_k_cache: torch.Tensor | None, extra_ids: torch.Tensor | None,
+) -> FlashMLASchedMeta.Config:  # fmt: skip
     """The call's shapes and flags as FlashMLA records them in its schedule."""
     b, s_q, h_q, _ = q.shape
     h_k = k_cache.shape[2] if k_cache.dim() == 4 else 1
+    extra = (None, None) if extra_k_cache is None else (extra_k_cache.shape[1], extra_ids.shape[-1])
     return FlashMLASchedMeta.Config(b, s_q, h_q, k_cache.shape[1], h_k, False, fp8, topk,
-                                    None, None)  # fmt: skip
+                                    *extra)  # fmt: skip
 
 
-def _checked_config(args: dict, extras: dict) -> FlashMLASchedMeta.Config:
+EXTRAS = ("extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")
+
+
+def _checked_config(args: dict) -> FlashMLASchedMeta.Config:
     """Check the call (once per argument metadata: host cost) and return its Config."""
     tensors = ("q", "k_cache", "indices", "topk_length", "attn_sink")
     flags = ("head_dim_v", "num_splits", "softmax_scale", "causal", "is_fp8_kvcache")
     key = None
-    if all(v is None for v in extras.values()) and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():
         try:
-            key = (tuple(tensor_meta(args[n]) for n in tensors),
+            key = (tuple(tensor_meta(args[n]) for n in (*tensors, *EXTRAS)),
                    scalars_key(*(args[n] for n in flags)))  # fmt: skip
         except AttributeError:  # a non-tensor where a tensor belongs: the checks say which
             key = None
     config = _CHECKED.get(key)
     if config is None:
-        _check_flags(*(args[n] for n in flags), extras)
+        _check_flags(*(args[n] for n in flags))
         _check_tensors(*(args[n] for n in tensors), args["is_fp8_kvcache"])
+        _check_extras(args["q"], *(args[n] for n in EXTRAS), args["is_fp8_kvcache"])
         config = _call_config(args["q"], args["k_cache"], args["indices"].shape[-1],
-                              args["is_fp8_kvcache"])  # fmt: skip
+                              args["is_fp8_kvcache"], args["extra_k_cache"],
+                              args["extra_indices_in_kvcache"])  # fmt: skip
         _CHECKED.put(key, config)
     return config
 
@@ -187,7 +224,8 @@ def _schedule(meta: object, config: FlashMLASchedMeta.Config, device: torch.devi
         )
     if not meta.have_initialized:
         fmt = "fp8" if config.is_fp8_kvcache else "bf16"
-        meta.workspace = attention_workspace(config.b * config.s_q, config.h_q, config.topk,
+        topk = config.topk + (config.extra_topk or 0)  # the columns the splits cut
+        meta.workspace = attention_workspace(config.b * config.s_q, config.h_q, topk,
                                              cache_format=fmt, device=device)  # fmt: skip
         meta.config, meta.have_initialized = config, True
     elif meta.config is not config and meta.config != config:
@@ -218,10 +256,12 @@ def flash_mla_with_kvcache(
     """FlashMLA's sparse decode: attention of each query row over its ``indices``.
 
     Args:
-        q: bf16 ``[b, s_q, h_q, 576]``.
-        k_cache: FlashMLA's fp8 format ``[pages, page, 1, 656]`` (uint8 or float8_e4m3fn
-            bytes) with ``is_fp8_kvcache=True``, or bf16 ``[pages, page, 1, 576]`` with False
-            (the size-1 dim may be left out).
+        q: bf16 ``[b, s_q, h_q, 576]`` (V3.2) or ``[b, s_q, h_q, 512]`` (DeepSeek-V4, MODEL1).
+        k_cache: FlashMLA's fp8 format ``[pages, page, 1, 656]`` (uint8, int8 or
+            float8_e4m3fn bytes) with ``is_fp8_kvcache=True``, or bf16 ``[pages, page, 1,
+            576]`` with False (the size-1 dim may be left out); for MODEL1 its fp8 format
+            ``[pages, page, 1, 584]`` (``new_mla_cache(format="model1_fp8")``) or bf16
+            ``[pages, page, 1, 512]``.
         block_table, cache_seqlens: unused by sparse decode (as in FlashMLA).
         head_dim_v: must be 512. tile_scheduler_metadata: from :func:`get_mla_metadata`.
         num_splits: must be None. softmax_scale: default ``576 ** -0.5``. causal: False.
@@ -230,8 +270,10 @@ def flash_mla_with_kvcache(
         attn_sink: fp32 ``[h_q]`` or None (any stride).
         topk_length: int32 ``[b]`` (each request's rows read their first ``topk_length[b]``
             indices) or ``[b, s_q]`` (per row), any strides, or None.
-        extra_k_cache, extra_indices_in_kvcache, extra_topk_length: DeepSeek-V4's extra cache,
-            not supported: anything but None raises ``ValueError``.
+        extra_k_cache, extra_indices_in_kvcache ``[b, s_q, extra_topk]``, extra_topk_length
+            (``[b]`` or ``[b, s_q]``): DeepSeek-V4's second set (compressed entries), in
+            ``k_cache``'s format (any page size), attended in the same softmax; ids and
+            lengths with the rules of ``indices`` / ``topk_length``.
 
     Returns:
         out bf16 ``[b, s_q, h_q, 512]`` and lse fp32 ``[b, h_q, s_q]`` (``+inf`` where a row
@@ -239,30 +281,40 @@ def flash_mla_with_kvcache(
         ``-inf`` there). lse has FlashMLA's strides ``(s_q * h_q, 1, h_q)``: the transposed
         view of a ``[b, s_q, h_q]`` buffer.
     """
-    extras = {"extra_k_cache": extra_k_cache, "extra_indices_in_kvcache":
-              extra_indices_in_kvcache, "extra_topk_length": extra_topk_length}  # fmt: skip
     args = {"q": q, "k_cache": k_cache, "indices": indices, "topk_length": topk_length,
             "attn_sink": attn_sink, "head_dim_v": head_dim_v, "num_splits": num_splits,
-            "softmax_scale": softmax_scale, "causal": causal,
-            "is_fp8_kvcache": is_fp8_kvcache}  # fmt: skip
-    _schedule(tile_scheduler_metadata, _checked_config(args, extras), q.device)
+            "softmax_scale": softmax_scale, "causal": causal, "is_fp8_kvcache": is_fp8_kvcache,
+            "extra_k_cache": extra_k_cache, "extra_indices_in_kvcache": extra_indices_in_kvcache,
+            "extra_topk_length": extra_topk_length}  # fmt: skip
+    _schedule(tile_scheduler_metadata, _checked_config(args), q.device)
     b, s_q, h_q, d = q.shape
     topk = indices.shape[-1]
-    if k_cache.dtype == torch.float8_e4m3fn:
-        k_cache = k_cache.view(torch.uint8)
+    extra = {}
+    if extra_k_cache is not None:  # DeepSeek-V4's second set
+        extra = dict(
+            extra_kv_cache=_bytes(extra_k_cache),
+            extra_indices=extra_indices_in_kvcache.reshape(b * s_q, -1),
+            extra_topk_length=_flat_lengths(extra_topk_length, b, s_q),
+        )
     out, lse = sparse_mla_decode(
         q.reshape(b * s_q, h_q, d),
-        k_cache,
+        _bytes(k_cache),
         indices.reshape(b * s_q, topk),
         sm_scale=d**-0.5 if softmax_scale is None else float(softmax_scale),
         topk_length=_flat_lengths(topk_length, b, s_q),
         attn_sink=attn_sink,
         workspace=tile_scheduler_metadata.workspace,
+        **extra,
     )
     lse.masked_fill_(torch.isneginf(lse), float("inf"))  # FlashMLA's empty row: +inf
     # FlashMLA's layout: a [b, h_q, s_q] view of a [b, s_q, h_q] buffer (vLLM's DCP merge
     # reads it as such), not a contiguous copy.
     return out.view(b, s_q, h_q, HEAD_DIM_V), lse.view(b, s_q, h_q).transpose(1, 2)
+
+
+def _bytes(cache: torch.Tensor) -> torch.Tensor:
+    """An fp8 cache as the uint8 bytes the library takes (FlashMLA takes int8 and float8 too)."""
+    return cache.view(torch.uint8) if cache.dtype in (torch.int8, torch.float8_e4m3fn) else cache
 
 
 def flash_mla_sparse_fwd(

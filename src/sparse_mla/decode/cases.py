@@ -297,6 +297,7 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
             x.q, x.kv_cache, slots, 0.135, None, None, None, None, None,
             out(b, heads, 512, dtype=torch.bfloat16), out(b, heads, dtype=f32),
             attn_ws.partial_out, attn_ws.partial_lse, encode_config(split), None,
+            None, None, None, None, None,
         ),
         "local_topk_candidates": (logits, lens // 2, k, 2, 1, 1, gws, b, None),
         "merge_topk_candidates": (cands, k, out(b, k), gws, b),

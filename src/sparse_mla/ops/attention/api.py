@@ -29,7 +29,6 @@ from ..._launch import (
     value_key,
 )
 from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
-from ..kv_cache.layout import mla_cache_layout
 from . import combine, split_kv  # kernels looked up on their modules (tests/sm90_compile.py)
 from .config import (
     MAX_HEADS,
@@ -38,9 +37,19 @@ from .config import (
     choose_attention_config,
     workspace_rows,
 )
+from .extra import (
+    EXTRA_NAMES,
+    NO_EXTRA_INTS,
+    ExtraPlan,
+    cache_layout,
+    check_extra,
+    extra_tensors,
+    kv_strides,
+)
 from .split_kv import LOG2E, NOPE, ROPE
 
 HEAD_DIM = NOPE + ROPE
+MODEL1_HEAD_DIM = 512  # DeepSeek-V4 (MODEL1 caches): 448 + 64 rope, K = V
 INT32_MAX = 2**31 - 1
 # "SMs" the launch-shape choice assumes under the interpreter: small calls still split.
 INTERPRETER_SMS = 4
@@ -159,17 +168,27 @@ def sparse_mla_decode(
     workspace: AttentionWorkspace | None = None,
     config: AttentionConfig | None = None,
     max_logits: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    extra_block_table: torch.Tensor | None = None,
+    extra_block_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sparse MLA decode attention (DeepSeek-V3.2 DSA) over the selected cache rows.
+    """Sparse MLA decode attention (DeepSeek-V3.2 DSA, DeepSeek-V4) over the selected cache rows.
 
     ``s_j = sm_scale * q[t, h] . kv[slot_j]`` (576 dims), softmax in fp32 over the valid
     entries j of row t, ``out[t, h] = sum_j p_j kv[slot_j, :512]``, ``lse = logsumexp_j s_j``.
+    DeepSeek-V4 (a MODEL1 cache): 512-wide rows that are key and value alike, ``s_j = sm_scale
+    * q[t, h] . kv[slot_j]`` and ``out = sum_j p_j kv[slot_j]`` over all 512 dims.
 
     Args:
-        q: bf16 ``[T, h_q, 576]``, any strides, any ``h_q`` in 1..128 (no padding needed).
+        q: bf16 ``[T, h_q, 576]`` (``[T, h_q, 512]`` with a MODEL1 cache), any strides, any
+            ``h_q`` in 1..128 (no padding needed).
         kv_cache: bf16 ``[P, page, 576]`` (or ``[P, page, 1, 576]``), or FlashMLA's fp8 format,
             uint8 ``[P, page, 1, 656]`` (or ``[P, page, 656]``: 512 e4m3 | 4 fp32 scales, one
-            per 128 values, any finite positive values | 64 bf16 rope), as ``new_mla_cache``.
+            per 128 values, any finite positive values | 64 bf16 rope), as ``new_mla_cache``;
+            or a MODEL1 cache (``new_mla_cache(format="model1_fp8" | "model1_bf16")``:
+            ``sparse_mla.ops.kv_cache.model1``; fp8: even page stride and storage offset).
         indices: int32 ``[T, topk]`` (any ``topk >= 1``; 2048 is the model's): global slots
             ``page * block_size + offset``, or, with ``block_table`` and ``req_id``,
             request-local positions. -1 is no entry. Device data is not trusted: a slot
@@ -197,6 +216,15 @@ def sparse_mla_decode(
             score ``max_j s_j`` into it (``-inf`` for a row with no valid entry; unspecified
             where lse is NaN), as FlashMLA's sparse prefill returns it. The call then runs
             unsplit (a ``config`` that splits is refused: ValueError).
+        extra_kv_cache, extra_indices, extra_topk_length, extra_block_table,
+        extra_block_size: DeepSeek-V4's second index set, attended in the same softmax
+            (FlashMLA's ``extra_k_cache`` / ``extra_indices_in_kvcache`` /
+            ``extra_topk_length``): a cache of ``kv_cache``'s format (any page size), int32
+            ``[T, topk2]`` ids with the rules of ``indices`` (with the fused remap: positions
+            through ``extra_block_table`` ``[R2, W2]``, the same ``req_id``, pages of
+            ``extra_block_size``, default its page size), int32 ``[T]`` valid counts.
+            Splits cut the concatenated columns (``topk + topk2``). The portable kernel
+            only, eagerly (not yet a custom-op argument).
 
     Returns:
         (out bf16 ``[T, h_q, 512]``, lse fp32 ``[T, h_q]``, natural log). A row with no valid
@@ -215,24 +243,26 @@ def sparse_mla_decode(
           unchanged). Infinite values in a selected cache row can make out NaN (0 * inf)
           with a finite lse.
     """
+    extras = (extra_kv_cache, extra_indices, extra_topk_length, extra_block_table)
     if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
         out = _empty_out(q) if out is None else out
         lse = _empty_lse(q) if lse is None else lse
         ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
         _sparse_mla_decode_op(
             q, kv_cache, indices, float(sm_scale), block_table, req_id, block_size, topk_length,
-            attn_sink, out, lse, *ws, encode_config(config), max_logits,
+            attn_sink, out, lse, *ws, encode_config(config), max_logits, *extras,
+            extra_block_size,
         )  # fmt: skip
         return out, lse
     try:  # the checks and the choices depend on this key only
         ws = (None, None) if workspace is None else (workspace.partial_out, workspace.partial_lse)
         tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse,
-                   max_logits)  # fmt: skip
+                   max_logits, *extras)  # fmt: skip
         key = (
             *map(tensor_meta, (*tensors, *ws)),
             type(workspace),
             kv_cache.data_ptr() % 16,  # the sm90 kernel's 16-byte copies need it
-            scalars_key(type(sm_scale), block_size),
+            scalars_key(type(sm_scale), block_size, extra_block_size),
             value_key(config),
         )
     except AttributeError:  # not a tensor (or not a workspace): the checks say what is wrong
@@ -241,10 +271,10 @@ def sparse_mla_decode(
     if plan is None:
         plan = _PLANS.put(key, _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id,
                                      block_size, topk_length, attn_sink, out, lse, workspace,
-                                     config, max_logits))  # fmt: skip
+                                     config, max_logits, extras, extra_block_size))  # fmt: skip
     # Addresses are not in the key: checked on every call.
-    _check_disjoint(plan, (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink),
-                    out, lse, workspace, max_logits)  # fmt: skip
+    _check_disjoint(plan, (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink,
+                           *extras), out, lse, workspace, max_logits)  # fmt: skip
     num_tokens, h_q, _ = q.shape
     dev = q.device
     out = _empty_out(q) if out is None else out
@@ -254,11 +284,11 @@ def sparse_mla_decode(
     cfg = plan.config
     if plan.splits > 1 and workspace is None:
         workspace = attention_workspace(
-            num_tokens, h_q, indices.shape[1], cache_format=plan.fmt, config=cfg, device=dev
+            num_tokens, h_q, plan.topk, cache_format=plan.fmt, config=cfg, device=dev
         )
     c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
     _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
-            workspace, float(sm_scale), max_logits)  # fmt: skip
+            workspace, float(sm_scale), max_logits, extras)  # fmt: skip
     return out, lse
 
 
@@ -284,13 +314,20 @@ def _sparse_mla_decode_op(
     partial_lse: torch.Tensor | None,
     config: str | None,
     max_logits: torch.Tensor | None,
+    extra_kv_cache: torch.Tensor | None,
+    extra_indices: torch.Tensor | None,
+    extra_topk_length: torch.Tensor | None,
+    extra_block_table: torch.Tensor | None,
+    extra_block_size: int | None,
 ) -> None:
     ws = None if partial_out is None else AttentionWorkspace(partial_out, partial_lse)
     run_eager(
         sparse_mla_decode, q, kv_cache, indices, sm_scale=sm_scale, block_table=block_table,
         req_id=req_id, block_size=block_size, topk_length=topk_length, attn_sink=attn_sink,
         out=out, lse=lse, workspace=ws, config=decode_config(config, AttentionConfig),
-        max_logits=max_logits,
+        max_logits=max_logits, extra_kv_cache=extra_kv_cache,
+        extra_indices=extra_indices, extra_topk_length=extra_topk_length,
+        extra_block_table=extra_block_table, extra_block_size=extra_block_size,
     )  # fmt: skip
 
 
@@ -318,18 +355,24 @@ class _AttnHostPlan:
     combine: tuple | None
     # bytes each reaches: the inputs (_INPUTS), out, lse, the workspace's two, max_logits
     extents: tuple
+    model1: bool = False  # a MODEL1 cache (DeepSeek-V4 rows)
+    topk: int = 0  # the columns the splits cut: topk, plus topk2 with a second set
 
 
 def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, topk_length,
-          attn_sink, out, lse, workspace, config, max_logits) -> _AttnHostPlan:  # fmt: skip
+          attn_sink, out, lse, workspace, config, max_logits, extras=(None,) * 4,
+          extra_block_size=None) -> _AttnHostPlan:  # fmt: skip
     """Checks every argument of :func:`sparse_mla_decode` and picks its launch shape."""
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     num_tokens, h_q, dim = q.shape
-    if dim != HEAD_DIM:
+    lay, model1 = cache_layout(kv_cache)
+    if model1 and dim != MODEL1_HEAD_DIM:
+        raise ValueError(f"q must have head dim {MODEL1_HEAD_DIM} (a MODEL1 kv_cache: 448 + 64 "
+                         f"rope, K = V), got {dim}")  # fmt: skip
+    if not model1 and dim != HEAD_DIM:
         raise ValueError(f"q must have head dim {HEAD_DIM} (512 nope + 64 rope), got {dim}")
     if not 1 <= h_q <= MAX_HEADS:
         raise ValueError(f"q must have 1..{MAX_HEADS} heads, got {h_q}")
-    lay = mla_cache_layout(kv_cache)
     check_tensor("indices", indices, dtype=torch.int32, ndim=2)
     if indices.shape[0] != num_tokens:
         raise ValueError(f"indices has {indices.shape[0]} rows but q has {num_tokens} tokens")
@@ -340,6 +383,8 @@ def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, 
         raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
     dev = check_same_device(q=q, kv_cache=kv_cache, indices=indices)
     bs = _check_fused(block_table, req_id, block_size, num_tokens, lay.block_size, dev)
+    extra = check_extra(kv_cache, num_tokens, bs is not None, extras, extra_block_size, dev)
+    topk_all = topk + (extra.topk if extra is not None else 0)  # the columns splits cut
     if topk_length is not None:
         check_tensor("topk_length", topk_length, dtype=torch.int32, ndim=1, device=dev)
         check_shape("topk_length", topk_length, (num_tokens,))
@@ -360,17 +405,22 @@ def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, 
             raise ValueError("max_logits must be contiguous")
     fmt = "fp8" if lay.fp8 else "bf16"
     if config is None:
-        sm90 = sm90_available(dev) and _sm90_fits(kv_cache, lay.fp8)
-        cfg = choose_attention_config(num_tokens, h_q, topk, fmt, _sms(dev), sm90=sm90)
+        sm90 = sm90_available(dev) and _sm90_fits(kv_cache, lay.fp8) and not model1
+        sm90 = sm90 and extra is None
+        cfg = choose_attention_config(num_tokens, h_q, topk_all, fmt, _sms(dev), sm90=sm90)
         if max_logits is not None:
             cfg = dataclasses.replace(cfg, num_splits=1)
     else:
         cfg = check_attention_config(config)
-        if max_logits is not None and cfg.effective_splits(topk) > 1:
+        if max_logits is not None and cfg.effective_splits(topk_all) > 1:
             raise ValueError(f"max_logits needs an unsplit launch; config splits: {cfg}")
+    if cfg.kernel == "sm90" and model1:
+        raise ValueError("config.kernel='sm90' does not take a MODEL1 kv_cache yet: use 'triton'")
+    if cfg.kernel == "sm90" and extra is not None:
+        raise ValueError("config.kernel='sm90' does not take the extra_* set yet: use 'triton'")
     if cfg.kernel == "sm90":
         _check_sm90(cfg, dev, kv_cache, lay.fp8)
-    splits = cfg.effective_splits(topk)
+    splits = cfg.effective_splits(topk_all)
     if workspace is not None and not isinstance(workspace, AttentionWorkspace):
         # (checked even when this call does not split: the next one may)
         raise TypeError(
@@ -383,15 +433,17 @@ def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, 
     c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
     main, comb = _launch_shapes(
         cfg, splits, bs, lay, q, c3, indices, block_table, req_id, topk_length, attn_sink, out_s,
-        lse_s, max_logits is not None,
+        lse_s, max_logits is not None, extra, topk_all,
     )  # fmt: skip
-    tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, out, lse)
+    tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, *extras, out,
+               lse)  # fmt: skip
     ws = (workspace.partial_out, workspace.partial_lse) if workspace is not None else (None,) * 2
     extents = tuple(map(byte_extent, (*tensors, *ws, max_logits)))
-    return _AttnHostPlan(cfg, splits, fmt, main, comb, extents)
+    return _AttnHostPlan(cfg, splits, fmt, main, comb, extents, model1, topk_all)
 
 
-_INPUTS = ("q", "kv_cache", "indices", "block_table", "req_id", "topk_length", "attn_sink")
+_INPUTS = ("q", "kv_cache", "indices", "block_table", "req_id", "topk_length", "attn_sink",
+           *EXTRA_NAMES)  # fmt: skip
 
 
 def _check_disjoint(plan, inputs, out, lse, workspace, max_logits) -> None:
@@ -416,8 +468,8 @@ def _check_disjoint(plan, inputs, out, lse, workspace, max_logits) -> None:
 
 
 def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, req_id,
-                   topk_length, attn_sink, out_s, lse_s,
-                   has_max) -> tuple[tuple, tuple | None]:  # fmt: skip
+                   topk_length, attn_sink, out_s, lse_s, has_max, extra: ExtraPlan | None,
+                   topk_all: int) -> tuple[tuple, tuple | None]:  # fmt: skip
     """The two launches' grids, integer arguments and keywords (see :func:`_launch`)."""
     num_tokens, h_q, _ = q.shape
     topk = indices.shape[1]
@@ -426,11 +478,12 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, re
     # The 1-D inputs' strides (any: a strided view reads as a contiguous copy would; 1 when
     # absent, the value a contiguous one specialises to).
     vec_s = tuple(1 if v is None else v.stride(0) for v in (topk_length, req_id, attn_sink))
-    kv_s = (c3.stride(0), c3.stride(1), 1) if fp8 else c3.stride()  # fp8: bytes
+    model1 = not hasattr(lay, "nope_dim")  # a Model1CacheLayout
+    kv_s = kv_strides(lay, c3)  # fp8: bytes
     head_blocks = cfg.head_blocks(h_q)
     bt = block_table
     ints = (
-        h_q, topk, min(lay.num_pages * lay.block_size, INT32_MAX), cfg.split_cols(topk),
+        h_q, topk, min(lay.num_pages * lay.block_size, INT32_MAX), cfg.split_cols(topk_all),
         splits, head_blocks, *q.stride(), *kv_s, *indices.stride(),
         *(bt.stride() if fused else (0, 0)), *(bt.shape[::-1] if fused else (0, 0)),
         block_size if fused else 1, *vec_s, *out_s, *lse_s,
@@ -450,10 +503,13 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, re
             PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
             FUSED=fused, HAS_LEN=has_len, HAS_SINK=has_sink,
             SPLIT=split, HAS_MAX=has_max, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
-            num_warps=cfg.num_warps,
+            MODEL1=model1, EXTRA=extra is not None, X_PAGE=extra.page if extra else 1,
+            X_HAS_LEN=extra is not None and extra.has_len, num_warps=cfg.num_warps,
             # With splits the combine may start launching early (it waits for this kernel).
             **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
         )  # fmt: skip
+    if cfg.kernel != "sm90":  # the second set's integers, after the first's
+        ints = (*ints, *(extra.ints if extra is not None else NO_EXTRA_INTS))
     main = ((num_tokens * splits * head_blocks,), ints, kwargs)
     if not split:
         return main, None
@@ -525,9 +581,10 @@ def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.dev
 
 
 def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
-            workspace, sm_scale, max_logits):  # fmt: skip
+            workspace, sm_scale, max_logits, extras):  # fmt: skip
     if plan.fmt == "fp8":
-        kv_u8, kv_f32, kv_bf16 = c3, c3.view(torch.float32), c3.view(torch.bfloat16)
+        kv_f32 = c3 if plan.model1 else c3.view(torch.float32)  # (MODEL1: not read)
+        kv_u8, kv_bf16 = c3, c3.view(torch.bfloat16)
     else:
         kv_u8 = kv_f32 = kv_bf16 = c3
     fused = block_table is not None
@@ -536,17 +593,18 @@ def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, o
     part_lse = workspace.partial_lse if split else lse
     sink = attn_sink if attn_sink is not None else lse
     grid, ints, kwargs = plan.main
-    args = (
+    tensors = (
         q, kv_u8, kv_f32, kv_bf16, indices,
         topk_length if topk_length is not None else indices,
         block_table if fused else indices, req_id if fused else indices, sink,
         out, lse, part_out, part_lse, max_logits if max_logits is not None else lse,
-        *ints, sm_scale * LOG2E,
     )  # fmt: skip
     if plan.config.kernel == "sm90":
         kernel = _sm90_kernel().sparse_mla_decode_sm90_kernel
-    else:
+    else:  # the Triton kernel takes the second set's six pointers next
         kernel = split_kv._sparse_mla_decode_kernel
+        tensors += extra_tensors(extras, plan.fmt == "fp8", plan.model1, indices)
+    args = (*tensors, *ints, sm_scale * LOG2E)
     launch(kernel, grid, args, kwargs, plan)
     if split:
         grid, ints, kwargs = plan.combine

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._checks import check_same_device, check_tensor
+from ..._checks import check_same_device, check_slot_mapping, check_tensor
 from ..._custom_op import compiling, custom_op, run_eager
 from ..._launch import HostPlanCache, byte_extent, check_disjoint, launch, tensor_meta
 from ..._runtime import INTERPRETER, cdiv, next_pow2
+from . import model1 as _model1
 from . import write  # kernels looked up on their module (tests/sm90_compile.py)
 from .layout import (
     MLA_ROPE_DIM,
@@ -21,17 +22,6 @@ from .layout import (
 )
 
 # ---- indexer K writer -----------------------------------------------------------------------
-
-
-def _check_slots(slot_mapping: torch.Tensor, num_tokens: int) -> None:
-    check_tensor("slot_mapping", slot_mapping, dtype=(torch.int32, torch.int64), ndim=1)
-    if slot_mapping.shape[0] != num_tokens:
-        raise ValueError(
-            f"slot_mapping has {slot_mapping.shape[0]} entries but there are {num_tokens} "
-            "tokens to write"
-        )
-    if slot_mapping.stride(0) != 1 and num_tokens > 1:
-        raise ValueError("slot_mapping must be contiguous")
 
 
 def write_indexer_k(
@@ -100,7 +90,7 @@ def _indexer_host_plan(k, k_cache, slot_mapping) -> _WriteHostPlan:
     num_tokens, d = k.shape
     if d != lay.head_dim:
         raise ValueError(f"k has head dim {d} but k_cache holds {lay.head_dim}-dim keys")
-    _check_slots(slot_mapping, num_tokens)
+    check_slot_mapping(slot_mapping, num_tokens)
     check_same_device(k=k, k_cache=k_cache, slot_mapping=slot_mapping)
     block_t = 64 if INTERPRETER else 8  # the interpreter pays per program, not per element
     c3 = lay.cache3
@@ -152,7 +142,9 @@ def write_mla_latent(
             ``[num_pages, block_size, 656]``): per token 512 e4m3 | 4 fp32 power-of-two scales
             (one per 128 nope values, FlashMLA's rule: module docstring) | 64 bf16 rope
             copied unquantised. The bytes equal FlashMLA's ``quantize_k_cache`` for finite
-            inputs.
+            inputs. Or a DeepSeek-V4 (MODEL1) cache, uint8 ``[num_pages, block_size, 1, 584]``
+            or bf16 ``[num_pages, block_size, 512]``, with ``kv_c`` ``[T, 448]`` and ``k_pe``
+            ``[T, 64]``: see :func:`sparse_mla.ops.kv_cache.model1.write_model1_latent`.
         slot_mapping: int32 or int64 ``[T]``, contiguous, ``page_id * block_size + offset``;
             ``-1`` skips the token; other out-of-range slots are skipped silently (device data).
 
@@ -162,6 +154,8 @@ def write_mla_latent(
     if compiling():  # torch.compile: through the op (docs/DEVELOPING.md, "Custom ops")
         _write_mla_latent_op(kv_c, k_pe, kv_cache, slot_mapping)
         return kv_cache
+    if _model1.routes_to_model1(kv_c, kv_cache):  # DeepSeek-V4's formats (model1.py)
+        return _model1.write_model1_latent(kv_c, k_pe, kv_cache, slot_mapping)
     try:  # the checks read metadata only: done once per key
         key = tuple(map(tensor_meta, (kv_c, k_pe, kv_cache, slot_mapping)))
     except AttributeError:
@@ -222,7 +216,7 @@ def _mla_host_plan(kv_c, k_pe, kv_cache, slot_mapping) -> _WriteHostPlan:
         raise ValueError(f"kv_c must be [T, nope] with nope a multiple of {MLA_TILE}, got {nope}")
     _check_rope_width(k_pe, kv_cache, nope)
     lay = mla_cache_layout(kv_cache, nope, k_pe.shape[1])
-    _check_slots(slot_mapping, num_tokens)
+    check_slot_mapping(slot_mapping, num_tokens)
     check_same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping)
     c3 = lay.cache3
     if lay.fp8:

@@ -36,13 +36,14 @@ formats store every value as given.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from ..._checks import check_int, check_tensor
 from ..._runtime import canonical_device
+from . import model1 as _model1  # DeepSeek-V4's formats (it imports only write.py)
+from .write import MLA_SCALE_FLOOR, MLA_SCALE_MIN_EXP  # noqa: F401  (the formats' scale rule)
 
 FP8_MAX = 448.0
 AMAX_FLOOR = 1e-4
@@ -60,11 +61,6 @@ def indexer_fp8_bytes_per_token(head_dim: int = INDEXER_HEAD_DIM) -> int:
 def mla_fp8_bytes_per_token(nope_dim: int = MLA_NOPE_DIM, rope_dim: int = MLA_ROPE_DIM) -> int:
     """Bytes per token of FlashMLA's fp8 latent format (656 for 512 + 64)."""
     return nope_dim + 4 * (nope_dim // MLA_TILE) + 2 * rope_dim
-
-
-# FlashMLA's floor on the MLA scale, and ceil(log2) of it: the smallest scale's exponent.
-MLA_SCALE_FLOOR = 1e-4
-MLA_SCALE_MIN_EXP = math.ceil(math.log2(MLA_SCALE_FLOOR))  # -13
 
 
 # ---- format parsing (shared with the indexer logits kernel) --------------------------------
@@ -246,18 +242,39 @@ def new_mla_cache(
     num_pages: int,
     block_size: int,
     *,
-    fp8: bool,
-    nope_dim: int = MLA_NOPE_DIM,
-    rope_dim: int = MLA_ROPE_DIM,
+    fp8: bool | None = None,
+    nope_dim: int | None = None,
+    rope_dim: int | None = None,
     device: torch.device | str | None = None,
+    format: str | None = None,  # noqa: A002  (the natural name for it)
 ) -> torch.Tensor:
-    """Zeroed MLA latent cache: uint8 ``[num_pages, block_size, 1, 656]`` (fp8) or bf16
-    ``[num_pages, block_size, 576]``, on ``device`` (default: where kernels run). ``nope_dim``
-    is a positive multiple of 128 and ``rope_dim >= 0``, as the writer requires."""
+    """Zeroed MLA latent cache on ``device`` (default: where kernels run), in ``format``:
+
+    * ``"fp8"`` (or ``fp8=True``): FlashMLA's V3.2 format, uint8 ``[num_pages, block_size,
+      1, 656]``;
+    * ``"bf16"`` (or ``fp8=False``): bf16 ``[num_pages, block_size, 576]``;
+    * ``"model1_fp8"``: DeepSeek-V4's (FlashMLA's MODEL1) format, a uint8 ``[num_pages,
+      block_size, 1, 584]`` view of pages padded to a multiple of 576 bytes
+      (:mod:`sparse_mla.ops.kv_cache.model1`);
+    * ``"model1_bf16"``: bf16 ``[num_pages, block_size, 512]``.
+
+    ``nope_dim`` / ``rope_dim`` (V3.2 formats; default 512 / 64): a positive multiple of 128
+    and ``>= 0``, as the writer requires; the MODEL1 formats are 448 + 64 only. ``fp8`` and
+    ``format`` may both be given if they agree.
+    """
     device = canonical_device(device)
     check_int("num_pages", num_pages, lo=0)
     check_int("block_size", block_size, lo=1)
-    _check_bool("fp8", fp8)
+    fmt = _model1.resolve_mla_format(fp8, format)
+    if fmt.startswith("model1"):
+        for name, v, want in (("nope_dim", nope_dim, 448), ("rope_dim", rope_dim, 64)):
+            if v is not None and v != want:
+                raise ValueError(f"{name} of a {fmt} cache is {want}, got {v}")
+        return _model1.new_model1_cache(num_pages, block_size, fp8=fmt == "model1_fp8",
+                                        device=device)  # fmt: skip
+    fp8 = fmt == "fp8"
+    nope_dim = MLA_NOPE_DIM if nope_dim is None else nope_dim
+    rope_dim = MLA_ROPE_DIM if rope_dim is None else rope_dim
     _check_mla_dims(nope_dim, rope_dim)
     if fp8:
         width = mla_fp8_bytes_per_token(nope_dim, rope_dim)

@@ -21,6 +21,14 @@ from .layout import (
     indexer_k_cache_layout,
     mla_cache_layout,
 )
+from .model1 import (
+    MODEL1_NOPE_DIM,
+    MODEL1_NUM_TILES,
+    MODEL1_SCALE_BYTES,
+    MODEL1_TILE,
+    MODEL1_VALUE_BYTES,
+    model1_cache_layout,
+)
 
 
 def _ceil_log2_pow2(x: torch.Tensor) -> torch.Tensor:
@@ -205,3 +213,111 @@ def dequantize_mla_cache(
     rope = c3[..., nope_dim + 4 * ntiles :].contiguous().view(torch.bfloat16).float()
     nope = (nope.unflatten(-1, (ntiles, MLA_TILE)) * scale.unsqueeze(-1)).flatten(-2)
     return torch.cat([nope, rope], dim=-1)
+
+
+# ---- DeepSeek-V4 (MODEL1) formats: model1.py --------------------------------------------------
+
+
+def quantize_model1_row(kv: torch.Tensor) -> torch.Tensor:
+    """One MODEL1 fp8 row per token, in the row's logical byte order (not the page layout).
+
+    Args:
+        kv: bf16 ``[..., 512]``: 448 values to quantise, then 64 RoPE values copied.
+
+    Returns:
+        uint8 ``[..., 584]``: 448 e4m3 values (power-of-two scales, FlashMLA's rule:
+        :func:`flashmla_scale_reference`, one per 64 values) | the 64 RoPE values as bf16
+        bytes | 7 ue8m0 scale bytes ``log2(scale) + 127`` | one pad byte, 0.
+        :func:`write_model1_latent_reference` places the parts in a page.
+    """
+    lead = kv.shape[:-1]
+    nope, rope = kv[..., :MODEL1_NOPE_DIM], kv[..., MODEL1_NOPE_DIM:]
+    q, scale = quantize_pow2_e4m3(nope, MODEL1_TILE, flashmla_scale_reference)
+    # A power of two's ue8m0 byte is its biased fp32 exponent (frexp: 2**k = 0.5 * 2**(k+1)).
+    _, e = torch.frexp(scale.double())
+    e8m0 = (e - 1 + 127).to(torch.uint8)
+    pad = torch.zeros((*lead, 1), dtype=torch.uint8, device=kv.device)
+    rope_bytes = rope.contiguous().view(torch.uint8)
+    return torch.cat([q.view(torch.uint8), rope_bytes, e8m0, pad], dim=-1)
+
+
+def dequantize_model1_row(row: torch.Tensor) -> torch.Tensor:
+    """The 512 values of MODEL1 fp8 rows in logical byte order (:func:`quantize_model1_row`).
+
+    Args:
+        row: uint8 ``[..., 584]``.
+
+    Returns:
+        fp32 ``[..., 512]``: ``bf16(e4m3 * 2 ** (byte - 127))`` for the 448 quantised values
+        (the product rounded to bf16 as FlashMLA's kernel reads it: exact for the scales the
+        writer makes; 0xFF reads as NaN), then the 64 RoPE values.
+    """
+    values = row[..., :MODEL1_NOPE_DIM].contiguous().view(torch.float8_e4m3fn).double()
+    rope = row[..., MODEL1_NOPE_DIM:MODEL1_VALUE_BYTES].contiguous().view(torch.bfloat16)
+    e8m0 = row[..., MODEL1_VALUE_BYTES : MODEL1_VALUE_BYTES + MODEL1_NUM_TILES].double()
+    scale = torch.where(e8m0 == 255, float("nan"), torch.exp2(e8m0 - 127))  # exact in fp64
+    nope = (values.unflatten(-1, (MODEL1_NUM_TILES, MODEL1_TILE)) * scale[..., None]).flatten(-2)
+    return torch.cat([nope.float().bfloat16().float(), rope.float()], dim=-1)
+
+
+def model1_page_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte views of a MODEL1 fp8 cache's page layout (:mod:`~sparse_mla.ops.kv_cache.model1`):
+    value rows uint8 ``[P, page, 576]`` and scale rows uint8 ``[P, page, 8]`` (views, not
+    copies: writing them writes the cache)."""
+    lay = model1_cache_layout(kv_cache)
+    if not lay.fp8:
+        raise ValueError("kv_cache is a MODEL1 bf16 cache: it has no fp8 page layout")
+    c3, page = lay.cache3, lay.block_size
+    values = c3.as_strided((lay.num_pages, page, MODEL1_VALUE_BYTES), (lay.page_stride, 576, 1))
+    scales = c3.as_strided(
+        (lay.num_pages, page, MODEL1_SCALE_BYTES),
+        (lay.page_stride, MODEL1_SCALE_BYTES, 1),
+        storage_offset=c3.storage_offset() + page * MODEL1_VALUE_BYTES,
+    )
+    return values, scales
+
+
+def model1_rows(kv_cache: torch.Tensor, page: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+    """The logical 584-byte rows (:func:`quantize_model1_row` order) of the tokens at
+    ``(page, off)`` (int tensors of one shape ``[...]``) of a MODEL1 fp8 cache:
+    uint8 ``[..., 584]`` (a copy)."""
+    values, scales = model1_page_views(kv_cache)
+    return torch.cat([values[page, off], scales[page, off]], dim=-1)
+
+
+def write_model1_latent_reference(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> torch.Tensor:
+    """Reference for ``write_mla_latent`` on a MODEL1 cache (same arguments).
+
+    Args:
+        kv_c: bf16 ``[T, 448]``; k_pe: bf16 ``[T, 64]``.
+        kv_cache: MODEL1 fp8 uint8 ``[P, page, 1, 584]`` (or 3-D) or bf16 ``[P, page, 512]``,
+            written in place.
+        slot_mapping: int ``[T]``; entries outside ``[0, P * page)`` are skipped.
+    """
+    lay = model1_cache_layout(kv_cache)
+    tok, slot = _slots(slot_mapping, lay.num_pages * lay.block_size)
+    page, off = slot // lay.block_size, slot % lay.block_size
+    kv = torch.cat([kv_c[tok], k_pe[tok]], dim=-1)
+    if not lay.fp8:
+        lay.cache3[page, off] = kv
+        return kv_cache
+    row = quantize_model1_row(kv)
+    values, scales = model1_page_views(kv_cache)
+    values[page, off] = row[:, :MODEL1_VALUE_BYTES]
+    scales[page, off] = row[:, MODEL1_VALUE_BYTES:]
+    return kv_cache
+
+
+def dequantize_model1_cache(kv_cache: torch.Tensor) -> torch.Tensor:
+    """Every row of a MODEL1 cache as fp32 ``[P, page, 512]`` (fp8: :func:`dequantize_model1_row`).
+
+    Args:
+        kv_cache: uint8 ``[P, page, 1, 584]`` (or 3-D) or bf16 ``[P, page, 512]`` (or 4-D).
+    """
+    lay = model1_cache_layout(kv_cache)
+    if not lay.fp8:
+        return lay.cache3.float()
+    values, scales = model1_page_views(kv_cache)
+    return dequantize_model1_row(torch.cat([values, scales], dim=-1))

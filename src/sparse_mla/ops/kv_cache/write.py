@@ -4,9 +4,15 @@ K writer and the MLA latent writer."""
 
 from __future__ import annotations
 
+import math
+
 import triton.language as tl
 
 from ..._runtime import jit
+
+# FlashMLA's floor on the MLA scale, and ceil(log2) of it: the smallest scale's exponent.
+MLA_SCALE_FLOOR = 1e-4
+MLA_SCALE_MIN_EXP = math.ceil(math.log2(MLA_SCALE_FLOOR))  # -13
 
 # ---- shared jit helpers ---------------------------------------------------------------------
 

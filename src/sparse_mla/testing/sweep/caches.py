@@ -9,7 +9,11 @@ import torch
 from ..._runtime import cdiv
 from ...ops.indexer import index_logits, index_logits_reference
 from ...ops.kv_cache import new_indexer_k_cache, new_mla_cache, write_indexer_k, write_mla_latent
-from ...ops.kv_cache.naive import write_indexer_k_reference, write_mla_latent_reference
+from ...ops.kv_cache.naive import (
+    write_indexer_k_reference,
+    write_mla_latent_reference,
+    write_model1_latent_reference,
+)
 from ..checks import POISON, logits_error
 from .draw import Case, log_uniform_int, rand_choice, rand_int, to_device
 
@@ -69,12 +73,15 @@ def check_kvcache(case: Case, g: torch.Generator, dev: torch.device) -> str | No
         want = write_indexer_k_reference(k, cache.clone(), slots)
         got = write_indexer_k(k.to(dev), cache.to(dev), slots.to(dev))
     else:
-        dim = 576
-        cache = _garbage_like(new_mla_cache(num_pages, page, fp8=fp8, device="cpu"), g)
+        model1 = cache_kind.startswith("model1")  # DeepSeek-V4's formats: 448 + 64 values
+        dim, nope = (512, 448) if model1 else (576, 512)
+        fmt = cache_kind.removeprefix("mla_")
+        cache = _garbage_like(new_mla_cache(num_pages, page, format=fmt, device="cpu"), g)
         kv = _rand_rows(g, tokens, dim)
-        want = write_mla_latent_reference(kv[:, :512], kv[:, 512:], cache.clone(), slots)
+        ref = write_model1_latent_reference if model1 else write_mla_latent_reference
+        want = ref(kv[:, :nope], kv[:, nope:], cache.clone(), slots)
         got = write_mla_latent(
-            kv[:, :512].to(dev), kv[:, 512:].to(dev), cache.to(dev), slots.to(dev)
+            kv[:, :nope].to(dev), kv[:, nope:].to(dev), cache.to(dev), slots.to(dev)
         )
     a, b = _bits(got.cpu()), _bits(want)
     if not torch.equal(a, b):
