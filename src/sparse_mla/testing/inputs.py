@@ -4,6 +4,7 @@ scripts: random caches, indices, scores, lengths and block tables."""
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 import torch
 
@@ -311,3 +312,112 @@ def indexer_problem(
     q, w = indexer_queries(num_req * next_n, heads, dim, **kw)
     lens = torch.randint(0, max_ctx + 1, (num_req,), device=dev, generator=g).int()
     return q, w, cache, lens, bt
+
+
+#: How :func:`expansion_decode_lens` draws the decode lengths n_b: every one the same
+#: (``decode_len``, default the maximum), each uniform in [0, max], or hostile int32 values
+#: (negative, above the maximum, the int32 extremes; a device decode-length tensor's trap).
+DECODE_LEN_KINDS = ("uniform", "ragged", "hostile")
+#: How :func:`expansion_inputs` draws the context lengths L_b: ``within_table``, uniform in
+#: [0, ctx) (default: what the block table covers; 0 where n_b is 0, a padding request);
+#: ``near_decode_len``, each one of 0, 1, [0, max n + 1] (below n_b: clamped) or [0, ctx]
+#: (what DCP splits unevenly); ``at_least_decode_len``, n_b + uniform [0, ctx - n_b] (an
+#: engine's step); ``hostile``, int32 extremes, negative and small values.
+SEQ_LEN_KINDS = ("within_table", "near_decode_len", "at_least_decode_len", "hostile")
+_HOSTILE_DECODE_LENS = (-(2**31), -5, -3, -1, 0, 1, 3, 4, 9, 100, 2**31 - 1)
+_HOSTILE_SEQ_LENS = (-(2**31), -5, -3, 0, 2, 3, 40, 1000, 2**31 - 1)
+
+
+def _pick(g: torch.Generator | None, values: tuple, n: int) -> torch.Tensor:
+    """``n`` of ``values`` (int32), each uniformly."""
+    at = torch.randint(0, len(values), (n,), generator=g)
+    return torch.tensor(values, dtype=torch.int64)[at].to(torch.int32)
+
+
+def expansion_decode_lens(
+    g: torch.Generator | None,
+    num_reqs: int,
+    max_decode_len: int,
+    kind: str,
+    *,
+    decode_len: int | None = None,
+) -> list[int]:
+    """Decode lengths n_b of ``num_reqs`` requests for the expansion (``expand_decode_tokens``)
+    as :data:`DECODE_LEN_KINDS` says, drawn on the CPU from ``g`` (None: torch's default)."""
+    if kind == "uniform":
+        n = max_decode_len if decode_len is None else decode_len
+        return [n] * num_reqs
+    if kind == "ragged":
+        return torch.randint(0, max_decode_len + 1, (num_reqs,), generator=g).tolist()
+    if kind == "hostile":
+        return _pick(g, _HOSTILE_DECODE_LENS, num_reqs).tolist()
+    raise ValueError(f"kind must be one of {DECODE_LEN_KINDS}, got {kind!r}")
+
+
+class ExpansionInputs(NamedTuple):
+    """The expansion's inputs: int32 ``seq_lens`` ``[B]`` and ``block_table`` ``[B, W]`` (a
+    :func:`block_table_view`) on the device, the host ``decode_lens`` and ``total``, the
+    tokens they make once each n_b is clamped to [0, max_decode_len]."""
+
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    decode_lens: list[int]
+    total: int
+
+    def query_start_loc(self) -> torch.Tensor:
+        """The decode lengths as int32 row offsets ``[B + 1]`` on the inputs' device."""
+        lens = torch.tensor([0, *self.decode_lens], dtype=torch.int64)
+        return torch.cumsum(lens, 0).to(torch.int32).to(self.seq_lens.device)
+
+
+def _expansion_seq_lens(
+    g: torch.Generator | None, lens: torch.Tensor, kind: str, ctx: int, max_n: int
+) -> torch.Tensor:
+    b = len(lens)
+    if kind == "within_table":
+        seq = torch.randint(0, max(ctx, 1), (b,), generator=g, dtype=torch.int32)
+        seq[lens == 0] = 0  # padding requests: no tokens, length 0
+        return seq
+    if kind == "near_decode_len":
+        which = torch.randint(0, 4, (b,), generator=g)
+        small = torch.randint(0, max_n + 2, (b,), generator=g)
+        large = torch.randint(0, ctx + 1, (b,), generator=g)
+        seq = torch.where(which == 0, 0, torch.where(which == 1, 1, small))
+        return torch.where(which == 3, large, seq).to(torch.int32)
+    if kind == "at_least_decode_len":
+        lens = lens.clamp(0, ctx)
+        extra = (torch.rand(b, generator=g) * (ctx - lens + 1).float()).long()
+        return (lens + extra).to(torch.int32)
+    if kind == "hostile":
+        return _pick(g, _HOSTILE_SEQ_LENS, b)
+    raise ValueError(f"seq_lens must be one of {SEQ_LEN_KINDS}, got {kind!r}")
+
+
+def expansion_inputs(
+    g: torch.Generator | None,
+    decode_lens: list[int],
+    *,
+    width: int,
+    max_decode_len: int | None = None,
+    seq_lens: str = "within_table",
+    ctx: int | None = None,
+    block_size: int = 64,
+    page_ids: int = 1 << 24,
+    layout: str = "contiguous",
+    device: torch.device | str = "cpu",
+) -> ExpansionInputs:
+    """Inputs of the decode-token expansion (``expand_decode_tokens``, the decode metadata)
+    for requests of decode lengths ``decode_lens`` (:func:`expansion_decode_lens`): context
+    lengths as ``seq_lens`` names (:data:`SEQ_LEN_KINDS`; ``ctx`` defaults to ``width *
+    block_size`` for ``within_table``, else 600) and a block table of ``width`` random page
+    ids in [0, ``page_ids``) laid out as ``layout`` (:data:`BLOCK_TABLE_LAYOUTS`). Drawn on
+    the CPU from ``g`` (None: torch's default generator), in that order, then moved."""
+    max_n = max(decode_lens, default=0) if max_decode_len is None else max_decode_len
+    if ctx is None:
+        ctx = width * block_size if seq_lens == "within_table" else 600
+    lens = torch.tensor(decode_lens, dtype=torch.int64)
+    seq = _expansion_seq_lens(g, lens, seq_lens, ctx, max(max_n, 0))
+    pages = torch.randint(0, page_ids, (len(decode_lens), width), generator=g, dtype=torch.int32)
+    total = int(lens.clamp(0, max(max_n, 0)).sum())
+    table = block_table_view(pages, layout, device=device)
+    return ExpansionInputs(seq.to(device), table, list(decode_lens), total)
