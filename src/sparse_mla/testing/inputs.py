@@ -67,6 +67,32 @@ def random_attention_indices(
     return idx
 
 
+def hostile_attention_indices(
+    g: torch.Generator | None,
+    num_tokens: int,
+    topk: int,
+    num_rows: int,
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """int32 ``[T, topk]`` slots in ``[0, num_rows)`` on ``g``'s device (``g`` None: torch's
+    default generator on ``device``) with every kind of slot a kernel must skip: about 10%
+    -1, 3% past the cache (``num_rows + 5``), 2% other negatives (-7); row 1 all -1 (an
+    empty row) and the last cache row three times at the start of row 0 (a repeated slot)."""
+    dev = g.device if g is not None else (device or "cpu")
+    shape = (num_tokens, topk)
+    idx = torch.randint(0, max(num_rows, 1), shape, generator=g, dtype=torch.int32, device=dev)
+    r = torch.rand(shape, generator=g, device=dev)
+    idx[r < 0.1] = -1
+    idx[(r >= 0.1) & (r < 0.13)] = num_rows + 5
+    idx[(r >= 0.13) & (r < 0.15)] = -7
+    if num_tokens > 1:
+        idx[1] = -1
+    if num_tokens > 0:
+        idx[0, :3] = num_rows - 1
+    return idx
+
+
 def random_remap_inputs(
     g: torch.Generator,
     tokens: int,
