@@ -291,14 +291,19 @@ def filled_indexer_cache(
     chunk: int = 1 << 20,
     generator: torch.Generator | None = None,
     integer: bool = False,
+    scale: float = 1.0,
+    reference_writer: bool = False,
 ) -> torch.Tensor:
-    """An indexer K cache of ``num_pages`` pages of standard-normal bf16 keys (``integer``:
-    integers in [-3, 3]), written through ``write_indexer_k`` (so the fp8 format holds real
-    scales) ``chunk`` tokens at a time to bound the temporaries. ``generator`` must live on
-    ``device``."""
+    """An indexer K cache of ``num_pages`` pages of normal bf16 keys of standard deviation
+    ``scale`` (``integer``: integers in [-3, 3]), written through ``write_indexer_k`` (so the
+    fp8 format holds real scales; ``reference_writer``: its PyTorch reference, so a check of
+    another kernel does not lean on the writer kernel) ``chunk`` tokens at a time to bound
+    the temporaries. ``generator`` must live on ``device``."""
     from .. import new_indexer_k_cache, write_indexer_k
     from .._runtime import canonical_device
+    from ..ops.kv_cache.naive import write_indexer_k_reference
 
+    write = write_indexer_k_reference if reference_writer else write_indexer_k
     device = canonical_device(device)
     cache = new_indexer_k_cache(num_pages, block_size, dim, fp8=fp8, device=device)
     total = num_pages * block_size
@@ -307,10 +312,8 @@ def filled_indexer_cache(
         if integer:
             keys = torch.randint(-3, 4, (t, dim), device=device, generator=generator)
         else:
-            keys = torch.randn(t, dim, device=device, generator=generator)
-        write_indexer_k(
-            keys.bfloat16(), cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64)
-        )
+            keys = torch.randn(t, dim, device=device, generator=generator) * scale
+        write(keys.bfloat16(), cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64))
     return cache
 
 
@@ -325,19 +328,45 @@ def indexer_problem(
     block_size: int,
     fp8: bool,
     integer: bool = False,
+    key_scale: float = 1.0,
+    spare_pages: int = 1,
+    hostile: bool = False,
+    reference_writer: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One ``index_logits`` problem on ``g``'s device: ``(q, weights, cache, seq_lens,
     block_table)`` with ``num_req * next_n`` query rows, lengths uniform in ``[0, max_ctx]``,
-    each request its own distinct pages (one page more in the cache than the tables use)."""
+    each request its own distinct pages (``spare_pages`` more in the cache than the tables
+    use), keys of scale ``key_scale`` (:func:`filled_indexer_cache`, ``reference_writer``).
+    ``hostile``: in a third of the problems one page id is invalid (-1 or past the cache: its
+    positions score -inf), and one request's length is one of the table's capacity, 0, -5,
+    past the table or the int32 maximum."""
     dev = g.device
     width = -(-max_ctx // block_size)
-    pages = num_req * width + 1
+    pages = num_req * width + spare_pages
     kw = dict(fp8=fp8, device=dev, generator=g, integer=integer)
-    cache = filled_indexer_cache(pages, block_size, dim, **kw)
+    cache = filled_indexer_cache(
+        pages, block_size, dim, scale=key_scale, reference_writer=reference_writer, **kw
+    )
     bt = distinct_block_table(pages, num_req, width, device=dev, generator=g)
     q, w = indexer_queries(num_req * next_n, heads, dim, **kw)
     lens = torch.randint(0, max_ctx + 1, (num_req,), device=dev, generator=g).int()
+    if hostile:
+        _hostile_indexer_entries(g, bt, lens, pages, width * block_size)
     return q, w, cache, lens, bt
+
+
+def _hostile_indexer_entries(
+    g: torch.Generator, bt: torch.Tensor, lens: torch.Tensor, pages: int, cap: int
+) -> None:
+    """One invalid page id (a third of the time) and one hostile length, in place."""
+
+    def pick(n: int) -> int:
+        return int(torch.randint(0, n, (), generator=g, device=g.device))
+
+    if pick(3) == 0 and bt.numel():
+        bt.view(-1)[pick(bt.numel())] = (-1, pages + 5)[pick(2)]
+    if len(lens):
+        lens[pick(len(lens))] = (cap, 0, -5, cap + 100, 2**31 - 1)[pick(5)]
 
 
 #: How :func:`expansion_decode_lens` draws the decode lengths n_b: every one the same
