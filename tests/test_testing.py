@@ -135,3 +135,18 @@ def test_expansion_inputs_every_kind():
         testing.expansion_inputs(g, [1], width=1, seq_lens="nope")
     with pytest.raises(ValueError, match="kind"):
         testing.expansion_decode_lens(g, 1, 1, "nope")
+
+
+def test_indexer_problem_hostile_entries():
+    """``hostile``: a hostile length always, an invalid page id in about a third of problems."""
+    invalid = 0
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        q, w, cache, lens, bt = testing.indexer_problem(
+            g, 3, 2, 128, heads=2, dim=16, block_size=64, fp8=False, spare_pages=3,
+            hostile=True, reference_writer=True, key_scale=0.01,
+        )  # fmt: skip
+        assert q.shape == (6, 2, 16) and bt.shape == (3, 2) and cache.shape[0] == 9
+        assert ((lens < 0) | (lens > 128)).any() or {0, 128} & set(lens.tolist())
+        invalid += int(((bt < 0) | (bt >= 9)).any())
+    assert 0 < invalid < 12
