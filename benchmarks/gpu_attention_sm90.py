@@ -34,7 +34,13 @@ from sparse_mla.ops.attention import (
     sparse_mla_decode,
     sparse_mla_decode_reference,
 )
-from sparse_mla.testing import attention_error, attention_max_errors, poison, random_mla_cache
+from sparse_mla.testing import (
+    attention_error,
+    attention_max_errors,
+    hostile_attention_indices,
+    poison,
+    random_mla_cache,
+)
 from sparse_mla.testing.floor import PEAK_FLOPS, attention_bytes, attention_flops
 from sparse_mla.testing.timing import eager_us, graph_us
 
@@ -54,18 +60,6 @@ def _sm90_config(h: int, fmt: str, splits: int, nbuf: int = 2) -> AttentionConfi
     block_h = 64 if h > 32 else 16 if h <= 16 or fmt == "fp8" else 32
     return AttentionConfig(block_h=block_h, block_n=64, num_splits=splits, num_stages=nbuf,
                            num_warps=8 if block_h == 64 else 4, kernel="sm90")  # fmt: skip
-
-
-def _hostile_indices(g, t: int, topk: int, rows: int, dev) -> torch.Tensor:
-    idx = torch.randint(0, rows, (t, topk), device=dev, dtype=torch.int32, generator=g)
-    r = torch.rand(t, topk, device=dev, generator=g)
-    idx[r < 0.1] = -1
-    idx[(r >= 0.1) & (r < 0.13)] = rows + 5  # past the cache
-    idx[(r >= 0.13) & (r < 0.15)] = -7
-    if t > 1:
-        idx[1] = -1  # an empty row
-    idx[0, :3] = rows - 1  # the last row, three times
-    return idx
 
 
 def check(dev) -> bool:
@@ -103,10 +97,10 @@ def check(dev) -> bool:
                     bt = bt.repeat(reqs, 1)[:, :width].contiguous()
                     bt[1, ::7] = -1
                     req = torch.randint(0, reqs, (t,), device=dev, dtype=torch.int32, generator=g)
-                    pos = _hostile_indices(g, t, topk, rows, dev)
+                    pos = hostile_attention_indices(g, t, topk, rows)
                     call = dict(indices=pos, block_table=bt, req_id=req)
                 else:
-                    call = dict(indices=_hostile_indices(g, t, topk, rows, dev))
+                    call = dict(indices=hostile_attention_indices(g, t, topk, rows))
                 out = torch.empty(t, h, 512, device=dev, dtype=torch.bfloat16)
                 lse = torch.empty(t, h, device=dev)
                 poison(out, lse)
@@ -219,7 +213,7 @@ def prefill(dev) -> bool:
     s_kv, topk, h = 1 << 15, 2048, 128
     kv = (torch.randn(s_kv, 1, 576, device=dev, generator=g) * 0.5).bfloat16()
     q = torch.randn(300, h, 576, device=dev, generator=g).bfloat16()
-    idx = _hostile_indices(g, 300, topk, s_kv, dev)[:, None]
+    idx = hostile_attention_indices(g, 300, topk, s_kv)[:, None]
     lens = torch.randint(0, topk + 1, (300,), device=dev, dtype=torch.int32, generator=g)
     sink = torch.randn(h, device=dev, generator=g)
     out, mx, lse = flash_mla_sparse_fwd(q, kv, idx, SCALE, attn_sink=sink, topk_length=lens)
@@ -253,7 +247,7 @@ def tiny(dev) -> None:
     for fmt in ("fp8", "bf16"):
         cache = _cache(rows, fmt == "fp8", dev)
         g = torch.Generator(device=dev).manual_seed(3)
-        idx = _hostile_indices(g, 3, 192, rows, dev)
+        idx = hostile_attention_indices(g, 3, 192, rows)
         for h, splits in ((16, 1), (16, 2), (64, 1), (128, 2)):
             q = torch.randn(3, h, 576, device=dev, generator=g).bfloat16()
             cfg = _sm90_config(h, fmt, splits)

@@ -4,13 +4,13 @@ Run on the H200 from the repository root (torch 2.11, triton 3.6):
 
     PYTHONPATH=src python benchmarks/gpu_custom_ops.py --out DIR   # several minutes: Inductor
 
-1. ``torch.library.opcheck`` of every op on CUDA tensors (``decode.cases.custom_op_cases``).
+1. ``torch.library.opcheck`` of every op on CUDA tensors (``testing.cases.custom_op_cases``).
 2. Each op path (``sparse_mla.library.X``: the adapter, then the op) equal to the public
-   function, bit for bit (``decode.cases.public_call_cases``).
+   function, bit for bit (``testing.cases.public_call_cases``).
 3. ``torch.compile(fullgraph=True)`` with Inductor (``testing.compiled_matches_eager``) of a
    whole decode step (``DecodePlan.run``: metadata, cache writes, logits, top-k, remap,
    attention), of the metadata builder (uniform, ragged), of the compat entries
-   (``decode.cases.compile_cases``) and of the DCP calls with their collectives (one rank,
+   (``testing.cases.compile_cases``) and of the DCP calls with their collectives (one rank,
    NCCL), against eager: one graph, no raw Triton launch traced, no "assuming every input is
    mutated" warning, outputs bit-identical.
 4. Eager host cost per call (small shapes, 2000 calls, no sync inside the timed loop): the
@@ -38,7 +38,8 @@ import torch
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
 from sparse_mla import library
 from sparse_mla.decode import DecodePlan, DecodePlanConfig
-from sparse_mla.decode.cases import (
+from sparse_mla.testing import compiled_matches_eager
+from sparse_mla.testing.cases import (
     OP_CASE_K,
     clone_inputs,
     compile_cases,
@@ -48,7 +49,6 @@ from sparse_mla.decode.cases import (
     public_function,
     random_step,
 )
-from sparse_mla.testing import compiled_matches_eager
 
 RESULTS: dict = {"opcheck": {}, "equal": {}, "compile": {}, "host_us": {}}
 FAILURES: list[str] = []

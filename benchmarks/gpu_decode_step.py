@@ -7,7 +7,7 @@ Run on the H200 (triton >= 3.6; put the FlashMLA anchor on the path to time it t
 
 1. Correctness first: a few random steps (fp8 and bf16 caches, native and ragged MTP rows,
    padding rows after both) through the plan eagerly and through its captured CUDA graph
-   against the PyTorch reference (``sparse_mla.decode.cases.step_error``: selections may
+   against the PyTorch reference (``sparse_mla.testing.cases.step_error``: selections may
    differ only within the indexer logits' stated tolerance of the k-th score); replay must
    not allocate. ``--seeds N`` repeats them with N random seeds.
 2. One layer's step, fp8 caches, captured as ONE CUDA graph and replayed: per stage (one graph
@@ -40,7 +40,6 @@ import torch
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
 from sparse_mla.decode import DecodePlan, DecodePlanConfig, decode_step_reference
-from sparse_mla.decode.cases import INDEX_DIM, INDEX_HEADS, clone_inputs, random_step, step_error
 from sparse_mla.decode.naive import sparse_attention_torch
 from sparse_mla.decode.plan import LATENT_DIM, STAGES, DecodeInputs
 from sparse_mla.ops.indexer import quantize_index_q
@@ -51,6 +50,7 @@ from sparse_mla.ops.kv_cache import (
     write_mla_latent,
 )
 from sparse_mla.ops.kv_cache.naive import dequantize_indexer_k_cache
+from sparse_mla.testing.cases import INDEX_DIM, INDEX_HEADS, clone_inputs, random_step, step_error
 from sparse_mla.testing.timing import graph_us
 
 PAGE, LAYERS = 64, 61

@@ -13,7 +13,8 @@ from sparse_mla import AttentionConfig, TopKConfig, library
 from sparse_mla._custom_op import OPS, decode_config, encode_config
 from sparse_mla._runtime import default_device
 from sparse_mla.decode import DecodePlan, DecodePlanConfig
-from sparse_mla.decode.cases import (
+from sparse_mla.testing import compiled_matches_eager, poison
+from sparse_mla.testing.cases import (
     OP_CASE_K,
     clone_inputs,
     compile_cases,
@@ -22,7 +23,6 @@ from sparse_mla.decode.cases import (
     public_call_cases,
     random_step,
 )
-from sparse_mla.testing import compiled_matches_eager, poison
 
 I32 = torch.int32
 DEV = default_device()

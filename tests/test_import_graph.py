@@ -110,7 +110,32 @@ def test_a_circle_is_found():
     graph["sparse_mla.ops.topk.api"].add("sparse_mla.library")
     found = circles(graph)
     assert len(found) == 1 and {"sparse_mla.library", "sparse_mla.ops.topk.api"} <= set(found[0])
-    assert "sparse_mla.library" in graph["sparse_mla.decode.cases"]  # lazy imports are edges
+    assert "sparse_mla.library" in graph["sparse_mla.testing.cases"]  # lazy imports are edges
+
+
+def test_library_does_not_import_the_kit_cases():
+    """The library proper (ops, decode's plan, integrations, ...) never reaches the kit's case
+    modules; only the kit, verify, the bench and the one-release alias do."""
+    graph = import_graph()
+    allowed = ("sparse_mla.testing", "sparse_mla.verify", "sparse_mla.bench")
+    alias = "sparse_mla.decode.cases"
+    assert "sparse_mla.testing.cases" in graph[alias]  # the check sees the alias's import
+    for module, edges in graph.items():
+        if module == alias or module.startswith(allowed):
+            continue
+        assert "sparse_mla.testing.cases" not in edges, module
+        assert alias not in edges, module
+
+
+def test_decode_cases_alias():
+    """``sparse_mla.decode.cases`` re-exports the kit's cases for one release."""
+    from sparse_mla.decode import cases as old
+    from sparse_mla.testing import cases
+
+    public = [n for n in vars(cases) if not n.startswith("_") and getattr(cases, n) is not None]
+    own = [n for n in public if getattr(getattr(cases, n), "__module__", None) == cases.__name__]
+    assert own and all(getattr(old, n) is getattr(cases, n) for n in own)
+    assert old.random_step is cases.random_step and old.INDEX_HEADS == cases.INDEX_HEADS
 
 
 if __name__ == "__main__":

@@ -94,3 +94,59 @@ def test_block_table_view_layouts_hold_the_same_values():
     assert (pad == testing.POISON).all()
     with pytest.raises(ValueError, match="layout must be one of"):
         testing.block_table_view(vals, "diagonal")
+
+
+def test_hostile_attention_indices_hold_every_skipped_kind():
+    g = torch.Generator().manual_seed(0)
+    idx = testing.hostile_attention_indices(g, 6, 512, 100)
+    assert idx.dtype == torch.int32 and idx.shape == (6, 512)
+    assert (idx[1] == -1).all() and (idx[0, :3] == 99).all()
+    values = set(idx.unique().tolist())
+    assert {-7, -1, 105} <= values and all(v in (-7, -1, 105) or 0 <= v < 100 for v in values)
+    assert testing.hostile_attention_indices(None, 0, 8, 10).shape == (0, 8)
+
+
+def test_expansion_inputs_every_kind():
+    g = torch.Generator().manual_seed(0)
+    for kind in testing.inputs.DECODE_LEN_KINDS:
+        lens = testing.expansion_decode_lens(g, 400, 3, kind, decode_len=2)
+        assert len(lens) == 400
+        if kind == "uniform":
+            assert lens == [2] * 400
+        elif kind == "ragged":
+            assert all(0 <= n <= 3 for n in lens)
+        else:
+            assert min(lens) == -(2**31) and max(lens) == 2**31 - 1
+    lens = [0, 1, 3, 2, 5, -4]
+    for kind in testing.inputs.SEQ_LEN_KINDS:
+        for layout in testing.BLOCK_TABLE_LAYOUTS:
+            x = testing.expansion_inputs(
+                g, lens, width=5, max_decode_len=3, seq_lens=kind, layout=layout, ctx=50
+            )
+            assert x.seq_lens.dtype == x.block_table.dtype == torch.int32
+            assert x.block_table.shape == (6, 5) and x.total == 0 + 1 + 3 + 2 + 3 + 0
+            assert x.query_start_loc().tolist() == [0, 0, 1, 4, 6, 11, 7]
+            seq = x.seq_lens.tolist()
+            if kind == "within_table":
+                assert seq[0] == 0 and all(0 <= v < 50 for v in seq)
+            if kind == "at_least_decode_len":
+                assert all(max(n, 0) <= v <= 50 for n, v in zip(lens, seq, strict=True))
+    with pytest.raises(ValueError, match="seq_lens"):
+        testing.expansion_inputs(g, [1], width=1, seq_lens="nope")
+    with pytest.raises(ValueError, match="kind"):
+        testing.expansion_decode_lens(g, 1, 1, "nope")
+
+
+def test_indexer_problem_hostile_entries():
+    """``hostile``: a hostile length always, an invalid page id in about a third of problems."""
+    invalid = 0
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        q, w, cache, lens, bt = testing.indexer_problem(
+            g, 3, 2, 128, heads=2, dim=16, block_size=64, fp8=False, spare_pages=3,
+            hostile=True, reference_writer=True, key_scale=0.01,
+        )  # fmt: skip
+        assert q.shape == (6, 2, 16) and bt.shape == (3, 2) and cache.shape[0] == 9
+        assert ((lens < 0) | (lens > 128)).any() or {0, 128} & set(lens.tolist())
+        invalid += int(((bt < 0) | (bt >= 9)).any())
+    assert 0 < invalid < 12

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sparse_mla.decode import DecodePlan, DecodePlanConfig, decode_step_reference
-from sparse_mla.decode.cases import clone_inputs, random_step, step_error, tie_band
 from sparse_mla.testing import poison
+from sparse_mla.testing.cases import clone_inputs, random_step, step_error, tie_band
 
 TOPK = 128
 
@@ -188,7 +188,7 @@ def test_one_graph_replays_new_lengths_without_allocating(rng):
 
 @pytest.mark.parametrize("i", range(3))
 def test_randomized_steps(seed, i):
-    from sparse_mla.decode.cases import check_random_step
+    from sparse_mla.testing.cases import check_random_step
 
     assert check_random_step(seed * 3 + i) is None
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sparse_mla.decode import DecodePlan, DecodePlanConfig, decode_step_reference
-from sparse_mla.decode.cases import clone_inputs, random_step, step_error
+from sparse_mla.testing.cases import clone_inputs, random_step, step_error
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")

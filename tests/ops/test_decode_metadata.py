@@ -26,7 +26,13 @@ from sparse_mla.ops.decode_metadata.naive import (
     expand_decode_tokens_torch_ops,
     native_decode_seq_lens_reference,
 )
-from sparse_mla.testing import BLOCK_TABLE_LAYOUTS, POISON, block_table_view
+from sparse_mla.testing import (
+    BLOCK_TABLE_LAYOUTS,
+    POISON,
+    block_table_view,
+    expansion_decode_lens,
+    expansion_inputs,
+)
 
 DEV = default_device()
 
@@ -183,17 +189,16 @@ def test_expand_random(mode: str, case: int, rng: random.Random, seed: int) -> N
         num_reqs = rng.choice([0, 1, 2, 3, 5, 7])
         width = rng.choice([0, 1, 3, 17, 64]) if trial < 3 else 1030  # > one copy chunk
         max_n = rng.randint(1, 5)
-        if mode == "uniform":
-            decode_lens: object = rng.randint(0, max_n)
-            host = [decode_lens] * num_reqs
-        else:
-            host = [rng.randint(0, max_n) for _ in range(num_reqs)]
-            decode_lens = host
+        kind = "uniform" if mode == "uniform" else "ragged"
+        uniform_n = rng.randint(0, max_n)
+        host = expansion_decode_lens(None, num_reqs, max_n, kind, decode_len=uniform_n)
+        decode_lens: object = uniform_n if mode == "uniform" else host
         # Lengths around n: 0, below n (clamped), and large ones that DCP splits unevenly.
-        seq_lens = i32(
-            [rng.choice([0, 1, rng.randint(0, max_n + 1), rng.randint(0, 600)]) for _ in host]
-        )
-        bt = make_block_table(num_reqs, width, rng.choice(LAYOUTS))
+        x = expansion_inputs(
+            None, host, width=width, max_decode_len=max_n, seq_lens="near_decode_len",
+            ctx=600, page_ids=1 << 20, layout=rng.choice(LAYOUTS), device=DEV,
+        )  # fmt: skip
+        seq_lens, bt = x.seq_lens, x.block_table
         dcp_size, interleave = rng.choice(DCP_CONFIGS)
         dcp_rank = rng.randrange(dcp_size)
         total = sum(host)
@@ -263,10 +268,12 @@ def test_device_decode_lens_adversarial(case: int, rng: random.Random, seed: int
     max_n = 3
     for trial in range(3):
         num_reqs = rng.randint(1, 6)
-        host = [rng.choice([-(2**31), -5, -1, 0, 1, 3, 4, 100, 2**31 - 1]) for _ in range(num_reqs)]
-        seq_lens = i32([rng.choice([-(2**31), -3, 0, 2, 40, 2**31 - 1]) for _ in host])
-        bt = make_block_table(num_reqs, rng.choice([1, 5, 40]), rng.choice(LAYOUTS))
-        clamped_total = sum(min(max(n, 0), max_n) for n in host)
+        host = expansion_decode_lens(None, num_reqs, max_n, "hostile")
+        x = expansion_inputs(
+            None, host, width=rng.choice([1, 5, 40]), max_decode_len=max_n, seq_lens="hostile",
+            page_ids=1 << 20, layout=rng.choice(LAYOUTS), device=DEV,
+        )  # fmt: skip
+        seq_lens, bt, clamped_total = x.seq_lens, x.block_table, x.total
         num_tokens = rng.randint(0, clamped_total + 2)
         dcp_size, interleave = rng.choice(DCP_CONFIGS)
         dcp_rank = rng.randrange(dcp_size)

@@ -26,7 +26,7 @@ from sparse_mla.ops.decode_metadata.naive import (
     expand_decode_tokens_torch_ops,
     native_decode_seq_lens_reference,
 )
-from sparse_mla.testing import POISON, block_table_view
+from sparse_mla.testing import POISON, block_table_view, expansion_decode_lens, expansion_inputs
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -64,16 +64,13 @@ def block_table(num_reqs: int, layout: str) -> torch.Tensor:
 @pytest.mark.parametrize("idx", range(len(EXPAND_CONFIGS)))
 def test_expand_against_references(idx: int, rng: random.Random):
     num_reqs, max_n, mode = EXPAND_CONFIGS[idx]
-    if mode == "uniform":
-        host = [rng.randint(1, max_n)] * num_reqs
-    else:
-        host = [rng.randint(0, max_n) for _ in range(num_reqs)]
-    seq_lens = torch.tensor(
-        [rng.choice([0, 1, rng.randint(0, 9), rng.randint(0, 131072)]) for _ in host],
-        dtype=torch.int32,
-        device=DEV,
-    )
-    bt = block_table(num_reqs, ("contiguous", "wide_rows", "column_step")[idx % 3])
+    kind = "uniform" if mode == "uniform" else "ragged"
+    host = expansion_decode_lens(None, num_reqs, max_n, kind, decode_len=rng.randint(1, max_n))
+    x = expansion_inputs(
+        None, host, width=W, max_decode_len=max_n, seq_lens="near_decode_len", ctx=131072,
+        layout=("contiguous", "wide_rows", "column_step")[idx % 3], device=DEV,
+    )  # fmt: skip
+    seq_lens, bt = x.seq_lens, x.block_table
     dcp_size, interleave = rng.choice([(1, 1), (2, 1), (2, 64), (4, 1), (4, 16), (8, 64)])
     dcp = {"dcp_size": dcp_size, "dcp_rank": rng.randrange(dcp_size), "interleave": interleave}
     num_tokens = sum(host) + rng.choice([0, 1, 37])
@@ -94,13 +91,12 @@ def test_expand_against_references(idx: int, rng: random.Random):
 @pytest.mark.parametrize("trial", range(6))
 def test_hostile_device_decode_lens(trial: int, rng: random.Random):
     num_reqs, max_n = rng.choice([5, 100, 512]), 4
-    host = [rng.choice([-(2**31), -3, 0, 1, 4, 9, 2**31 - 1]) for _ in range(num_reqs)]
-    seq_lens = torch.tensor(
-        [rng.choice([-(2**31), -5, 0, 3, 1000, 2**31 - 1]) for _ in host],
-        dtype=torch.int32,
+    host = expansion_decode_lens(None, num_reqs, max_n, "hostile")
+    x = expansion_inputs(
+        None, host, width=W, max_decode_len=max_n, seq_lens="hostile", layout="wide_rows",
         device=DEV,
-    )
-    bt = block_table(num_reqs, "wide_rows")
+    )  # fmt: skip
+    seq_lens, bt = x.seq_lens, x.block_table
     num_tokens = rng.randint(0, num_reqs * max_n)
     kw = dict(max_decode_len=max_n, num_tokens=num_tokens)
     dl = torch.tensor(host, dtype=torch.int32, device=DEV)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..testing import POISON, ragged_lens
+from ..testing import POISON, expansion_inputs, ragged_lens
 from ..testing.floor import EXPAND_BYTES_RULE, expand_bytes
 from .anchors import Anchors
 from .cases import Case, InputSet, OpSpec, Variant, compare_exact, register_op
@@ -42,16 +42,17 @@ def _ops() -> SimpleNamespace:
 
 
 def make_expand_set(lens: Sequence[int], *, width: int, ctx: int, device: torch.device) -> InputSet:
-    b = len(lens)
-    dl = torch.tensor(list(lens), dtype=torch.int32)
-    seq_lens = (dl + (torch.rand(b) * (ctx - dl + 1).float()).long()).to(torch.int32)
+    """The kit's expansion inputs (``expansion_inputs``: L_b in [n_b, ctx], random page ids)."""
+    x = expansion_inputs(
+        None, list(lens), width=width, seq_lens="at_least_decode_len", ctx=ctx, device=device
+    )
     return {
-        "seq_lens": seq_lens.to(device),
-        "block_table": torch.randint(0, 1 << 24, (b, width), dtype=torch.int32, device=device),
-        "decode_lens": dl.to(device),
-        "query_start_loc": torch.cumsum(torch.cat([dl.new_zeros(1), dl]), 0).int().to(device),
-        "lens_host": list(lens),
-        "total": int(sum(lens)),
+        "seq_lens": x.seq_lens,
+        "block_table": x.block_table,
+        "decode_lens": torch.tensor(x.decode_lens, dtype=torch.int32, device=device),
+        "query_start_loc": x.query_start_loc(),
+        "lens_host": x.decode_lens,
+        "total": x.total,
         "out": None,  # sized by the first Triton variant bound to this set
     }
 

@@ -4,6 +4,7 @@ scripts: random caches, indices, scores, lengths and block tables."""
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 import torch
 
@@ -63,6 +64,32 @@ def random_attention_indices(
         idx[torch.rand(shape, generator=g, device=dev) < invalid_frac] = -1
     if invalid_tail > 0:
         idx[:, topk - invalid_tail :] = -1
+    return idx
+
+
+def hostile_attention_indices(
+    g: torch.Generator | None,
+    num_tokens: int,
+    topk: int,
+    num_rows: int,
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """int32 ``[T, topk]`` slots in ``[0, num_rows)`` on ``g``'s device (``g`` None: torch's
+    default generator on ``device``) with every kind of slot a kernel must skip: about 10%
+    -1, 3% past the cache (``num_rows + 5``), 2% other negatives (-7); row 1 all -1 (an
+    empty row) and the last cache row three times at the start of row 0 (a repeated slot)."""
+    dev = g.device if g is not None else (device or "cpu")
+    shape = (num_tokens, topk)
+    idx = torch.randint(0, max(num_rows, 1), shape, generator=g, dtype=torch.int32, device=dev)
+    r = torch.rand(shape, generator=g, device=dev)
+    idx[r < 0.1] = -1
+    idx[(r >= 0.1) & (r < 0.13)] = num_rows + 5
+    idx[(r >= 0.13) & (r < 0.15)] = -7
+    if num_tokens > 1:
+        idx[1] = -1
+    if num_tokens > 0:
+        idx[0, :3] = num_rows - 1
     return idx
 
 
@@ -264,14 +291,19 @@ def filled_indexer_cache(
     chunk: int = 1 << 20,
     generator: torch.Generator | None = None,
     integer: bool = False,
+    scale: float = 1.0,
+    reference_writer: bool = False,
 ) -> torch.Tensor:
-    """An indexer K cache of ``num_pages`` pages of standard-normal bf16 keys (``integer``:
-    integers in [-3, 3]), written through ``write_indexer_k`` (so the fp8 format holds real
-    scales) ``chunk`` tokens at a time to bound the temporaries. ``generator`` must live on
-    ``device``."""
+    """An indexer K cache of ``num_pages`` pages of normal bf16 keys of standard deviation
+    ``scale`` (``integer``: integers in [-3, 3]), written through ``write_indexer_k`` (so the
+    fp8 format holds real scales; ``reference_writer``: its PyTorch reference, so a check of
+    another kernel does not lean on the writer kernel) ``chunk`` tokens at a time to bound
+    the temporaries. ``generator`` must live on ``device``."""
     from .. import new_indexer_k_cache, write_indexer_k
     from .._runtime import canonical_device
+    from ..ops.kv_cache.naive import write_indexer_k_reference
 
+    write = write_indexer_k_reference if reference_writer else write_indexer_k
     device = canonical_device(device)
     cache = new_indexer_k_cache(num_pages, block_size, dim, fp8=fp8, device=device)
     total = num_pages * block_size
@@ -280,10 +312,8 @@ def filled_indexer_cache(
         if integer:
             keys = torch.randint(-3, 4, (t, dim), device=device, generator=generator)
         else:
-            keys = torch.randn(t, dim, device=device, generator=generator)
-        write_indexer_k(
-            keys.bfloat16(), cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64)
-        )
+            keys = torch.randn(t, dim, device=device, generator=generator) * scale
+        write(keys.bfloat16(), cache, torch.arange(s0, s0 + t, device=device, dtype=torch.int64))
     return cache
 
 
@@ -298,16 +328,151 @@ def indexer_problem(
     block_size: int,
     fp8: bool,
     integer: bool = False,
+    key_scale: float = 1.0,
+    spare_pages: int = 1,
+    hostile: bool = False,
+    reference_writer: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One ``index_logits`` problem on ``g``'s device: ``(q, weights, cache, seq_lens,
     block_table)`` with ``num_req * next_n`` query rows, lengths uniform in ``[0, max_ctx]``,
-    each request its own distinct pages (one page more in the cache than the tables use)."""
+    each request its own distinct pages (``spare_pages`` more in the cache than the tables
+    use), keys of scale ``key_scale`` (:func:`filled_indexer_cache`, ``reference_writer``).
+    ``hostile``: in a third of the problems one page id is invalid (-1 or past the cache: its
+    positions score -inf), and one request's length is one of the table's capacity, 0, -5,
+    past the table or the int32 maximum."""
     dev = g.device
     width = -(-max_ctx // block_size)
-    pages = num_req * width + 1
+    pages = num_req * width + spare_pages
     kw = dict(fp8=fp8, device=dev, generator=g, integer=integer)
-    cache = filled_indexer_cache(pages, block_size, dim, **kw)
+    cache = filled_indexer_cache(
+        pages, block_size, dim, scale=key_scale, reference_writer=reference_writer, **kw
+    )
     bt = distinct_block_table(pages, num_req, width, device=dev, generator=g)
     q, w = indexer_queries(num_req * next_n, heads, dim, **kw)
     lens = torch.randint(0, max_ctx + 1, (num_req,), device=dev, generator=g).int()
+    if hostile:
+        _hostile_indexer_entries(g, bt, lens, pages, width * block_size)
     return q, w, cache, lens, bt
+
+
+def _hostile_indexer_entries(
+    g: torch.Generator, bt: torch.Tensor, lens: torch.Tensor, pages: int, cap: int
+) -> None:
+    """One invalid page id (a third of the time) and one hostile length, in place."""
+
+    def pick(n: int) -> int:
+        return int(torch.randint(0, n, (), generator=g, device=g.device))
+
+    if pick(3) == 0 and bt.numel():
+        bt.view(-1)[pick(bt.numel())] = (-1, pages + 5)[pick(2)]
+    if len(lens):
+        lens[pick(len(lens))] = (cap, 0, -5, cap + 100, 2**31 - 1)[pick(5)]
+
+
+#: How :func:`expansion_decode_lens` draws the decode lengths n_b: every one the same
+#: (``decode_len``, default the maximum), each uniform in [0, max], or hostile int32 values
+#: (negative, above the maximum, the int32 extremes; a device decode-length tensor's trap).
+DECODE_LEN_KINDS = ("uniform", "ragged", "hostile")
+#: How :func:`expansion_inputs` draws the context lengths L_b: ``within_table``, uniform in
+#: [0, ctx) (default: what the block table covers; 0 where n_b is 0, a padding request);
+#: ``near_decode_len``, each one of 0, 1, [0, max n + 1] (below n_b: clamped) or [0, ctx]
+#: (what DCP splits unevenly); ``at_least_decode_len``, n_b + uniform [0, ctx - n_b] (an
+#: engine's step); ``hostile``, int32 extremes, negative and small values.
+SEQ_LEN_KINDS = ("within_table", "near_decode_len", "at_least_decode_len", "hostile")
+_HOSTILE_DECODE_LENS = (-(2**31), -5, -3, -1, 0, 1, 3, 4, 9, 100, 2**31 - 1)
+_HOSTILE_SEQ_LENS = (-(2**31), -5, -3, 0, 2, 3, 40, 1000, 2**31 - 1)
+
+
+def _pick(g: torch.Generator | None, values: tuple, n: int) -> torch.Tensor:
+    """``n`` of ``values`` (int32), each uniformly."""
+    at = torch.randint(0, len(values), (n,), generator=g)
+    return torch.tensor(values, dtype=torch.int64)[at].to(torch.int32)
+
+
+def expansion_decode_lens(
+    g: torch.Generator | None,
+    num_reqs: int,
+    max_decode_len: int,
+    kind: str,
+    *,
+    decode_len: int | None = None,
+) -> list[int]:
+    """Decode lengths n_b of ``num_reqs`` requests for the expansion (``expand_decode_tokens``)
+    as :data:`DECODE_LEN_KINDS` says, drawn on the CPU from ``g`` (None: torch's default)."""
+    if kind == "uniform":
+        n = max_decode_len if decode_len is None else decode_len
+        return [n] * num_reqs
+    if kind == "ragged":
+        return torch.randint(0, max_decode_len + 1, (num_reqs,), generator=g).tolist()
+    if kind == "hostile":
+        return _pick(g, _HOSTILE_DECODE_LENS, num_reqs).tolist()
+    raise ValueError(f"kind must be one of {DECODE_LEN_KINDS}, got {kind!r}")
+
+
+class ExpansionInputs(NamedTuple):
+    """The expansion's inputs: int32 ``seq_lens`` ``[B]`` and ``block_table`` ``[B, W]`` (a
+    :func:`block_table_view`) on the device, the host ``decode_lens`` and ``total``, the
+    tokens they make once each n_b is clamped to [0, max_decode_len]."""
+
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    decode_lens: list[int]
+    total: int
+
+    def query_start_loc(self) -> torch.Tensor:
+        """The decode lengths as int32 row offsets ``[B + 1]`` on the inputs' device."""
+        lens = torch.tensor([0, *self.decode_lens], dtype=torch.int64)
+        return torch.cumsum(lens, 0).to(torch.int32).to(self.seq_lens.device)
+
+
+def _expansion_seq_lens(
+    g: torch.Generator | None, lens: torch.Tensor, kind: str, ctx: int, max_n: int
+) -> torch.Tensor:
+    b = len(lens)
+    if kind == "within_table":
+        seq = torch.randint(0, max(ctx, 1), (b,), generator=g, dtype=torch.int32)
+        seq[lens == 0] = 0  # padding requests: no tokens, length 0
+        return seq
+    if kind == "near_decode_len":
+        which = torch.randint(0, 4, (b,), generator=g)
+        small = torch.randint(0, max_n + 2, (b,), generator=g)
+        large = torch.randint(0, ctx + 1, (b,), generator=g)
+        seq = torch.where(which == 0, 0, torch.where(which == 1, 1, small))
+        return torch.where(which == 3, large, seq).to(torch.int32)
+    if kind == "at_least_decode_len":
+        lens = lens.clamp(0, ctx)
+        extra = (torch.rand(b, generator=g) * (ctx - lens + 1).float()).long()
+        return (lens + extra).to(torch.int32)
+    if kind == "hostile":
+        return _pick(g, _HOSTILE_SEQ_LENS, b)
+    raise ValueError(f"seq_lens must be one of {SEQ_LEN_KINDS}, got {kind!r}")
+
+
+def expansion_inputs(
+    g: torch.Generator | None,
+    decode_lens: list[int],
+    *,
+    width: int,
+    max_decode_len: int | None = None,
+    seq_lens: str = "within_table",
+    ctx: int | None = None,
+    block_size: int = 64,
+    page_ids: int = 1 << 24,
+    layout: str = "contiguous",
+    device: torch.device | str = "cpu",
+) -> ExpansionInputs:
+    """Inputs of the decode-token expansion (``expand_decode_tokens``, the decode metadata)
+    for requests of decode lengths ``decode_lens`` (:func:`expansion_decode_lens`): context
+    lengths as ``seq_lens`` names (:data:`SEQ_LEN_KINDS`; ``ctx`` defaults to ``width *
+    block_size`` for ``within_table``, else 600) and a block table of ``width`` random page
+    ids in [0, ``page_ids``) laid out as ``layout`` (:data:`BLOCK_TABLE_LAYOUTS`). Drawn on
+    the CPU from ``g`` (None: torch's default generator), in that order, then moved."""
+    max_n = max(decode_lens, default=0) if max_decode_len is None else max_decode_len
+    if ctx is None:
+        ctx = width * block_size if seq_lens == "within_table" else 600
+    lens = torch.tensor(decode_lens, dtype=torch.int64)
+    seq = _expansion_seq_lens(g, lens, seq_lens, ctx, max(max_n, 0))
+    pages = torch.randint(0, page_ids, (len(decode_lens), width), generator=g, dtype=torch.int32)
+    total = int(lens.clamp(0, max(max_n, 0)).sum())
+    table = block_table_view(pages, layout, device=device)
+    return ExpansionInputs(seq.to(device), table, list(decode_lens), total)

@@ -15,7 +15,7 @@ from .topk import check_topk
 
 def check_decode_step(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
     """The whole decode step (``sparse_mla.decode``) against its PyTorch reference."""
-    from ...decode.cases import check_random_step
+    from ..cases import check_random_step
 
     return check_random_step(case.seed, dev)
 

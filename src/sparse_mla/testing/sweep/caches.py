@@ -15,6 +15,7 @@ from ...ops.kv_cache.naive import (
     write_model1_latent_reference,
 )
 from ..checks import POISON, logits_error
+from ..inputs import indexer_problem
 from .draw import Case, log_uniform_int, rand_choice, rand_int, to_device
 
 
@@ -98,27 +99,13 @@ def check_logits(case: Case, g: torch.Generator, dev: torch.device) -> str | Non
     n, fp8, heads, dim, page = p["n"], p["fp8"], p["heads"], p["dim"], p["page"]
     num_req = rand_int(g, 1, p["max_req"])
     width = rand_int(g, 1, p["max_width"])
-    pages = num_req * width + 3
     integer = rand_int(g, 0, 3) == 0  # every step exact: compared bit for bit
-    if integer:
-        keys = torch.randint(-3, 4, (pages * page, dim), generator=g).bfloat16()
-        q = torch.randint(-3, 4, (num_req * n, heads, dim), generator=g).float()
-        w = torch.randint(-4, 5, (num_req * n, heads), generator=g).float()
-    else:
-        keys = torch.randn(pages * page, dim, generator=g) * 10.0 ** rand_int(g, -2, 2)
-        keys = keys.bfloat16()
-        q = torch.randn(num_req * n, heads, dim, generator=g)
-        w = torch.randn(num_req * n, heads, generator=g) * (heads * dim) ** -0.5
-    q = q.to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
-    cache = new_indexer_k_cache(pages, page, dim, fp8=fp8, device="cpu")
-    write_indexer_k_reference(keys, cache, torch.arange(pages * page))
-    bt = torch.randperm(pages, generator=g)[: num_req * width].view(num_req, width).int()
-    if rand_int(g, 0, 2) == 0:  # invalid page ids: their positions score -inf
-        bt.view(-1)[rand_int(g, 0, bt.numel() - 1)] = rand_choice(g, (-1, pages + 5))
+    q, w, cache, lens, bt = indexer_problem(
+        g, num_req, n, width * page, heads=heads, dim=dim, block_size=page, fp8=fp8,
+        integer=integer, key_scale=10.0 ** rand_int(g, -2, 2), spare_pages=3, hostile=True,
+        reference_writer=True,
+    )  # fmt: skip
     cap = width * page
-    lens = torch.randint(0, cap + 1, (num_req,), generator=g)
-    lens[rand_int(g, 0, num_req - 1)] = rand_choice(g, (cap, 0, -5, cap + 100, 2**31 - 1))
-    lens = lens.int()
     max_len = rand_choice(g, (cap, cap, rand_int(g, 1, cap), cap + 17))
 
     ref = index_logits_reference(q, w, cache, lens, bt, next_n=n, max_len=max_len)

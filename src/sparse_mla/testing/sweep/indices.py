@@ -14,7 +14,7 @@ from ...ops.remap import (
 )
 from ...ops.remap.naive import convert_req_index_to_global_index_reference
 from ..checks import POISON
-from ..inputs import random_remap_inputs
+from ..inputs import expansion_decode_lens, expansion_inputs, random_remap_inputs
 from .draw import Case, first_diff, log_uniform_int, to_device
 
 
@@ -116,29 +116,25 @@ def check_expand(case: Case, g: torch.Generator, dev: torch.device) -> str | Non
     n = p["n"]
     num_req = int(torch.randint(0, 33, (), generator=g))
     width = int(torch.randint(1, 70, (), generator=g))
-    if p["ragged"]:
-        decode_lens = torch.randint(0, n + 1, (num_req,), generator=g, dtype=torch.int32)
-    else:
-        decode_lens = torch.full((num_req,), n, dtype=torch.int32)
-    seq_lens = torch.randint(0, width * 64, (num_req,), generator=g, dtype=torch.int32)
-    # Padding requests: no tokens, length 0.
-    seq_lens[decode_lens == 0] = 0
-    bt = torch.randint(0, 10**6, (num_req, width + 2), generator=g, dtype=torch.int32)[:, :width]
-    total = int(decode_lens.sum())
-    num_tokens = total + (int(torch.randint(1, 17, (), generator=g)) if p["padded"] else 0)
+    kind = "ragged" if p["ragged"] else "uniform"
+    x = expansion_inputs(
+        g, expansion_decode_lens(g, num_req, n, kind), width=width, max_decode_len=n,
+        layout="wide_rows", device=dev,
+    )  # fmt: skip
+    seq_lens, bt, decode_lens = x.seq_lens, x.block_table, torch.tensor(x.decode_lens).int()
+    num_tokens = x.total + (int(torch.randint(1, 17, (), generator=g)) if p["padded"] else 0)
     rank = int(torch.randint(0, p["dcp"], (), generator=g))
     kw = dict(max_decode_len=n, num_tokens=num_tokens, dcp_size=p["dcp"], dcp_rank=rank)
-    ref = expand_decode_tokens_reference(seq_lens, bt, decode_lens, **kw)
+    ref = expand_decode_tokens_reference(seq_lens.cpu(), bt.cpu(), decode_lens, **kw)
     # Device lengths (each program sums them), host-known ones (the uniform kernel, or the
     # ragged one given row offsets), and device row offsets (query_start_loc).
-    offsets = torch.cumsum(torch.cat([decode_lens.new_zeros(1), decode_lens]), 0).int()
     forms = (
         ("device decode_lens", dict(decode_lens=decode_lens.to(dev), uniform=False)),
         ("host decode_lens", dict(decode_lens=decode_lens.tolist())),
-        ("query_start_loc", dict(query_start_loc=offsets.to(dev))),
+        ("query_start_loc", dict(query_start_loc=x.query_start_loc())),
     )
     for form, lens in forms:
-        got = expand_decode_tokens(seq_lens.to(dev), bt.to(dev), **lens, **kw)
+        got = expand_decode_tokens(seq_lens, bt, **lens, **kw)
         for name in ("seq_lens", "block_table", "decode_lens", "req_id"):
             a, b = getattr(got, name).cpu(), getattr(ref, name)
             if not torch.equal(a, b):
