@@ -305,3 +305,25 @@ def test_second_set_bad_inputs():
                           idx, sm_scale=0.1, extra_kv_cache=new_mla_cache(2, 4, fp8=True,
                           device=DEV), extra_indices=idx,
                           config=AttentionConfig(block_n=64, kernel="sm90"))  # fmt: skip
+
+
+def test_second_set_strided_counts_and_overlapping_out(seed):
+    """A strided extra_topk_length reads as its contiguous copy would; out / lse over the
+    second set's tensors are refused before any launch."""
+    g = torch.Generator().manual_seed(seed)
+    c1, i1, n1, c2, i2, n2 = two_sets(g, "model1_bf16")
+    q = torch.randn(5, 20, 512, generator=g).clamp(-1, 1).bfloat16()
+    wide = torch.zeros(5, 3, dtype=torch.int32)
+    wide[:, 1] = n2
+    kw = dict(topk_length=n1, extra_kv_cache=c2, extra_indices=i2)
+    out, lse, _ = run(q, c1, i1, extra_topk_length=wide[:, 1], **kw)
+    want, want_lse, _ = run(q, c1, i1, extra_topk_length=n2.clone(), **kw)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    dev = default_device()
+    args = (q.to(dev), c1.to(dev), i1.to(dev))
+    dkw = {k: v.to(dev) for k, v in kw.items()}
+    lse = torch.zeros(5, 20, device=dev)
+    lengths = lse.view(torch.int32)[:, 0]  # the counts live inside lse
+    with pytest.raises(ValueError, match="overlap") as err:
+        sparse_mla_decode(*args, sm_scale=0.1, lse=lse, **{**dkw, "extra_topk_length": lengths})
+    assert "extra_topk_length" in str(err.value)
