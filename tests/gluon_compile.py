@@ -13,7 +13,7 @@ Prints one line per variant; exits 1 if one fails to compile or breaks a limit.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import inspect
 import os
 import re
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 SMEM_LIMIT = 232_448  # bytes of shared memory a Hopper CTA may opt into
@@ -31,15 +32,18 @@ POINTERS = {
     "q_ptr": "bf16", "kv_u8": "u8", "kv_f32": "fp32", "kv_bf16": "bf16", "idx_ptr": "i32",
     "len_ptr": "i32", "bt_ptr": "i32", "req_ptr": "i32", "sink_ptr": "fp32",
     "out_ptr": "bf16", "lse_ptr": "fp32", "part_out_ptr": "fp32", "part_lse_ptr": "fp32",
-    "max_ptr": "fp32",
+    "max_ptr": "fp32", "x_u8": "u8", "x_f32": "fp32", "x_bf16": "bf16", "x_idx_ptr": "i32",
+    "x_len_ptr": "i32", "x_bt_ptr": "i32",
 }  # fmt: skip
 # Integer arguments a typical launch passes as multiples of 16 (contiguous q, cache pages,
 # indices, outputs), which Triton's launcher marks as such: the 16-byte gathers need it.
-DIVISIBLE = ("q_s0", "q_s1", "kv_s0", "kv_s1", "idx_s0", "bt_s0", "out_s0", "out_s1", "lse_s0")
+DIVISIBLE = ("q_s0", "q_s1", "kv_s0", "kv_s1", "idx_s0", "bt_s0", "out_s0", "out_s1", "lse_s0",
+             "x_kv_s0", "x_kv_s1", "x_idx_s0", "x_bt_s0")  # fmt: skip
 
 
 # Unit strides of contiguous last dimensions, which Triton's launcher makes constants.
-UNIT = ("q_s2", "kv_s2", "idx_s1", "bt_s1", "len_s0", "req_s0", "sink_s0", "out_s2", "lse_s1")
+UNIT = ("q_s2", "kv_s2", "idx_s1", "bt_s1", "len_s0", "req_s0", "sink_s0", "out_s2", "lse_s1",
+        "x_kv_s2", "x_idx_s1", "x_bt_s1", "x_len_s0")  # fmt: skip
 
 
 def _signature(fn, constexprs: dict) -> tuple[dict, dict]:
@@ -84,13 +88,16 @@ def _spills(cubin: bytes, ptxas: str) -> tuple[int, int, int]:
 
 
 def _load_kernels():
-    """decode_sm90 by its path: it imports only Triton, so a venv with nothing but the GPU
-    machine's Triton (no torch) can compile it."""
-    path = Path(__file__).parents[1] / "src/sparse_mla/ops/attention/decode_sm90.py"
-    spec = importlib.util.spec_from_file_location("decode_sm90", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """decode_sm90 without importing the package (whose ``__init__`` imports torch): its
+    packages as bare namespaces, so that a venv with nothing but the GPU machine's Triton can
+    compile it and the modules it imports beside it."""
+    src = Path(__file__).parents[1] / "src"
+    for name in ("sparse_mla", "sparse_mla.ops", "sparse_mla.ops.attention"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(src.joinpath(*name.split(".")))]
+            sys.modules[name] = package
+    return importlib.import_module("sparse_mla.ops.attention.decode_sm90")
 
 
 def main(argv: list[str]) -> int:

@@ -21,8 +21,10 @@ SCALE = 512**-0.55
 
 def _cache(g, pages, page):
     kv = (torch.randn(pages * page, 512, generator=g) / 10).clamp(-1, 1).bfloat16()
-    cache = new_mla_cache(pages, page, format="model1_fp8", device="cpu")
-    return write_mla_latent(kv[:, :448], kv[:, 448:], cache, torch.arange(pages * page))
+    cache = new_mla_cache(pages, page, format="model1_fp8", device=DEV)
+    kv = kv.to(DEV)
+    rows = torch.arange(pages * page, device=DEV)
+    return write_mla_latent(kv[:, :448], kv[:, 448:], cache, rows).cpu()
 
 
 def _case(seed, b=2, s_q=2, h=16, k1=16, k2=32):

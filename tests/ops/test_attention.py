@@ -123,29 +123,35 @@ def test_config_choice():
 
 @pytest.mark.parametrize("fmt", ["fp8", "bf16"])
 def test_sm90_config_choice(fmt):
-    """Where the Gluon kernel can run, it takes the calls of up to 32 heads and at least
-    SM90_MIN_TOKENS rows, and those of more heads and at least SM90_WIDE_MIN_TOKENS rows;
-    the rest stay on the Triton kernel, as without it."""
-    for h in range(1, 129):
-        for t in (1, 8, SM90_MIN_TOKENS - 1, SM90_MIN_TOKENS, 64, 128, 4096):
-            cfg = choose_attention_config(t, h, 2048, fmt, 132, sm90=True)
-            if t < (SM90_WIDE_MIN_TOKENS if h > 32 else SM90_MIN_TOKENS):
-                assert cfg == choose_attention_config(t, h, 2048, fmt, 132)
-                continue
-            assert cfg.kernel == "sm90" and check_attention_config(cfg) is cfg
-            assert cfg.block_h == (64 if h > 32 else 32 if fmt == "bf16" and h > 16 else 16)
-            assert cfg.block_n == 64 and cfg.num_stages == 2
-            assert cfg.num_warps == (8 if h > 32 else 4)
-            combine = (2, 512) if h > 32 else (8, 128)
-            assert (cfg.combine_heads, cfg.combine_dims) == combine
-            programs = t * cfg.head_blocks(h)
-            sp = cfg.num_splits
-            assert sp & (sp - 1) == 0 and 1 <= sp <= 8
-            assert programs * sp <= 132 or sp == 1  # about one program an SM
-            assert sp == 8 or programs * sp * 2 > 132
+    """Where the Gluon kernel can run, it takes the calls of kernel A's head counts (up to
+    16; 32 on bf16) from SM90_MIN_TOKENS rows, and kernel B's (64 heads a program) from
+    SM90_WIDE_MIN_TOKENS; the rest stay on the Triton kernel, as without it. Splits about
+    fill the SMs, half of them for kernel B over fewer than 16 column blocks (V4's 640)."""
+    for topk in (2048, 640):
+        for h in range(1, 129):
+            wide = h > 32 or (h > 16 and fmt == "fp8")
+            for t in (1, 8, SM90_MIN_TOKENS - 1, SM90_MIN_TOKENS, 64, 128, 4096):
+                cfg = choose_attention_config(t, h, topk, fmt, 132, sm90=True)
+                if t < (SM90_WIDE_MIN_TOKENS if wide else SM90_MIN_TOKENS):
+                    assert cfg == choose_attention_config(t, h, topk, fmt, 132)
+                    continue
+                assert cfg.kernel == "sm90" and check_attention_config(cfg) is cfg
+                assert cfg.block_h == (64 if wide else 32 if h > 16 else 16)
+                assert cfg.block_n == 64 and cfg.num_stages == 2
+                assert cfg.num_warps == (8 if wide else 4)
+                combine = (2, 512) if wide else (8, 128)
+                assert (cfg.combine_heads, cfg.combine_dims) == combine
+                programs = t * cfg.head_blocks(h)
+                fill = 66 if wide and topk == 640 else 132
+                sp = cfg.num_splits
+                assert sp & (sp - 1) == 0 and 1 <= sp <= 8
+                assert programs * sp <= fill or sp == 1  # about one program an SM
+                assert sp == 8 or programs * sp * 2 > fill
     assert choose_sm90_config(128, 16, 2048, fmt, 132).num_splits == 1
     assert choose_sm90_config(32, 16, 2048, fmt, 132).num_splits == 4
     assert choose_sm90_config(32, 16, 64, fmt, 132).num_splits == 1  # one block: no split
+    assert choose_sm90_config(32, 64, 640, fmt, 132).num_splits == 2  # V4: half the SMs
+    assert choose_sm90_config(32, 64, 2048, fmt, 132).num_splits == 4
 
 
 def test_sm90_config_fields_checked():

@@ -118,7 +118,9 @@ def test_writer_is_flashmlas_formula_on_its_test_data(seed, page):
     assert cache.stride(0) == want.shape[1] == model1_page_bytes(page)
     whole = cache.as_strided(want.shape, (want.shape[1], 1))  # the padded pages
     whole.fill_(POISON_BYTE)
-    write_mla_latent(kv[:, :448].to(DEV), kv[:, 448:].to(DEV), cache, torch.arange(pages * page))
+    write_mla_latent(
+        kv[:, :448].to(DEV), kv[:, 448:].to(DEV), cache, torch.arange(pages * page, device=DEV)
+    )
     got = whole.cpu()
     assert torch.equal(got[defined], want[defined])
     # Pad bytes are written 0; the page padding past the scales is never touched.
@@ -147,8 +149,10 @@ def test_scale_edges_are_flashmlas():
     kv = torch.cat([kv, torch.zeros(pages * page - t, 512).bfloat16()])
     want, defined = flashmla_model1_pages(kv, page)
     cache = new_mla_cache(pages, page, format="model1_fp8", device=DEV)
-    write_mla_latent(kv[:, :448].to(DEV), kv[:, 448:].to(DEV), cache, torch.arange(pages * page))
-    got = cache.cpu().as_strided(want.shape, (want.shape[1], 1))
+    write_mla_latent(
+        kv[:, :448].to(DEV), kv[:, 448:].to(DEV), cache, torch.arange(pages * page, device=DEV)
+    )
+    got = cache.as_strided(want.shape, (want.shape[1], 1)).cpu()  # (the padded pages)
     assert torch.equal(got[defined], want[defined])
     ref = write_model1_latent_reference(
         kv[:, :448], kv[:, 448:], new_mla_cache(pages, page, format="model1_fp8", device="cpu"),
@@ -371,7 +375,9 @@ def test_writer_equals_flashmla_quant_py(seed, page):
     layout = quant.FP8KVCacheLayout.MODEL1_FP8Sparse
     theirs = quant.quantize_k_cache(kv.view(pages, page, 1, 512), layout).view(torch.uint8)
     mine = new_mla_cache(pages, page, format="model1_fp8", device=DEV)
-    write_mla_latent(kv[:, :448].to(DEV), kv[:, 448:].to(DEV), mine, torch.arange(pages * page))
+    write_mla_latent(
+        kv[:, :448].to(DEV), kv[:, 448:].to(DEV), mine, torch.arange(pages * page, device=DEV)
+    )
     assert theirs.shape == mine.shape and theirs.stride() == mine.stride()
     tv, ts = model1_page_views(theirs)
     mv, ms = model1_page_views(mine.cpu())

@@ -45,6 +45,7 @@ from .extra import (
     check_extra,
     extra_tensors,
     kv_strides,
+    word_view,
 )
 from .split_kv import LOG2E, NOPE, ROPE
 
@@ -262,6 +263,7 @@ def sparse_mla_decode(
             *map(tensor_meta, (*tensors, *ws)),
             type(workspace),
             kv_cache.data_ptr() % 16,  # the sm90 kernel's 16-byte copies need it
+            None if extra_kv_cache is None else extra_kv_cache.data_ptr() % 16,
             scalars_key(type(sm_scale), block_size, extra_block_size),
             value_key(config),
         )
@@ -404,9 +406,9 @@ def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, 
         if not max_logits.is_contiguous():
             raise ValueError("max_logits must be contiguous")
     fmt = "fp8" if lay.fp8 else "bf16"
+    caches = (kv_cache,) if extra is None else (kv_cache, extras[0])
     if config is None:
-        sm90 = sm90_available(dev) and _sm90_fits(kv_cache, lay.fp8) and not model1
-        sm90 = sm90 and extra is None
+        sm90 = sm90_available(dev) and all(_sm90_fits(c, lay.fp8, model1) for c in caches)
         cfg = choose_attention_config(num_tokens, h_q, topk_all, fmt, _sms(dev), sm90=sm90)
         if max_logits is not None:
             cfg = dataclasses.replace(cfg, num_splits=1)
@@ -414,12 +416,8 @@ def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, 
         cfg = check_attention_config(config)
         if max_logits is not None and cfg.effective_splits(topk_all) > 1:
             raise ValueError(f"max_logits needs an unsplit launch; config splits: {cfg}")
-    if cfg.kernel == "sm90" and model1:
-        raise ValueError("config.kernel='sm90' does not take a MODEL1 kv_cache yet: use 'triton'")
-    if cfg.kernel == "sm90" and extra is not None:
-        raise ValueError("config.kernel='sm90' does not take the extra_* set yet: use 'triton'")
     if cfg.kernel == "sm90":
-        _check_sm90(cfg, dev, kv_cache, lay.fp8)
+        _check_sm90(cfg, dev, caches, lay.fp8, model1)
     splits = cfg.effective_splits(topk_all)
     if workspace is not None and not isinstance(workspace, AttentionWorkspace):
         # (checked even when this call does not split: the next one may)
@@ -430,10 +428,10 @@ def _host_plan(q, kv_cache, indices, sm_scale, block_table, req_id, block_size, 
         _check_workspace(workspace, num_tokens * splits, h_q, dev)
     out_s = out.stride() if out is not None else (h_q * NOPE, NOPE, 1)  # made contiguous
     lse_s = lse.stride() if lse is not None else (h_q, 1)
-    c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
+    aligned = all(_aligned16(c[:, :, 0, :] if c.dim() == 4 else c) for c in caches)
     main, comb = _launch_shapes(
-        cfg, splits, bs, lay, q, c3, indices, block_table, req_id, topk_length, attn_sink, out_s,
-        lse_s, max_logits is not None, extra, topk_all,
+        cfg, splits, bs, lay, q, indices, block_table, req_id, topk_length, attn_sink, out_s,
+        lse_s, max_logits is not None, extra, topk_all, aligned,
     )  # fmt: skip
     tensors = (q, kv_cache, indices, block_table, req_id, topk_length, attn_sink, *extras, out,
                lse)  # fmt: skip
@@ -467,10 +465,12 @@ def _check_disjoint(plan, inputs, out, lse, workspace, max_logits) -> None:
         check_disjoint("max_logits", max_logits, max_ext, (*named, *outs))
 
 
-def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, req_id,
-                   topk_length, attn_sink, out_s, lse_s, has_max, extra: ExtraPlan | None,
-                   topk_all: int) -> tuple[tuple, tuple | None]:  # fmt: skip
-    """The two launches' grids, integer arguments and keywords (see :func:`_launch`)."""
+def _launch_shapes(cfg, splits, block_size, lay, q, indices, block_table, req_id, topk_length,
+                   attn_sink, out_s, lse_s, has_max, extra: ExtraPlan | None, topk_all: int,
+                   aligned16: bool) -> tuple[tuple, tuple | None]:  # fmt: skip
+    """The two launches' grids, integer arguments and keywords (see :func:`_launch`);
+    ``aligned16``: every cache row starts 16-byte aligned (the sm90 kernel's L2 prefetch)."""
+    c3 = lay.cache3
     num_tokens, h_q, _ = q.shape
     topk = indices.shape[1]
     fp8, fused, split = lay.fp8, block_table is not None, splits > 1
@@ -488,28 +488,28 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, re
         *(bt.stride() if fused else (0, 0)), *(bt.shape[::-1] if fused else (0, 0)),
         block_size if fused else 1, *vec_s, *out_s, *lse_s,
     )  # fmt: skip
+    ints = (*ints, *(extra.ints if extra is not None else NO_EXTRA_INTS))  # the second set's
+    sets = dict(MODEL1=model1, EXTRA=extra is not None, X_PAGE=extra.page if extra else 1,
+                X_HAS_LEN=extra is not None and extra.has_len)  # fmt: skip
     if cfg.kernel == "sm90":
         pw, regs, rows, prefetch = _sm90_kernel().producer_shape(fp8, cfg.block_h)
         kwargs = dict(
             PAGE=lay.block_size, BLOCK_H=cfg.block_h, FP8=fp8, FUSED=fused, HAS_LEN=has_len,
             HAS_SINK=has_sink, SPLIT=split, HAS_MAX=has_max, NBUF=cfg.num_stages,
-            PRODUCER_WARPS=pw,
-            PRODUCER_REGS=regs, PRODUCER_ROWS=rows,
+            PRODUCER_WARPS=pw, PRODUCER_REGS=regs, PRODUCER_ROWS=rows,
             num_warps=_sm90_kernel().default_warps(fp8, cfg.block_h),
-            PREFETCH=prefetch if _aligned16(c3) else 0,  # (bulk copies need 16 B alignment)
+            PREFETCH=prefetch if aligned16 else 0,  # (bulk copies need 16 B alignment)
+            **sets,
         )  # fmt: skip
     else:
         kwargs = dict(
             PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
             FUSED=fused, HAS_LEN=has_len, HAS_SINK=has_sink,
             SPLIT=split, HAS_MAX=has_max, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
-            MODEL1=model1, EXTRA=extra is not None, X_PAGE=extra.page if extra else 1,
-            X_HAS_LEN=extra is not None and extra.has_len, num_warps=cfg.num_warps,
+            num_warps=cfg.num_warps, **sets,
             # With splits the combine may start launching early (it waits for this kernel).
             **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
         )  # fmt: skip
-    if cfg.kernel != "sm90":  # the second set's integers, after the first's
-        ints = (*ints, *(extra.ints if extra is not None else NO_EXTRA_INTS))
     main = ((num_tokens * splits * head_blocks,), ints, kwargs)
     if not split:
         return main, None
@@ -532,20 +532,21 @@ def _aligned16(c3: torch.Tensor) -> bool:
     return c3.data_ptr() % 16 == 0 and s0 % 16 == 0 and s1 % 16 == 0
 
 
-def _sm90_fits(kv_cache: torch.Tensor, fp8: bool) -> bool:
+def _sm90_fits(kv_cache: torch.Tensor, fp8: bool, model1: bool = False) -> bool:
     """The sm90 kernel's copies take this cache: fp8 rows are read as 32-bit words (as the
-    Triton kernel reads them); bf16 rows by 16-byte cp.async, which needs contiguous rows
-    whose row and page starts are 16-byte aligned."""
-    if fp8:
-        return True
+    Triton kernel reads them; MODEL1's page starts must then be 4-byte aligned); bf16 rows by
+    16-byte cp.async, which needs contiguous rows whose row and page starts are 16-byte
+    aligned."""
     c3 = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
+    if fp8:
+        return not model1 or (c3.stride(0) % 4 == 0 and c3.data_ptr() % 4 == 0)
     s0, s1, s2 = c3.stride()
     return s2 == 1 and s0 % 8 == 0 and s1 % 8 == 0 and c3.data_ptr() % 16 == 0
 
 
-def _check_sm90(cfg: AttentionConfig, dev: torch.device, kv_cache: torch.Tensor,
-                fp8: bool) -> None:  # fmt: skip
-    """The Gluon kernel runs here, takes this cache, and has a variant of ``cfg``'s shape
+def _check_sm90(cfg: AttentionConfig, dev: torch.device, caches: tuple, fp8: bool,
+                model1: bool) -> None:  # fmt: skip
+    """The Gluon kernel runs here, takes these caches, and has a variant of ``cfg``'s shape
     for this format."""
     if not sm90_available(dev):
         raise ValueError(
@@ -558,12 +559,14 @@ def _check_sm90(cfg: AttentionConfig, dev: torch.device, kv_cache: torch.Tensor,
             f"config.kernel='sm90' takes (block_h, num_stages) in {allowed} on a "
             f"{'fp8' if fp8 else 'bf16'} cache, got {(cfg.block_h, cfg.num_stages)}"
         )
-    if not _sm90_fits(kv_cache, fp8):
-        raise ValueError(
-            "config.kernel='sm90' reads a bf16 kv_cache by 16-byte copies: its rows must be "
-            f"contiguous and start 16-byte aligned (strides {kv_cache.stride()}); use "
-            "kernel='triton'"
-        )
+    for name, cache in zip(("kv_cache", "extra_kv_cache"), caches, strict=False):
+        if not _sm90_fits(cache, fp8, model1):
+            raise ValueError(
+                f"config.kernel='sm90' reads {name} by {'4' if fp8 else '16'}-byte words: "
+                + ("a MODEL1 fp8 cache's pages must start 4-byte aligned"
+                   if fp8 else "its rows must be contiguous and start 16-byte aligned")
+                + f" (strides {cache.stride()}); use kernel='triton'"
+            )  # fmt: skip
 
 
 def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.device) -> None:
@@ -583,8 +586,7 @@ def _check_workspace(ws: AttentionWorkspace, rows: int, h_q: int, dev: torch.dev
 def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, out, lse,
             workspace, sm_scale, max_logits, extras):  # fmt: skip
     if plan.fmt == "fp8":
-        kv_f32 = c3 if plan.model1 else c3.view(torch.float32)  # (MODEL1: not read)
-        kv_u8, kv_bf16 = c3, c3.view(torch.bfloat16)
+        kv_u8, kv_f32, kv_bf16 = c3, word_view(c3), c3.view(torch.bfloat16)
     else:
         kv_u8 = kv_f32 = kv_bf16 = c3
     fused = block_table is not None
@@ -599,11 +601,11 @@ def _launch(q, c3, plan, indices, block_table, req_id, topk_length, attn_sink, o
         block_table if fused else indices, req_id if fused else indices, sink,
         out, lse, part_out, part_lse, max_logits if max_logits is not None else lse,
     )  # fmt: skip
+    tensors += extra_tensors(extras, plan.fmt == "fp8", indices)  # the second set's six
     if plan.config.kernel == "sm90":
         kernel = _sm90_kernel().sparse_mla_decode_sm90_kernel
-    else:  # the Triton kernel takes the second set's six pointers next
+    else:
         kernel = split_kv._sparse_mla_decode_kernel
-        tensors += extra_tensors(extras, plan.fmt == "fp8", plan.model1, indices)
     args = (*tensors, *ints, sm_scale * LOG2E)
     launch(kernel, grid, args, kwargs, plan)
     if split:

@@ -28,6 +28,9 @@ SM90_MAX_SPLITS = 8
 # Kernel B's split partials merge fastest with whole 512-wide rows of 2 heads a combine
 # program (heads, dims; measured, docs/PERF.md); kernel A keeps the default.
 SM90_WIDE_COMBINE = (2, 512)
+# Over fewer column blocks than this (DeepSeek-V4's 128 + 512 = 10), kernel B's splits fill
+# at most half the SMs: its 64-head partials then cost more to merge than the split saves.
+SM90_WIDE_SHORT_BLOCKS = 16
 MAX_HEADS = 128
 # Heads one program multiplies at once: tl.dot needs at least 16 rows; 64 is one Hopper
 # warpgroup MMA block (more would need a second accumulator set: out is 512 wide).
@@ -187,19 +190,24 @@ def choose_sm90_config(
 ) -> AttentionConfig | None:
     """The Gluon kernel's launch shape where it beats the Triton kernel on the H200, else None.
 
-    Measured (benchmarks/gpu_attention_sm90.py, docs/PERF.md): at up to 32 heads it wins
-    once the call has at least ``SM90_MIN_TOKENS`` query rows, and loses below (its one
-    program an SM and 64-row steps leave few rows too little to overlap); above 32 heads
-    (64 a program) from ``SM90_WIDE_MIN_TOKENS``. 16 heads a program (32 for more than 16
-    heads on a bf16 cache, 64 above 32 heads), a two-slot ring, and splits (a power of two,
-    at most ``SM90_MAX_SPLITS``) until the programs about fill the SMs once.
+    Measured (benchmarks/gpu_attention_sm90.py, gpu_attention_v4.py --sweep, docs/PERF.md):
+    with 16 heads a program (kernel A) it wins once the call has at least
+    ``SM90_MIN_TOKENS`` query rows, and loses below (its one program an SM and 64-row steps
+    leave few rows too little to overlap); with 64 (kernel B) from ``SM90_WIDE_MIN_TOKENS``.
+    16 heads a program up to 16 heads; above, 64 (one kernel B program, the heads past h_q
+    masked, beats two of kernel A reading the same rows: 1.4x at 32 heads, T 128), but 32
+    on a bf16 cache up to 32 heads. A two-slot ring, and splits (a power of two, at most
+    ``SM90_MAX_SPLITS``) until the programs about fill the SMs once, half of them for kernel
+    B over fewer than ``SM90_WIDE_SHORT_BLOCKS`` column blocks.
     """
-    wide = h_q > 32
+    wide = h_q > 32 or (h_q > 16 and cache_format == "fp8")
     if num_tokens < (SM90_WIDE_MIN_TOKENS if wide else SM90_MIN_TOKENS):
         return None
-    block_h = 64 if wide else 32 if h_q > 16 and cache_format == "bf16" else 16
+    block_h = 64 if wide else 32 if h_q > 16 else 16
     programs = num_tokens * cdiv(h_q, block_h)
-    splits = max(1, min(SM90_MAX_SPLITS, num_sms // programs, cdiv(topk, SM90_BLOCK_N)))
+    blocks = cdiv(topk, SM90_BLOCK_N)
+    fill = num_sms // 2 if wide and blocks < SM90_WIDE_SHORT_BLOCKS else num_sms
+    splits = max(1, min(SM90_MAX_SPLITS, fill // programs, blocks))
     splits = 1 << (splits.bit_length() - 1)
     if wide:
         return AttentionConfig(block_h, SM90_BLOCK_N, splits, 8, 2, *SM90_WIDE_COMBINE,

@@ -119,14 +119,23 @@ def check_extra(
     return ExtraPlan(idx.shape[1], page, lengths is not None, ints)
 
 
-def extra_tensors(extras: tuple, fp8: bool, model1: bool, fallback: torch.Tensor) -> tuple:
-    """The kernel's six x_* pointers (``fallback`` where absent: never read)."""
+def word_view(c3: torch.Tensor) -> torch.Tensor:
+    """An fp8 cache's 3-D byte view as fp32 words, which the kernels read as 32-bit words (a
+    MODEL1 cache whose pages do not start 4-byte aligned: the bytes; only the Triton kernel,
+    which reads it by bytes, takes that)."""
+    if c3.stride(0) % 4 or c3.storage_offset() % 4 or c3.shape[-1] % 4:
+        return c3
+    return c3.view(torch.float32)
+
+
+def extra_tensors(extras: tuple, fp8: bool, fallback: torch.Tensor) -> tuple:
+    """The kernels' six x_* pointers (``fallback`` where absent: never read)."""
     cache, idx, lengths, bt = extras
     if cache is None:
         return (fallback,) * 6
     c3 = cache[:, :, 0, :] if cache.dim() == 4 else cache
     if fp8:
-        u8, f32, bf = c3, (c3 if model1 else c3.view(torch.float32)), c3.view(torch.bfloat16)
+        u8, f32, bf = c3, word_view(c3), c3.view(torch.bfloat16)
     else:
         u8 = f32 = bf = c3
     return (u8, f32, bf, idx, idx if lengths is None else lengths, idx if bt is None else bt)

@@ -58,7 +58,7 @@ def check_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | 
             combine_heads=rand_choice(g, (1, 4, 8)),
             num_stages=rand_int(g, 1, 2),
         )
-        if cfg.num_warps == 8 and sm90_available(dev) and not model1:  # (no extra draw)
+        if cfg.num_warps == 8 and sm90_available(dev):  # (no extra draw)
             block_h = 64 if heads > 32 else 16 if p["fp8"] or heads <= 16 else 32
             cfg = AttentionConfig(
                 block_h=block_h,
