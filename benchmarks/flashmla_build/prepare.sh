@@ -4,10 +4,12 @@
 #                     flash_mla_with_kvcache(..., indices=..., is_fp8_kvcache=True)), binding sparse_decode_fwd
 #   WITH_PREFILL=1:   the same decode PLUS the SM90 sparse prefill (flash_mla_sparse_fwd, binding
 #                     sparse_prefill_fwd, upstream's signature; d_qk 512 and 576, with/without topk_length)
+#   WITH_MODEL1=1:    the sparse fp8 decode also for DeepSeek-V4's MODEL1 format (d_qk 512, the second
+#                     index set: extra_k_cache / extra_indices_in_kvcache); same binding, two more units
 #   PRUNE_CUTLASS=1:  copy only the CUTLASS headers that the chosen sources can reach through #include
 #                     (every #include line counts, whatever #if it sits in; ~28 MB -> a few MB)
 #
-# usage: [WITH_PREFILL=1] [PRUNE_CUTLASS=1] prepare.sh FLASHMLA_GIT_DIR CUTLASS_ROOT DEST
+# usage: [WITH_PREFILL=1] [WITH_MODEL1=1] [PRUNE_CUTLASS=1] prepare.sh FLASHMLA_GIT_DIR CUTLASS_ROOT DEST
 #   FLASHMLA_GIT_DIR: bare git dir of deepseek-ai/FlashMLA (used at commit 9241ae3, FLASHMLA_COMMIT overrides)
 #   CUTLASS_ROOT:     a CUTLASS tree with include/ and tools/util/include/ (we used the copy in
 #                     the flashinfer-python 0.7.2.post1 wheel: flashinfer/data/cutlass, CUTLASS 4.5.0;
@@ -18,6 +20,7 @@ set -euo pipefail
 GITDIR=$1; CUTLASS=$2; DEST=$3
 COMMIT=${FLASHMLA_COMMIT:-9241ae3}
 WITH_PREFILL=${WITH_PREFILL:-0}
+WITH_MODEL1=${WITH_MODEL1:-0}
 PRUNE_CUTLASS=${PRUNE_CUTLASS:-0}
 PATHS="csrc/api csrc/params.h csrc/defines.h csrc/utils.h csrc/kerutils csrc/sm90/helpers.h csrc/sm90/decode/sparse_fp8 csrc/smxx flash_mla setup.py LICENSE"
 [ "$WITH_PREFILL" = 1 ] && PATHS="$PATHS csrc/sm90/prefill/sparse"
@@ -27,10 +30,11 @@ mkdir -p "$DEST/csrc/cutlass/tools/util"
 cp -r "$CUTLASS/include" "$DEST/csrc/cutlass/include"
 cp -r "$CUTLASS/tools/util/include" "$DEST/csrc/cutlass/tools/util/include"
 
-python3 - "$DEST" "$WITH_PREFILL" <<'PY'
+python3 - "$DEST" "$WITH_PREFILL" "$WITH_MODEL1" <<'PY'
 import sys, re, pathlib
 d = pathlib.Path(sys.argv[1])
 with_prefill = sys.argv[2] == "1"
+with_model1 = sys.argv[3] == "1"
 p = d / "csrc/api/sparse_decode.h"
 s = p.read_text()
 # 1. drop SM100 headers
@@ -53,7 +57,8 @@ new = """        TORCH_CHECK(params.model_type == ModelType::V32, "trimmed Flash
             sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::V32, NUM_HEADS>(params);
         });"""
 assert old in s
-s = s.replace(old, new)
+if not with_model1:
+    s = s.replace(old, new)
 # 4. dispatcher: SM90 only
 a = s.index("    if (arch.is_sm100f()) {")
 b = s.index("    } else if (arch.is_sm90a()) {")
@@ -68,6 +73,9 @@ sources = [
     "csrc/sm90/decode/sparse_fp8/instantiations/v32_persistent_h64.cu",
     "csrc/sm90/decode/sparse_fp8/instantiations/v32_persistent_h128.cu",
 ]
+model1_units = ["model1_persistent_h64.cu", "model1_persistent_h128.cu"]
+if with_model1:
+    sources += [f"csrc/sm90/decode/sparse_fp8/instantiations/{f}" for f in model1_units]
 if with_prefill:
     # sparse_fwd.h: keep the SM90 implementation and upstream's sparse_attn_prefill_interface unchanged
     # except that the SM100 headers, implementation classes and dispatch branch go.
@@ -124,7 +132,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 # remove headers of the kernels we do not build so nothing can include them by accident
 for h in drop_api:
     (d / "csrc/api" / h).unlink()
-for f in ["model1_persistent_h64.cu", "model1_persistent_h128.cu"]:
+for f in [] if with_model1 else model1_units:
     (d / "csrc/sm90/decode/sparse_fp8/instantiations" / f).unlink()
 (d / "sources.txt").write_text("\n".join(sources) + "\n")
 

@@ -147,12 +147,13 @@ def test_bad_arguments_are_named(seed):
     assert not meta.have_initialized  # nothing above reached the schedule
 
 
-def _prefill_case(seed: int, s_q: int = 6, h: int = 20, s_kv: int = 300, k: int = 96):
-    """q ``[s_q, h, 576]``, kv ``[s_kv, 1, 576]`` and indices ``[s_q, 1, k]`` with -1, other
+def _prefill_case(seed: int, s_q: int = 6, h: int = 20, s_kv: int = 300, k: int = 96,
+                  d_qk: int = 576):  # fmt: skip
+    """q ``[s_q, h, d_qk]``, kv ``[s_kv, 1, d_qk]`` and indices ``[s_q, 1, k]`` with -1, other
     negative and past-the-end entries, an all -1 row (1) and per-row lengths (0 in row 2)."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(s_q, h, 576, generator=g).bfloat16()
-    kv = torch.randn(s_kv, 1, 576, generator=g).bfloat16()
+    q = torch.randn(s_q, h, d_qk, generator=g).bfloat16()
+    kv = torch.randn(s_kv, 1, d_qk, generator=g).bfloat16()
     idx = torch.randint(-3, s_kv + 30, (s_q, 1, k), generator=g, dtype=torch.int32)
     idx[1] = -1
     idx[0, 0, :3] = s_kv - 1  # the last row, three times
@@ -162,10 +163,12 @@ def _prefill_case(seed: int, s_q: int = 6, h: int = 20, s_kv: int = 300, k: int 
     return q.to(DEV), kv.to(DEV), idx.to(DEV), lens.to(DEV), sink.to(DEV)
 
 
-def test_sparse_prefill_matches_flashmlas_reference_formula(seed):
+@pytest.mark.parametrize("d_qk", (576, 512), ids=("v32", "v4"))
+def test_sparse_prefill_matches_flashmlas_reference_formula(seed, d_qk):
     """flash_mla_sparse_fwd against the fp64 reference (FlashMLA's tests/ref.py formula):
-    out with the sink, max_logits -inf and lse +inf for rows with no valid index."""
-    q, kv, idx, lens, sink = _prefill_case(seed)
+    out with the sink, max_logits -inf and lse +inf for rows with no valid index; V3.2's
+    576-wide rows and V4's 512-wide ones (key = value)."""
+    q, kv, idx, lens, sink = _prefill_case(seed, d_qk=d_qk)
     for kw in ({}, {"topk_length": lens, "attn_sink": sink}):
         out, mx, lse = flashmla.flash_mla_sparse_fwd(q, kv, idx, SCALE, **kw)
         ref = sparse_mla_decode_reference(q.cpu(), kv.cpu(), idx[:, 0].cpu(), sm_scale=SCALE,
@@ -183,6 +186,8 @@ def test_sparse_prefill_bad_arguments_are_named(seed):
     bad = [
         ((q, kv, idx, SCALE, 256), ValueError, "d_v must be 512"),
         ((q, kv[:, :, :512], idx, SCALE), ValueError, r"kv must be \[s_kv, 1, 576\]"),
+        ((q[..., :512], kv, idx, SCALE), ValueError, r"kv must be \[s_kv, 1, 512\]"),
+        ((q[..., :500], kv, idx, SCALE), ValueError, r"q must be \[s_q, h_q, 576\] \(V3.2\)"),
         ((q, kv.expand(-1, 2, -1), idx, SCALE), ValueError, r"kv must be \[s_kv, 1, 576\]"),
         ((q, kv, idx[:2], SCALE), ValueError, r"indices must be \[s_q, 1, topk\]"),
         ((q, kv, idx.long(), SCALE), TypeError, "indices must have dtype torch.int32"),

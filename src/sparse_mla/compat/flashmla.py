@@ -328,11 +328,14 @@ def flash_mla_sparse_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashMLA's sparse prefill: attention of each query row over its ``indices`` into one
     bf16 latent array (our decode kernel over ``kv`` read as a cache of one-row pages).
+    DeepSeek-V3.2 (d_qk 576: 512 latent + 64 rope) or V4 (d_qk 512: the row is key and
+    value, RoPE dims included).
 
     Args:
-        q: bf16 ``[s_q, h_q, 576]`` (any ``h_q`` in 1..128; FlashMLA: 64 or 128 on Hopper).
-        kv: bf16 ``[s_kv, 1, 576]`` (h_kv = 1, as V3.2), rows 16-byte aligned for the Hopper
-            kernel (else the portable one runs).
+        q: bf16 ``[s_q, h_q, d_qk]``, d_qk 576 or 512 (any ``h_q`` in 1..128; FlashMLA: 64 or
+            128 on Hopper).
+        kv: bf16 ``[s_kv, 1, d_qk]`` (h_kv = 1), rows 16-byte aligned for the Hopper kernel
+            (else the portable one runs).
         indices: int32 ``[s_q, 1, topk]`` rows of ``kv``; -1, any other negative value and
             values ``>= s_kv`` are invalid (skipped, never read).
         sm_scale: softmax scale. d_v: must be 512.
@@ -350,9 +353,17 @@ def flash_mla_sparse_fwd(
         raise ValueError(f"d_v must be {HEAD_DIM_V}, got {d_v}")
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     s_q, h_q, _ = q.shape
+    d_qk = q.shape[2]
+    if d_qk not in (LATENT_DIM, HEAD_DIM_V):
+        raise ValueError(
+            f"q must be [s_q, h_q, {LATENT_DIM}] (V3.2) or [s_q, h_q, {HEAD_DIM_V}] (V4), got "
+            f"{tuple(q.shape)}"
+        )
     check_tensor("kv", kv, dtype=torch.bfloat16, ndim=3, device=q.device)
-    if kv.shape[1:] != (1, LATENT_DIM):
-        raise ValueError(f"kv must be [s_kv, 1, {LATENT_DIM}] (h_kv = 1), got {tuple(kv.shape)}")
+    if kv.shape[1:] != (1, d_qk):
+        raise ValueError(
+            f"kv must be [s_kv, 1, {d_qk}] (h_kv = 1, q's head dim), got {tuple(kv.shape)}"
+        )
     check_tensor("indices", indices, dtype=torch.int32, ndim=3, device=q.device)
     if indices.shape[:2] != (s_q, 1):
         got = tuple(indices.shape)
