@@ -1,10 +1,10 @@
-"""``sparse-mla``: info, verify, bench and demo."""
+"""``sparse-mla``: info, verify, bench, demo and warmup."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: sparse-mla COMMAND [options]
+USAGE = """usage: sparse-mla COMMAND [options]   (sparse-mla --version: the version)
 
 commands:
   info     execution mode (cuda or interpreter) and versions
@@ -21,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("-V", "--version"):
+        from . import __version__
+
+        print(f"sparse-mla {__version__}")
+        return 0
     if cmd == "info":
         from ._runtime import info
 
