@@ -12,6 +12,8 @@ commands:
   bench    timing harness: CUDA graph and eager, with floors (GPU only)
   demo     a random DeepSeek-V3.2 model generating through sparse-mla beside Hugging Face's
            own implementation, and the stage times of one decode step
+  warmup   compile the kernels a decode configuration launches (--heads, --cache, --topk,
+           --page, --tokens, ...: see sparse-mla warmup --help), and say how long it took
 """
 
 
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import main as demo_main
 
         return demo_main(rest)
+    if cmd == "warmup":
+        from .decode.warmup import main as warmup_main
+
+        return warmup_main(rest)
     print(f"unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 
