@@ -51,8 +51,10 @@ def test_a_step_after_warmup_compiles_nothing(fmt: str, n: int, heads: int, seed
                            decode_lens=[n] * b, num_heads=heads, fp8=fmt == "fp8",
                            max_blocks=MAX_SEQ_LEN // PAGE, device=DEV)  # fmt: skip
         plan = DecodePlan(cfg, sm_scale=0.1)
+        slots64 = case.inputs._replace(slot_mapping=case.inputs.slot_mapping.long())
         with _counting_compiles() as count:
             plan.run(case.inputs, case.decode_lens)
+            plan.run(slots64, case.decode_lens)  # as vLLM and SGLang hand slots out
             plan.capture(case.inputs, n)
             plan.replay()
             torch.cuda.synchronize()

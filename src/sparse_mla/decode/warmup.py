@@ -6,7 +6,8 @@ the shapes (rows, top-k width, heads, whether a CUDA graph is being captured). S
 engine will launch is the one :class:`~sparse_mla.decode.DecodePlan` launches for the same
 configuration at the same token counts: :func:`warmup` runs that plan on zero-filled inputs
 of those shapes (a small page pool behind a full-width block table, so memory stays small),
-eagerly and, on a GPU, captured and replayed as one CUDA graph, as an engine's capture does.
+eagerly and, on a GPU, captured and replayed as one CUDA graph, as an engine's capture does,
+with int32 and int64 ``slot_mapping`` alike.
 
 Compiled kernels also land in Triton's on-disk cache (``TRITON_CACHE_DIR``), so a later
 process loads them instead of compiling. Steps that pass ``max_seq_len`` narrower than the
@@ -221,9 +222,11 @@ def _inputs(config: DecodePlanConfig, caches: dict, rows: int, requests: int, ma
 def _step(
     plan: DecodePlan, caches: dict, rows: int, n: int, max_seq_len: int, ragged: bool, graphs: bool
 ) -> Callable[[], None]:
-    """The launches of one step size: eager, unequal lengths (flattened rows), a graph."""
+    """The launches of one step size: eager, unequal lengths (flattened rows), a graph, and
+    int64 slots (vLLM and SGLang hand out int64 ``slot_mapping``: other cache writers)."""
     requests = rows // n
     x = _inputs(plan.config, caches, rows, requests, max_seq_len)
+    x64 = x._replace(slot_mapping=x.slot_mapping.long())
 
     def run() -> None:
         if graphs:  # capture() first runs the step eagerly on its stream (eager plans)
@@ -233,6 +236,7 @@ def _step(
             plan.run(x, [n] * requests)
         if ragged and requests > 1 and n > 1:  # unequal n_b: flattened rows, one padding row
             plan.run(x, [n - 1] + [n] * (requests - 1), num_tokens=rows)
+        plan.run(x64, [n] * requests)
 
     return run
 
