@@ -8,6 +8,7 @@ Without a CUDA device the kernels run through Triton's CPU interpreter automatic
 __version__ = "0.1.0"
 
 from ._runtime import info, mode  # noqa: E402
+from .decode.warmup import WarmupReport, warmup  # noqa: E402
 from .ops.attention import (  # noqa: E402
     AttentionConfig,
     AttentionWorkspace,
@@ -57,6 +58,7 @@ __all__ = [
     "RemapConfig",
     "RemapLayout",
     "TopKConfig",
+    "WarmupReport",
     "choose_remap_config",
     "choose_remap_layout",
     "compat",
@@ -74,6 +76,7 @@ __all__ = [
     "plan_topk",
     "select_topk",
     "topk_workspace",
+    "warmup",
     "write_indexer_k",
     "write_mla_latent",
 ]

@@ -1,10 +1,10 @@
-"""``sparse-mla``: info, verify, bench and demo."""
+"""``sparse-mla``: info, verify, bench, demo and warmup."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: sparse-mla COMMAND [options]
+USAGE = """usage: sparse-mla COMMAND [options]   (sparse-mla --version: the version)
 
 commands:
   info     execution mode (cuda or interpreter) and versions
@@ -12,6 +12,8 @@ commands:
   bench    timing harness: CUDA graph and eager, with floors (GPU only)
   demo     a random DeepSeek-V3.2 model generating through sparse-mla beside Hugging Face's
            own implementation, and the stage times of one decode step
+  warmup   compile the kernels a decode configuration launches (--heads, --cache, --topk,
+           --page, --tokens, ...: see sparse-mla warmup --help), and say how long it took
 """
 
 
@@ -21,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("-V", "--version"):
+        from . import __version__
+
+        print(f"sparse-mla {__version__}")
+        return 0
     if cmd == "info":
         from ._runtime import info
 
@@ -39,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import main as demo_main
 
         return demo_main(rest)
+    if cmd == "warmup":
+        from .decode.warmup import main as warmup_main
+
+        return warmup_main(rest)
     print(f"unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

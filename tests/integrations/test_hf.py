@@ -15,6 +15,8 @@ greedy token that differs from HF's must be a near-tie: HF's logit gap at that s
 from __future__ import annotations
 
 import copy
+import re
+import sys
 
 import pytest
 import torch
@@ -341,3 +343,42 @@ def test_enable_rejects_transformers_it_was_not_written_for(monkeypatch):
     monkeypatch.setattr(m.DeepseekV32Attention, "forward", old_forward)
     with pytest.raises(RuntimeError, match="cache"):
         hf.enable(model)
+    monkeypatch.undo()
+    assert not hasattr(model, "sparse_mla")
+
+
+def test_enable_names_what_a_differing_transformers_lacks(monkeypatch):
+    """Each way a release's DeepSeek-V3.2 can differ from the one the integration was written
+    for is refused at enable(), naming the missing part, and nothing is patched."""
+    import transformers
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    model = hf.random_model(hf.tiny_config(num_hidden_layers=1))
+    layer = next(x for x in model.modules() if isinstance(x, m.DeepseekV32Attention))
+    assert all(hf._has_path(layer, name) for name in hf.LAYER_PARTS)  # this release: all
+    forwards = {id(x): x.forward for x in model.modules()}
+
+    def refused(match: str) -> None:
+        with pytest.raises(RuntimeError, match=match) as e:
+            hf.enable(model)
+        assert "pip install 'transformers>=5.24,<5.26'" in str(e.value)
+        assert not hasattr(model, "sparse_mla")
+        assert all(x.forward == forwards[id(x)] for x in model.modules())
+        monkeypatch.undo()
+
+    monkeypatch.delattr(m, "apply_rotary_pos_emb_interleave")  # a helper renamed
+    refused(r"lacks .*apply_rotary_pos_emb_interleave")
+    monkeypatch.delattr(layer.indexer, "softmax_scale")  # an attribute renamed
+    refused(r"DeepseekV32Attention differs .* no indexer\.softmax_scale")
+    monkeypatch.delattr(layer, "kv_a_proj_with_mqa")  # a submodule renamed
+    refused(r"no kv_a_proj_with_mqa")
+    monkeypatch.setitem(sys.modules, "transformers.models.deepseek_v32", None)  # no such model
+    refused(rf"transformers {re.escape(transformers.__version__)} has no DeepseekV32")
+
+
+def test_enable_warns_on_a_transformers_newer_than_tested(monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "5.30.0")
+    with pytest.warns(UserWarning, match=r"tested with transformers >=5\.24,<5\.26; got 5\.30\.0"):
+        hf.check_transformers()

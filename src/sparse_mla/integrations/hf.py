@@ -51,6 +51,15 @@ _PAGE_GROUP = 8  # pages are handed out in groups, in reverse order within one (
 # The transformers releases this module was written and tested for: 5.24 renamed
 # DeepseekV32's ``past_key_values`` keyword to ``cache`` (and caches the compressed latents).
 TRANSFORMERS = (">=5.24", "<5.26")
+# What the replaced forward reads from each DeepseekV32Attention (a transformers release that
+# renames one would otherwise fail at the first forward, not at enable()).
+LAYER_PARTS = (
+    "layer_idx", "num_heads", "scaling", "qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank",
+    "v_head_dim", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
+    "kv_a_layernorm", "kv_b_proj", "o_proj", "indexer.wq_b", "indexer.wk", "indexer.k_norm",
+    "indexer.weights_proj", "indexer.n_heads", "indexer.head_dim", "indexer.softmax_scale",
+    "indexer.index_topk",
+)  # fmt: skip
 
 
 @dataclass
@@ -236,8 +245,13 @@ def check_transformers() -> None:
             f"DeepseekV32 takes past_key_values= and silently drops the cache= keyword this "
             f"integration and its scripts pass (decoding with no history): {wanted}"
         )
-    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
-
+    try:
+        from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+    except ImportError as e:
+        raise RuntimeError(
+            f"transformers {transformers.__version__} has no DeepseekV32 model "
+            f"(transformers.models.deepseek_v32: {e}); {wanted}"
+        ) from e
     missing = _missing_features(m)
     if missing:
         raise RuntimeError(
@@ -264,15 +278,34 @@ def _missing_features(m) -> list[str]:
 
 
 def _check_model(model: object, m) -> None:
-    """TypeError unless ``model`` holds DeepSeek-V3.2 attention layers."""
-    if not isinstance(model, torch.nn.Module) or not any(
-        isinstance(module, m.DeepseekV32Attention) for module in model.modules()
-    ):
+    """TypeError unless ``model`` holds DeepSeek-V3.2 attention layers; RuntimeError when a
+    layer lacks what the replaced forward reads (:data:`LAYER_PARTS`)."""
+    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
+    layers = [x for x in modules if isinstance(x, m.DeepseekV32Attention)]
+    if not layers:
         raise TypeError(
             f"model is not a DeepSeek-V3.2 (DSA) model: got {type(model).__name__}, which holds "
             "no DeepseekV32Attention layer; enable() takes a DeepseekV32ForCausalLM, a "
             "DeepseekV32Model or any module holding DeepseekV32Attention layers"
         )
+    missing = [name for name in LAYER_PARTS if not _has_path(layers[0], name)]
+    if missing:
+        import transformers
+
+        low, high = TRANSFORMERS
+        raise RuntimeError(
+            f"transformers {transformers.__version__}'s DeepseekV32Attention differs from the "
+            f"one sparse-mla's HF integration was written for: it has no {', '.join(missing)}; "
+            f"pip install 'transformers{low},{high}'"
+        )
+
+
+def _has_path(obj: object, dotted: str) -> bool:
+    for name in dotted.split("."):
+        if not hasattr(obj, name):
+            return False
+        obj = getattr(obj, name)
+    return True
 
 
 def _check_options(
@@ -312,7 +345,8 @@ def enable(
 
     Raises:
         RuntimeError: the installed transformers is not one this module was written for
-            (see :func:`check_transformers`).
+            (see :func:`check_transformers`), or its attention layers lack a part the
+            replaced forward reads (:data:`LAYER_PARTS`).
         TypeError: ``model`` is not a DeepSeek-V3.2 (DSA) model; an option has the wrong
             type.
         ValueError: an option is out of range; the config has latent sizes the kernels do
