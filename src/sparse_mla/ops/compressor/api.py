@@ -321,8 +321,6 @@ def _host_plan(
 def _check_rows(kv, gate, overlap) -> tuple[int, int, int]:
     """(N, W, D) of this step's rows."""
     check_tensor("kv", kv, dtype=FLOAT_DTYPES, ndim=2)
-    check_tensor("gate", gate, dtype=FLOAT_DTYPES, ndim=2)
-    check_shape("gate", gate, kv.shape)
     num_rows, width = kv.shape
     d = width // 2 if overlap else width
     if (overlap and width % 2) or d < 16 or d > MAX_DIM or d & (d - 1):
@@ -331,6 +329,8 @@ def _check_rows(kv, gate, overlap) -> tuple[int, int, int]:
             f"kv must be [N, {rule}] with D a power of two in [16, {MAX_DIM}], got "
             f"{tuple(kv.shape)}"
         )
+    check_tensor("gate", gate, dtype=FLOAT_DTYPES, ndim=2)
+    check_shape("gate", gate, kv.shape)
     return num_rows, width, d
 
 
