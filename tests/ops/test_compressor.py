@@ -371,9 +371,9 @@ def test_op_path_equals_the_public_function():
     """``torch.ops.sparse_mla.compressor_decode`` (torch.compile's path) writes what the
     public function writes."""
     from sparse_mla import library
-    from sparse_mla.testing.cases import compressor_op_case
+    from sparse_mla.testing.compressor import compressor_op_args
 
-    args = compressor_op_case(DEV)
+    args = compressor_op_args(DEV)
     names = ("kv", "gate", "state_kv", "state_gate", "cache", "seq_lens", "block_table",
              "position_bias", "norm_weight", "cos_sin", "compress_rate", "overlap",
              "max_decode_len", "eps", "query_start_loc", "decode_len", "state_index")  # fmt: skip

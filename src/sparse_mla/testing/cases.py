@@ -249,6 +249,7 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
     from ..ops.attention import AttentionConfig, attention_workspace
     from ..ops.decode_metadata import ExpandConfig
     from ..ops.topk import TopKConfig, topk_workspace
+    from .compressor import compressor_op_args
 
     x, k, i32, f32 = case.inputs, OP_CASE_K, torch.int32, torch.float32
     dev = x.seq_lens.device
@@ -305,24 +306,8 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
             torch.randn(b, heads, 32, device=dev), torch.randn(2, b, heads, device=dev), 1,
             "all_reduce", out(b, heads, 32, dtype=f32), out(b, heads, dtype=f32),
         ),
-        "compressor_decode": compressor_op_case(dev),
+        "compressor_decode": compressor_op_args(dev),
     }  # fmt: skip
-
-
-def compressor_op_case(dev: torch.device) -> tuple:
-    """``compressor_decode``'s op arguments (schema order) for a small CSA step: two
-    requests of two rows (the first closing a window), fp8 indexer cache, state indices."""
-    from .compressor import CompressorSpec, compressor_problem, compressor_step_inputs
-
-    spec = CompressorSpec(4, True, 16, 4, "fp8", requests=2, max_decode_len=2)
-    g = torch.Generator().manual_seed(3)
-    p = compressor_problem(g, spec, dev, start_lengths=[2, 5])
-    x = compressor_step_inputs(g, p, [2, 2])
-    return (
-        x.kv, x.gate, p.state.kv, p.state.gate, p.cache, x.seq_lens, p.block_table,
-        p.position_bias, p.norm_weight, p.cos_sin, 4, True, 2, 1e-6, x.query_start_loc, None,
-        p.state_index,
-    )  # fmt: skip
 
 
 def public_call_cases(case: StepCase) -> list[tuple[str, tuple, dict]]:

@@ -13,7 +13,6 @@ from .._runtime import cdiv
 from ..ops.compressor import (
     CompressorState,
     compressor_rope_table,
-    compressor_state_rows,
     new_compressor_state,
 )
 from ..ops.compressor.naive import compressor_step_reference, write_entries_reference
@@ -302,5 +301,15 @@ def random_accepted(g: torch.Generator, decode_lens: list[int]) -> list[int]:
             else int(torch.randint(1, n + 1, (), generator=g)) for n in decode_lens]  # fmt: skip
 
 
-def ring_rows(spec: CompressorSpec) -> int:
-    return compressor_state_rows(spec.compress_rate, spec.overlap, spec.max_decode_len)
+def compressor_op_args(dev: torch.device) -> tuple:
+    """``compressor_decode``'s op arguments (schema order) for a small CSA step: two
+    requests of two rows (the first closing a window), fp8 indexer cache, state indices."""
+    spec = CompressorSpec(4, True, 16, 4, "fp8", requests=2, max_decode_len=2)
+    g = torch.Generator().manual_seed(3)
+    p = compressor_problem(g, spec, dev, start_lengths=[2, 5])
+    x = compressor_step_inputs(g, p, [2, 2])
+    return (
+        x.kv, x.gate, p.state.kv, p.state.gate, p.cache, x.seq_lens, p.block_table,
+        p.position_bias, p.norm_weight, p.cos_sin, 4, True, 2, 1e-6, x.query_start_loc, None,
+        p.state_index,
+    )  # fmt: skip
