@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from sparse_mla._runtime import default_device
-from sparse_mla.ops.compressor import compressor_decode, new_compressor_state
+from sparse_mla.ops.compressor import (
+    compressor_decode,
+    compressor_rope_table,
+    new_compressor_state,
+)
 from sparse_mla.ops.compressor.naive import compressor_step_reference
 from sparse_mla.ops.kv_cache import new_indexer_k_cache
 from sparse_mla.testing import compressor_entry_error
@@ -20,7 +24,7 @@ from transformers.models.deepseek_v4.configuration_deepseek_v4 import (  # noqa:
 )
 
 DEV = default_device()
-STEPS = [5, 3, 1, 4, 2, 4, 4, 1, 3, 4, 4]  # tokens per call: a prompt, then MTP-sized steps
+STEPS = [5, 3, 1, 4, 2, 4, 4]  # tokens per call: a prompt, then MTP-sized steps
 PAGE = 4
 
 
@@ -101,6 +105,10 @@ def test_entries_match_transformers(kind, dtype):
     q_res = torch.randn(1, total, cfg.q_lora_rank, dtype=dtype)
     cos, sin = comp.rotary_emb(h, position_ids=torch.arange(total)[None], layer_type="compress")
     cos_sin = torch.cat([cos[0], sin[0]], -1)  # transformers' table, in the model's dtype
+    rot = comp.rotary_emb
+    ours = compressor_rope_table(rot.compress_inv_freq, total, dtype=dtype,
+                                 attention_scaling=rot.compress_attention_scaling)  # fmt: skip
+    assert torch.equal(ours, cos_sin)
     mods = {"compressor": comp} | ({"indexer": comp.indexer} if kind == "csa" else {})
     ours = {name: _Ours(m, kind == "csa", dtype, cos_sin) for name, m in mods.items()}
     start = 0
