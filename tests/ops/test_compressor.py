@@ -14,6 +14,7 @@ import torch
 from sparse_mla._runtime import default_device
 from sparse_mla.ops.compressor import (
     compressor_decode,
+    compressor_decode_reference,
     compressor_rope_table,
     compressor_state_rows,
     new_compressor_state,
@@ -135,26 +136,30 @@ def test_worked_example_equal_gates_pool_the_mean():
     window's rows); with CSA's overlap the first entry has no previous window (weight 0)."""
     d, rate = 16, 2
     rows = torch.arange(4 * 2 * d, dtype=torch.float32).view(4, 2 * d) / 50 - 1
-    state = new_compressor_state(1, 2 * d, compress_rate=rate, overlap=True, max_decode_len=4,
-                                 dtype=torch.float32, device=DEV)  # fmt: skip
-    cache = new_indexer_k_cache(2, 2, head_dim=d, fp8=False, device=DEV)
-    compressor_decode(
-        rows.to(DEV), torch.zeros_like(rows, device=DEV), state.kv, state.gate, cache,
-        torch.tensor([4], dtype=I32, device=DEV), torch.tensor([[1, 0]], dtype=I32, device=DEV),
-        torch.zeros(rate, 2 * d, device=DEV), torch.ones(d, device=DEV),
-        torch.zeros(1, 0, device=DEV), compress_rate=rate, overlap=True, max_decode_len=4,
-        eps=0.0, decode_len=4,
-    )  # fmt: skip
+    caches = []
+    for fn in (compressor_decode, compressor_decode_reference):
+        state = new_compressor_state(1, 2 * d, compress_rate=rate, overlap=True,
+                                     max_decode_len=4, dtype=torch.float32, device=DEV)  # fmt: skip
+        cache = new_indexer_k_cache(2, 2, head_dim=d, fp8=False, device=DEV)
+        fn(
+            rows.to(DEV), torch.zeros_like(rows, device=DEV), state.kv, state.gate, cache,
+            torch.tensor([4], dtype=I32, device=DEV),
+            torch.tensor([[1, 0]], dtype=I32, device=DEV), torch.zeros(rate, 2 * d, device=DEV),
+            torch.ones(d, device=DEV), torch.zeros(1, 0, device=DEV), compress_rate=rate,
+            overlap=True, max_decode_len=4, eps=0.0, decode_len=4,
+        )  # fmt: skip
+        caches.append(cache)
 
     def rmsnorm(x):
         return x / x.square().mean().sqrt()
 
     want0 = rmsnorm(rows[0:2, d:].mean(0))  # entry 0: this window's second halves only
     want1 = rmsnorm(torch.cat([rows[0:2, :d], rows[2:4, d:]]).mean(0))
-    got = cache.float().cpu()  # page 1 holds entries 0, 1
-    torch.testing.assert_close(got[1, 0], want0, rtol=2**-8, atol=0)
-    torch.testing.assert_close(got[1, 1], want1, rtol=2**-8, atol=0)
-    assert (cache[0] == 0).all()
+    for cache in caches:  # the kernel's, the reference's
+        got = cache.float().cpu()  # page 1 holds entries 0, 1
+        torch.testing.assert_close(got[1, 0], want0, rtol=2**-8, atol=0)
+        torch.testing.assert_close(got[1, 1], want1, rtol=2**-8, atol=0)
+        assert (cache[0] == 0).all()
 
 
 # ---- MTP drafts rejected, padding, strides ---------------------------------------------------

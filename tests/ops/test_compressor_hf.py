@@ -73,7 +73,7 @@ class _Ours:
             eps=1e-6, decode_len=n,
         )  # fmt: skip
         out = compressor_step_reference(
-            kv, gate, *self.ref_state, lens, None, self.table, *weights, self.cos_sin,
+            kv, gate, *self.ref_state, lens, self.table, *weights, self.cos_sin,
             compress_rate=rate, overlap=self.overlap, max_decode_len=max(STEPS),
             block_size=PAGE, num_pages=16, eps=1e-6, decode_len=n,
         )  # fmt: skip

@@ -242,11 +242,12 @@ def check_compressor_step(
     run_compressor_step(problem, step, fn=fn)
     c3 = problem.cache[:, :, 0, :] if problem.cache.dim() == 4 else problem.cache
     ref = compressor_step_reference(
-        step.kv, step.gate, ref_state.kv, ref_state.gate, step.seq_lens, step.query_start_loc,
-        problem.block_table, problem.position_bias, problem.norm_weight, problem.cos_sin,
+        step.kv, step.gate, ref_state.kv, ref_state.gate, step.seq_lens, problem.block_table,
+        problem.position_bias, problem.norm_weight, problem.cos_sin,
         compress_rate=spec.compress_rate, overlap=spec.overlap,
         max_decode_len=spec.max_decode_len, block_size=c3.shape[1], num_pages=c3.shape[0],
-        eps=problem.eps, decode_len=step.decode_len, state_index=problem.state_index,
+        eps=problem.eps, query_start_loc=step.query_start_loc, decode_len=step.decode_len,
+        state_index=problem.state_index,
     )  # fmt: skip
     accepted = step.decode_lens if accepted is None else accepted
     problem.lengths = [n + a for n, a in zip(problem.lengths, accepted, strict=True)]

@@ -109,7 +109,6 @@ def compressor_step_reference(
     state_kv: torch.Tensor,
     state_gate: torch.Tensor,
     seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor | None,
     block_table: torch.Tensor,
     position_bias: torch.Tensor,
     norm_weight: torch.Tensor,
@@ -120,7 +119,8 @@ def compressor_step_reference(
     max_decode_len: int,
     block_size: int,
     num_pages: int,
-    eps: float,
+    eps: float = 1e-6,
+    query_start_loc: torch.Tensor | None = None,
     decode_len: int | None = None,
     state_index: torch.Tensor | None = None,
 ) -> CompressorStep:
@@ -196,10 +196,9 @@ def compressor_decode_reference(
     gate: torch.Tensor,
     state_kv: torch.Tensor,
     state_gate: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor | None,
-    block_table: torch.Tensor,
     cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
     position_bias: torch.Tensor,
     norm_weight: torch.Tensor,
     cos_sin: torch.Tensor,
@@ -208,6 +207,7 @@ def compressor_decode_reference(
     overlap: bool,
     max_decode_len: int,
     eps: float = 1e-6,
+    query_start_loc: torch.Tensor | None = None,
     decode_len: int | None = None,
     state_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -215,10 +215,10 @@ def compressor_decode_reference(
     :func:`compressor_step_reference`, then :func:`write_entries_reference`."""
     c3 = cache[:, :, 0, :] if cache.dim() == 4 else cache
     step = compressor_step_reference(
-        kv, gate, state_kv, state_gate, seq_lens, query_start_loc, block_table,
-        position_bias, norm_weight, cos_sin, compress_rate=compress_rate, overlap=overlap,
-        max_decode_len=max_decode_len, block_size=c3.shape[1], num_pages=c3.shape[0], eps=eps,
-        decode_len=decode_len, state_index=state_index,
+        kv, gate, state_kv, state_gate, seq_lens, block_table, position_bias, norm_weight,
+        cos_sin, compress_rate=compress_rate, overlap=overlap, max_decode_len=max_decode_len,
+        block_size=c3.shape[1], num_pages=c3.shape[0], eps=eps,
+        query_start_loc=query_start_loc, decode_len=decode_len, state_index=state_index,
     )  # fmt: skip
     write_entries_reference(step.entries, step.slots, cache)
     return cache
