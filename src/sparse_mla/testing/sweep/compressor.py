@@ -20,7 +20,7 @@ from ..compressor import (
 )
 from .draw import Case, rand_choice, rand_int
 
-# Interpreter shapes: the three compressors' rules at small widths.
+# Interpreter shapes: the three compressors' rules, HCA and the indexer at small widths.
 QUICK_SPECS = {
     "csa": CompressorSpec(4, True, 512, 64, "model1_fp8"),
     "hca": CompressorSpec(16, False, 32, 8, "bf16"),
@@ -31,12 +31,9 @@ QUICK_SPECS = {
 def _spec(case: Case, g: torch.Generator) -> CompressorSpec:
     p = case.params
     spec = (QUICK_SPECS if p["quick"] else V4_SPECS)[p["compressor"]]
-    cache = p["cache"]
-    if cache == "model1_fp8" and spec.dim != 512:  # MODEL1 rows are 512 wide
-        cache = "bf16"
     return dataclasses.replace(
         spec,
-        cache=cache,
+        cache=p["cache"],
         requests=rand_int(g, 1, (2 if spec.dim > 128 else 4) if p["quick"] else 16),
         max_decode_len=rand_int(g, 1, 4),
         page=rand_choice(g, (2, 4, 64) if p["quick"] else (64,)),
