@@ -30,6 +30,7 @@ from sparse_mla.testing.compressor import (
     random_accepted,
     random_decode_lens,
     run_compressor_step,
+    storage_bytes,
 )
 
 DEV = default_device()
@@ -265,8 +266,8 @@ def test_fp8_bytes_equal_the_writer_of_the_same_pooled_rows(cache, seed):
     g = torch.Generator().manual_seed(seed)
     problem = compressor_problem(g, spec, DEV)
     twin = dataclasses.replace(problem, spec=dataclasses.replace(spec, cache="bf16"))
-    twin.cache = twin.cache_base = torch.zeros(*problem.cache.shape[:2], d, dtype=torch.bfloat16,
-                                               device=DEV)  # fmt: skip
+    twin.cache = torch.zeros(*problem.cache.shape[:2], d, dtype=torch.bfloat16, device=DEV)
+    twin.cache_base = storage_bytes(twin.cache)
     twin.state = type(problem.state)(problem.state.kv.clone(), problem.state.gate.clone())
     step = compressor_step_inputs(g, problem, [4] * spec.requests)
     expected = problem.cache.clone()

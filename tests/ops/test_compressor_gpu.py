@@ -20,6 +20,7 @@ from sparse_mla.testing.compressor import (
     random_accepted,
     random_decode_lens,
     run_compressor_step,
+    same_layout,
 )
 
 pytestmark = pytest.mark.gpu
@@ -59,8 +60,8 @@ def test_one_cuda_graph_replays_every_step(name: str, seed: int):
     spec = _spec(name, 16)
     problem = compressor_problem(g, spec, DEV)
     step = compressor_step_inputs(g, problem, [4], uniform=True)
-    c = problem.cache  # a copy with the same strides: the same compiled kernel and plan
-    cache = problem.cache_base.clone().as_strided(c.shape, c.stride(), c.storage_offset())
+    # A copy with the same strides: the same compiled kernel and host plan.
+    cache = same_layout(problem.cache, problem.cache_base.clone())
     state = type(problem.state)(*(t.clone() for t in problem.state))
     run_compressor_step(dataclasses.replace(problem, state=state, cache=cache), step)
     torch.cuda.synchronize()

@@ -69,7 +69,7 @@ class CompressorProblem:
     spec: CompressorSpec
     state: CompressorState
     cache: torch.Tensor
-    cache_base: torch.Tensor  # the whole buffer under ``cache`` (bytes compared)
+    cache_base: torch.Tensor  # uint8, every byte of ``cache``'s storage (compared)
     block_table: torch.Tensor
     state_index: torch.Tensor | None
     position_bias: torch.Tensor
@@ -85,11 +85,19 @@ def _new_cache(spec: CompressorSpec, pages: int, device) -> tuple[torch.Tensor, 
     else:
         cache = new_indexer_k_cache(pages, spec.page, head_dim=spec.dim,
                                     fp8=spec.cache == "fp8", device=device)  # fmt: skip
-    base = cache
-    while base._base is not None:
-        base = base._base
-    base.view(torch.uint8).fill_(POISON_BYTE)
+    base = storage_bytes(cache)
+    base.fill_(POISON_BYTE)
     return cache, base
+
+
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[bytes]``: the whole storage under ``t`` (its padding between pages too)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def same_layout(t: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``t``'s view (shape, strides, offset) over another storage's bytes ``base``."""
+    return base.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def compressor_problem(
@@ -256,9 +264,8 @@ def check_compressor_step(
         if not torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)):
             return f"{name} differs from the reference's ring"
     written = _written_bytes(problem, ref.entries, ref.slots)
-    got_bytes = problem.cache_base.view(torch.uint8).flatten()
-    untouched = ~written.flatten()
-    if not torch.equal(got_bytes[untouched], before.view(torch.uint8).flatten()[untouched]):
+    untouched = ~written
+    if not torch.equal(problem.cache_base[untouched], before[untouched]):
         return "bytes outside the written entries changed"
     emitted = ref.slots >= 0
     if not emitted.any():
@@ -273,13 +280,9 @@ def _written_bytes(problem: CompressorProblem, entries, slots) -> torch.Tensor:
     (written on a 0x00 and a 0xFF copy: the bytes that come out equal)."""
     out = []
     for fill in (0x00, 0xFF):
-        base = torch.full_like(problem.cache_base.view(torch.uint8), fill).view(
-            problem.cache_base.dtype
-        )
-        c = problem.cache
-        view = base.as_strided(c.shape, c.stride(), c.storage_offset())
-        write_entries_reference(entries, slots, view)
-        out.append(base.view(torch.uint8))
+        base = torch.full_like(problem.cache_base, fill)
+        write_entries_reference(entries, slots, same_layout(problem.cache, base))
+        out.append(base)
     return out[0] == out[1]
 
 
