@@ -38,6 +38,7 @@ MODULES = (
     "sparse_mla.ops.attention.split_kv",
     "sparse_mla.ops.kv_cache.model1",
     "sparse_mla.ops.attention.combine",
+    "sparse_mla.ops.compressor.gated_pool",
 )
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
 

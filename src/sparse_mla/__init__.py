@@ -16,6 +16,7 @@ from .ops.attention import (  # noqa: E402
     choose_attention_config,
     sparse_mla_decode,
 )
+from .ops.compressor import compressor_decode, new_compressor_state  # noqa: E402
 from .ops.decode_metadata import (  # noqa: E402
     DecodeMetadata,
     DecodeMetadataBuilder,
@@ -62,6 +63,7 @@ __all__ = [
     "choose_remap_config",
     "choose_remap_layout",
     "compat",
+    "compressor_decode",
     "convert_req_index_to_global_index",
     "dcp",
     "dcp_local_seq_lens",
@@ -71,6 +73,7 @@ __all__ = [
     "info",
     "library",
     "mode",
+    "new_compressor_state",
     "new_indexer_k_cache",
     "new_mla_cache",
     "plan_topk",

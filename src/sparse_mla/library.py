@@ -20,7 +20,15 @@ from collections.abc import Callable
 from . import dcp  # noqa: F401  (registers the DCP ops)
 from ._custom_op import OPS as _REGISTRY
 from ._custom_op import decode_config, encode_config, through_op
-from .ops import attention, decode_metadata, indexer, kv_cache, remap, topk  # noqa: F401
+from .ops import (  # noqa: F401
+    attention,
+    compressor,
+    decode_metadata,
+    indexer,
+    kv_cache,
+    remap,
+    topk,
+)
 
 OPS: tuple[str, ...] = tuple(_REGISTRY)
 """Names of the custom ops, ``torch.ops.sparse_mla.<name>``."""

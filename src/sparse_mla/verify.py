@@ -21,13 +21,17 @@ inputs from its own seed and compares our kernel with the plain PyTorch referenc
 * ``logits``: indexer logits (bf16 and fp8 caches, native multi-token, flattened and 2-D
   lengths, hostile lengths and page ids) against the fp64 reference within the tolerance of
   ``tests/ops/test_indexer.py``, with the ``-inf`` pattern exact.
+* ``compressor``: DeepSeek-V4's compressors (CSA, HCA, the indexer's; bf16, fp8 and MODEL1
+  fp8 caches), three steps of ragged MTP rows with rejected drafts, padding and hostile
+  state indices and pages: rings bit for bit, untouched cache bytes, entries within the
+  kit's tolerance of the float64 reference.
 
-The full sweep (2456 configurations: 2040 remap/dcp/expand, 192 topk, 72 kvcache, 72 logits,
+The full sweep (2472 configurations: 2040 remap/dcp/expand, 192 topk, 72 kvcache, 72 logits,
 68 attention, 12 decode_step: the whole step of ``sparse_mla.decode`` against its PyTorch
-reference)
+reference, 16 compressor)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
-contexts up to 16K); ``--quick`` (483) runs a subset at interpreter sizes (k 128/256, rows up to
-2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
+contexts up to 16K; V4-Flash's compressors); ``--quick`` (486) runs a subset at interpreter
+sizes (k 128/256, rows up to 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
 A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
 it (with ``--quick`` when it came from the quick sweep).
 """
@@ -204,6 +208,9 @@ def build_cases(quick: bool, base_seed: int = 0) -> list[Case]:
     for rep in range(DECODE_STEP_REPS):  # the whole decode step against its reference
         cases.append(Case("decode_step", 0, {}))
         keep.append(rep < 2)
+    for c, q in _compressor_cases(quick):
+        cases.append(c)
+        keep.append(q)
     out = [Case(c.kind, base_seed + i, c.params) for i, c in enumerate(cases)]
     if not quick:
         return out
@@ -229,9 +236,34 @@ def _attention_cases(quick: bool) -> list[tuple[Case, bool]]:
     return out
 
 
+# ---- DeepSeek-V4 compressors -----------------------------------------------------------------
+
+COMPRESSORS = ("csa", "hca", "indexer")
+COMPRESSOR_CACHES = ("bf16", "fp8", "model1_fp8")
+COMPRESSOR_REPS = 2
+
+
+# The quick sweep's format per compressor: V4's (HCA's interpreter width is not MODEL1's).
+COMPRESSOR_QUICK = {"csa": "model1_fp8", "hca": "bf16", "indexer": "fp8"}
+
+
+def _compressor_cases(quick: bool) -> list[tuple[Case, bool]]:
+    """Each compressor x cache format (MODEL1 fp8 for the 512-wide ones) x repetitions, 3
+    steps each; the quick sweep keeps one of each compressor (``COMPRESSOR_QUICK``)."""
+    out = []
+    for rep, comp, cache in itertools.product(
+        range(COMPRESSOR_REPS), COMPRESSORS, COMPRESSOR_CACHES
+    ):
+        if comp == "indexer" and cache == "model1_fp8":
+            continue
+        params = dict(compressor=comp, cache=cache, steps=3, quick=quick)
+        out.append((Case("compressor", 0, params), rep == 0 and COMPRESSOR_QUICK[comp] == cache))
+    return out
+
+
 # Rough relative cost of one case, for scheduling across worker processes.
 _COST = {"remap": 1, "dcp": 1, "expand": 1, "kvcache": 2, "topk": 4, "logits": 8, "attention": 8,
-         "decode_step": 8}  # fmt: skip
+         "decode_step": 8, "compressor": 4}  # fmt: skip
 
 
 def _init_worker(threads: int) -> None:
@@ -304,6 +336,9 @@ def _group(case: Case) -> tuple[str, tuple, str]:
         return case.kind, (p["n"],), f"n={p['n']}"
     if case.kind == "kvcache":
         return case.kind, (KV_CACHES.index(p["cache"]),), p["cache"]
+    if case.kind == "compressor":
+        key = (COMPRESSORS.index(p["compressor"]), COMPRESSOR_CACHES.index(p["cache"]))
+        return case.kind, key, f"{p['compressor']} {p['cache']}"
     if case.kind == "logits":
         cache = "fp8" if p["fp8"] else "bf16"
         return case.kind, (p["fp8"], p["n"]), f"{cache} n={p['n']}"

@@ -249,6 +249,7 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
     from ..ops.attention import AttentionConfig, attention_workspace
     from ..ops.decode_metadata import ExpandConfig
     from ..ops.topk import TopKConfig, topk_workspace
+    from .compressor import compressor_op_args
 
     x, k, i32, f32 = case.inputs, OP_CASE_K, torch.int32, torch.float32
     dev = x.seq_lens.device
@@ -305,6 +306,7 @@ def custom_op_cases(case: StepCase) -> dict[str, tuple]:
             torch.randn(b, heads, 32, device=dev), torch.randn(2, b, heads, device=dev), 1,
             "all_reduce", out(b, heads, 32, dtype=f32), out(b, heads, dtype=f32),
         ),
+        "compressor_decode": compressor_op_args(dev),
     }  # fmt: skip
 
 

@@ -217,3 +217,41 @@ def compiled_matches_eager(fn, make_args, *, backend: str = "aot_eager") -> dict
         raise AssertionError("; ".join(problems))
     ops = sorted({t.split(".")[1] for t in targets if t.startswith("sparse_mla.")})
     return {"graphs": len(graphs), "first_call_s": round(first_call_s, 2), "ops": ops}
+
+
+# ---- DeepSeek-V4 compressors -----------------------------------------------------------------
+
+# Tolerance of a compressed entry (read back from the cache) against the float64 reference.
+# bf16: the kernel's fp32 pooling, norm and RoPE, then one rounding to bf16 (half an ulp,
+# 2^-9 relative): 2^-8 of the value, plus 2^-14 of the row's largest magnitude for fp32
+# cancellation in the gated sum and the rotation. fp8 (values quantised after that rounding):
+# e4m3's half ulp, 2^-4 of the value, and 2^-16 of the row's magnitude for its subnormals.
+COMPRESSOR_RTOL = 2.0**-8
+COMPRESSOR_ROW_ATOL = 2.0**-14
+COMPRESSOR_FP8_RTOL = 2.0**-4
+COMPRESSOR_FP8_ROW_ATOL = 2.0**-16
+
+
+def compressor_entry_error(got: torch.Tensor, ref: torch.Tensor, *, fp8: bool) -> str | None:
+    """Why compressed entries ``got`` ``[E, D]`` (dequantised from the cache) differ from the
+    float64 reference ``ref`` (None when they agree): no NaN, each element within
+    ``rtol * |ref| + row_atol * max|ref row|`` (``COMPRESSOR_*``; the fp8 terms added for an
+    fp8 cache)."""
+    got, ref = got.double().cpu(), ref.double().cpu()
+    if got.shape != ref.shape:
+        return f"entries: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    if torch.isnan(got).any():
+        return f"entries: {int(torch.isnan(got).sum())} NaN"
+    rtol, atol = COMPRESSOR_RTOL, COMPRESSOR_ROW_ATOL
+    if fp8:
+        rtol, atol = rtol + COMPRESSOR_FP8_RTOL, atol + COMPRESSOR_FP8_ROW_ATOL
+    tol = rtol * ref.abs() + atol * ref.abs().amax(dim=-1, keepdim=True)
+    err = (got - ref).abs()
+    if not torch.all(err <= tol):
+        ratio = err / tol.clamp_min(1e-300)
+        at = tuple(int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape))
+        return (
+            f"entries: max err/tol {ratio.max().item():.3g} at {at}: got {got[at].item():.6g} "
+            f"want {ref[at].item():.6g}"
+        )
+    return None

@@ -93,13 +93,6 @@ def _indexer_host_plan(k, k_cache, slot_mapping) -> _WriteHostPlan:
     check_slot_mapping(slot_mapping, num_tokens)
     check_same_device(k=k, k_cache=k_cache, slot_mapping=slot_mapping)
     block_t = 64 if INTERPRETER else 8  # the interpreter pays per program, not per element
-    c3 = lay.cache3
-    if lay.fp8:
-        c_s0, c_s1, c_s2 = c3.stride(0), d, 1
-        scale_s0, scale_base = c3.stride(0) // 4, lay.block_size * d // 4
-    else:
-        c_s0, c_s1, c_s2 = c3.stride()
-        scale_s0, scale_base = 0, 0
     empty = num_tokens == 0 or lay.num_pages == 0
     return _WriteHostPlan(
         grid=None if empty else (cdiv(num_tokens, block_t),),
@@ -107,11 +100,7 @@ def _indexer_host_plan(k, k_cache, slot_mapping) -> _WriteHostPlan:
             num_tokens,
             lay.num_pages * lay.block_size,
             *k.stride(),
-            c_s0,
-            c_s1,
-            c_s2,
-            scale_s0,
-            scale_base,
+            *lay.store_strides(),
         ),  # fmt: skip
         kwargs=dict(
             PAGE=lay.block_size, D=d, DP=next_pow2(d), FP8=lay.fp8, BLOCK_T=block_t, num_warps=4

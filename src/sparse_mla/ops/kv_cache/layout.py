@@ -84,6 +84,15 @@ class IndexerKCacheLayout:
     scales: torch.Tensor | None
     page_stride: int
 
+    def store_strides(self) -> tuple[int, int, int, int, int]:
+        """``(c_s0, c_s1, c_s2, scale_s0, scale_base)`` of ``write.store_indexer_k_rows``:
+        fp8, bytes (page, token = D, 1) and, in fp32 words, the page stride and the first
+        scale's offset in a page; bf16, ``cache3``'s strides and two zeros."""
+        if not self.fp8:
+            return (*self.cache3.stride(), 0, 0)
+        s0, d = self.cache3.stride(0), self.head_dim
+        return s0, d, 1, s0 // 4, self.block_size * d // 4
+
 
 def _as_3d(name: str, cache: torch.Tensor) -> torch.Tensor:
     if cache.dim() == 4:

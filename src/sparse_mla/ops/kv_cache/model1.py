@@ -147,33 +147,28 @@ def model1_cache_layout(kv_cache: torch.Tensor, name: str = "kv_cache") -> Model
 
 
 @jit
-def _write_model1_kernel(
-    kvc_ptr, kpe_ptr, slot_ptr, u8_ptr, bf16_ptr, num_tokens, num_slots,
-    kvc_s0, kvc_s1, kpe_s0, kpe_s1, c_s0, c_s1, c_s2,
+def store_model1_rows(
+    u8_ptr, bf16_ptr, x, page, off, ok, c_s0, c_s1, c_s2,
     PAGE: tl.constexpr, FP8: tl.constexpr, SCALE_MIN_EXP: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tok_ok = t < num_tokens
-    slot = tl.load(slot_ptr + t, mask=tok_ok, other=-1).to(tl.int64)
-    ok = tok_ok & (slot >= 0) & (slot < num_slots)  # -1 and out-of-range slots: skipped
-    page = slot // PAGE
-    off = slot % PAGE
-    t64 = t.to(tl.int64)
-    d = tl.arange(0, 512)  # the 448 nope values, padded to a power of two
+    """Store bf16 rows ``x`` ([BLOCK_T, 512]: 448 values, then the 64 RoPE values) at
+    ``(page, off)`` (int64 [BLOCK_T]) of a MODEL1 cache where ``ok`` (module docstring). The
+    one copy of the format's store, shared by the writer and the compressor
+    (``ops/compressor``)."""
+    d = tl.arange(0, 512)
     dm = ok[:, None] & (d < 448)[None, :]
-    x = tl.load(kvc_ptr + t64[:, None] * kvc_s0 + d[None, :] * kvc_s1, mask=dm, other=0.0)
-    r = tl.arange(0, 64)
-    rm = ok[:, None] & (r < 64)[None, :]
-    pe = tl.load(kpe_ptr + t64[:, None] * kpe_s0 + r[None, :] * kpe_s1, mask=rm, other=0.0)
+    rm = ok[:, None] & (d >= 448)[None, :]
     if FP8:
-        x3 = tl.reshape(x.to(tl.float32), [BLOCK_T, 8, 64])  # group 7 is padding (zeros)
+        # Group 7 holds the RoPE values: its scale is computed and never stored.
+        x3 = tl.reshape(x.to(tl.float32), [BLOCK_T, 8, 64])
         scale, inv = flashmla_pow2_scale(finite_amax(x3, 2), SCALE_MIN_EXP)  # [BLOCK_T, 8]
         q = tl.reshape(e4m3_bits(x3 * inv[:, :, None]), [BLOCK_T, 512])
         row = page * c_s0 + off * 576  # the token's 576-byte value row
         tl.store(u8_ptr + row[:, None] + d[None, :], q, mask=dm)
-        # RoPE as its bf16 bytes, little endian (byte stores: no alignment assumed).
-        bits = pe.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        rope_at = row[:, None] + 448 + 2 * r[None, :]
+        # RoPE value d (>= 448) as its bf16 bytes at 448 + 2 (d - 448), little endian (byte
+        # stores: no alignment assumed).
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        rope_at = row[:, None] + 2 * d[None, :] - 448
         tl.store(u8_ptr + rope_at, (bits & 0xFF).to(tl.uint8), mask=rm)
         tl.store(u8_ptr + rope_at + 1, (bits >> 8).to(tl.uint8), mask=rm)
         # ue8m0 byte of a power of two = its fp32 biased exponent; the pad byte is 0.
@@ -184,8 +179,30 @@ def _write_model1_kernel(
         tl.store(u8_ptr + scale_at[:, None] + g[None, :], e8m0, mask=ok[:, None])
     else:
         row = page * c_s0 + off * c_s1
-        tl.store(bf16_ptr + row[:, None] + d[None, :] * c_s2, x, mask=dm)
-        tl.store(bf16_ptr + row[:, None] + (448 + r[None, :]) * c_s2, pe, mask=rm)
+        tl.store(bf16_ptr + row[:, None] + d[None, :] * c_s2, x, mask=ok[:, None])
+
+
+@jit
+def _write_model1_kernel(
+    kvc_ptr, kpe_ptr, slot_ptr, u8_ptr, bf16_ptr, num_tokens, num_slots,
+    kvc_s0, kvc_s1, kpe_s0, kpe_s1, c_s0, c_s1, c_s2,
+    PAGE: tl.constexpr, FP8: tl.constexpr, SCALE_MIN_EXP: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = t < num_tokens
+    slot = tl.load(slot_ptr + t, mask=tok_ok, other=-1).to(tl.int64)
+    ok = tok_ok & (slot >= 0) & (slot < num_slots)  # -1 and out-of-range slots: skipped
+    t64 = t.to(tl.int64)
+    d = tl.arange(0, 512)  # one 512-wide row: kv_c's 448 values, then k_pe's 64
+    dm = ok[:, None] & (d < 448)[None, :]
+    rm = ok[:, None] & (d >= 448)[None, :]
+    x = tl.load(kvc_ptr + t64[:, None] * kvc_s0 + d[None, :] * kvc_s1, mask=dm, other=0.0)
+    pe_at = kpe_ptr + t64[:, None] * kpe_s0 + (d[None, :] - 448) * kpe_s1
+    x = tl.where(rm, tl.load(pe_at, mask=rm, other=0.0), x)
+    store_model1_rows(
+        u8_ptr, bf16_ptr, x, slot // PAGE, slot % PAGE, ok, c_s0, c_s1, c_s2, PAGE, FP8,
+        SCALE_MIN_EXP, BLOCK_T,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key

@@ -97,6 +97,29 @@ def e4m3_bits(y):
 
 
 @jit
+def store_indexer_k_rows(
+    val_ptr, scale_ptr, x, page, off, ok, c_s0, c_s1, c_s2, scale_s0, scale_base,
+    D: tl.constexpr, DP: tl.constexpr, FP8: tl.constexpr,
+):  # fmt: skip
+    """Store keys ``x`` ([BLOCK_T, DP], zeros past ``D``) at ``(page, off)`` (int64
+    [BLOCK_T]) of an indexer K cache where ``ok``: bf16 as given, fp8 quantised (one
+    power-of-two scale per key, layout.py). The one copy of the format's store, shared by
+    the writer and the compressor (``ops/compressor``)."""
+    d = tl.arange(0, DP)
+    m = ok[:, None] & (d < D)[None, :]
+    if FP8:
+        xf = x.to(tl.float32)
+        scale, inv = pow2_scale(finite_amax(xf, 1))
+        q = e4m3_bits(xf * inv[:, None])  # exact product: inv is a power of two
+        # Page layout: all block_size * D values first, then block_size fp32 scales.
+        tl.store(val_ptr + (page * c_s0 + off * D)[:, None] + d[None, :], q, mask=m)
+        tl.store(scale_ptr + page * scale_s0 + scale_base + off, scale, mask=ok)
+    else:
+        dst = val_ptr + (page * c_s0 + off * c_s1)[:, None] + d[None, :] * c_s2
+        tl.store(dst, x, mask=m)
+
+
+@jit
 def _write_indexer_k_kernel(
     k_ptr,
     slot_ptr,
@@ -122,21 +145,13 @@ def _write_indexer_k_kernel(
     slot = tl.load(slot_ptr + t, mask=tok_ok, other=-1).to(tl.int64)
     # -1 (padding) and out-of-range slots are skipped: device data is never trusted.
     ok = tok_ok & (slot >= 0) & (slot < num_slots)
-    page = slot // PAGE
-    off = slot % PAGE
     d = tl.arange(0, DP)
     m = ok[:, None] & (d < D)[None, :]
     x = tl.load(k_ptr + t.to(tl.int64)[:, None] * k_s0 + d[None, :] * k_s1, mask=m, other=0.0)
-    if FP8:
-        xf = x.to(tl.float32)
-        scale, inv = pow2_scale(finite_amax(xf, 1))
-        q = e4m3_bits(xf * inv[:, None])  # exact product: inv is a power of two
-        # Page layout: all block_size * D values first, then block_size fp32 scales.
-        tl.store(val_ptr + (page * c_s0 + off * D)[:, None] + d[None, :], q, mask=m)
-        tl.store(scale_ptr + page * scale_s0 + scale_base + off, scale, mask=ok)
-    else:
-        dst = val_ptr + (page * c_s0 + off * c_s1)[:, None] + d[None, :] * c_s2
-        tl.store(dst, x, mask=m)
+    store_indexer_k_rows(
+        val_ptr, scale_ptr, x, slot // PAGE, slot % PAGE, ok, c_s0, c_s1, c_s2, scale_s0,
+        scale_base, D, DP, FP8,
+    )  # fmt: skip
 
 
 # ---- MLA latent writer ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ import torch
 
 from .attention import check_attention
 from .caches import check_kvcache, check_logits
+from .compressor import check_compressor
 from .draw import Case
 from .indices import check_dcp, check_expand, check_remap
 from .topk import check_topk
@@ -29,6 +30,7 @@ RUNNERS = {
     "logits": check_logits,
     "attention": check_attention,
     "decode_step": check_decode_step,
+    "compressor": check_compressor,
 }
 
 
