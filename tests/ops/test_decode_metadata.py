@@ -457,7 +457,7 @@ def test_builder_random(case: int, rng: random.Random, seed: int) -> None:
         num_reqs = rng.randint(0, 8)
         if rng.random() < 0.5:
             host = expansion_decode_lens(None, num_reqs, 4, "ragged")
-        else:  # native where n is 1 or 2
+        else:  # uniform: the native layout where n is 1 or 2
             host = expansion_decode_lens(None, num_reqs, 4, "uniform", decode_len=rng.randint(1, 3))
         x = expansion_inputs(
             None, host, width=rng.randint(0, 6), seq_lens="near_decode_len", ctx=300,
