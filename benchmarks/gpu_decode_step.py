@@ -3,27 +3,28 @@
 Run on the H200 (triton >= 3.6; put the FlashMLA anchor on the path to time it too):
 
     PYTHONPATH=src:../shared/anchors/flashmla \
-        python benchmarks/gpu_decode_step.py --out DIR [--quick] [--seeds N]
+        python benchmarks/gpu_decode_step.py --out DIR [--quick]
 
-1. Correctness first: a few random steps (fp8 and bf16 caches, native and ragged MTP rows,
-   padding rows after both) through the plan eagerly and through its captured CUDA graph
-   against the PyTorch reference (``sparse_mla.testing.cases.step_error``: selections may
-   differ only within the indexer logits' stated tolerance of the k-th score); replay must
-   not allocate. ``--seeds N`` repeats them with N random seeds.
-2. One layer's step, fp8 caches, captured as ONE CUDA graph and replayed: per stage (one graph
+Correctness is the GPU tests' (``pytest -m gpu tests/decode/test_plan_gpu.py``: the plan
+eagerly and as a replayed CUDA graph against the PyTorch reference, fp8 and bf16 caches,
+native and ragged rows, padding); before timing, this script only refuses a wrong step: one
+random step against the reference (``sparse_mla.testing.cases.check_random_step``, the case
+``sparse-mla verify`` runs).
+
+1. One layer's step, fp8 caches, captured as ONE CUDA graph and replayed: per stage (one graph
    each: metadata, cache writes, logits, top-k, attention) and whole step, at B in {1, 32,
    128}, context in {8K, 32K, 128K}, n in {1, 2}, h_q in {16, 128}; x 61 layers per model
    step. Beside it: the same step with FlashMLA for the attention stage (when ``flash_mla``
    imports; h_q 16 padded to 64), and the PyTorch path (dense torch scores, torch.topk, the
    batched torch attention), where it fits in memory.
-3. HF end to end: a random DeepSeek-V3.2-shaped model (real attention dims, 128 heads,
+2. HF end to end: a random DeepSeek-V3.2-shaped model (real attention dims, 128 heads,
    ``--hf-layers`` layers) prefilled to 8K / 32K tokens in chunks, then greedy decode timed
    per token, HF's own (sdpa) attention vs sparse-mla; the two token streams are compared
    and, where they part, each side's logit gap between the two tokens.
 
 ``--dry-run`` runs tiny shapes anywhere (on the CPU eagerly, through the interpreter) to
 check the script itself. Prints compact tables and writes ``decode_step.json`` to ``--out``.
-Exit status 1 when a correctness check fails.
+Exit status 1 when the step is wrong (nothing is timed then) or HF's run failed.
 """
 
 from __future__ import annotations
@@ -32,14 +33,13 @@ import argparse
 import copy
 import json
 import os
-import random
 import sys
 import time
 
 import torch
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
-from sparse_mla.decode import DecodePlan, DecodePlanConfig, decode_step_reference
+from sparse_mla.decode import DecodePlan, DecodePlanConfig
 from sparse_mla.decode.naive import sparse_attention_torch
 from sparse_mla.decode.plan import LATENT_DIM, STAGES, DecodeInputs
 from sparse_mla.ops.indexer import quantize_index_q
@@ -50,7 +50,7 @@ from sparse_mla.ops.kv_cache import (
     write_mla_latent,
 )
 from sparse_mla.ops.kv_cache.naive import dequantize_indexer_k_cache
-from sparse_mla.testing.cases import INDEX_DIM, INDEX_HEADS, clone_inputs, random_step, step_error
+from sparse_mla.testing.cases import INDEX_DIM, INDEX_HEADS, check_random_step
 from sparse_mla.testing.timing import graph_us
 
 PAGE, LAYERS = 64, 61
@@ -67,63 +67,7 @@ def graph_time_us(fn, iters: int = 20, reps: int = 5) -> float:
     return graph_us(fn, graph_calls=iters, reps=reps, warmup=1)
 
 
-# ---- 1. correctness -------------------------------------------------------------------------
-
-
-def check_correctness(seed: int, dry: bool) -> list[str]:
-    """The step against the reference on a few shapes with random data from ``seed``."""
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    failures = []
-    cases = [
-        (True, [3000, 700, 0, 129], [2, 2, 2, 2], 0),
-        (False, [5000, 64], [1, 1], 0),
-        (True, [4100, 0, 900], [3, 1, 2], 3),
-        (True, [2500, 0, 800], [2, 2, 2], 2),  # native rows, then padding rows
-    ]
-    if dry:
-        cases = [(True, [200, 0, 129], [3, 1, 2], 1), (True, [150, 90], [2, 2], 1)]
-    for fp8, lens, n, pad in cases:
-        case = random_step(rng, seq_lens=lens, decode_lens=n, num_heads=16, fp8=fp8,
-                           pad_rows=pad, device=DEV)  # fmt: skip
-        cfg = DecodePlanConfig(case.num_tokens, len(lens), case.max_blocks, 16, topk=TOPK,
-                               max_decode_len=4, mla_fp8=fp8)  # fmt: skip
-        plan = DecodePlan(cfg, sm_scale=SM_SCALE)
-        ref_in = clone_inputs(case.inputs)
-        got = plan.run(case.inputs, n, num_tokens=case.num_tokens)
-        ref = decode_step_reference(**ref_in._asdict(), decode_lens=n, topk=TOPK,
-                                    sm_scale=SM_SCALE)  # fmt: skip
-        err, ties = step_error(got, ref, case)
-        tag = f"seed {seed} eager fp8={fp8} lens={lens} n={n} pad={pad} " \
-              f"({plan.attention_backend} attention)"  # fmt: skip
-        print(f"  {tag}: {err or 'OK'} ({ties} near-tie rows)")
-        if err:
-            failures.append(f"{tag}: {err}")
-        if len(set(n)) == 1 and pad == 0 and DEV.type == "cuda":  # one graph, fresh data
-            fresh = random_step(rng, seq_lens=[v // 2 + 1 for v in lens], decode_lens=n,
-                                num_heads=16, fp8=fp8, device="cuda", max_blocks=case.max_blocks,
-                                num_pages=case.inputs.kv_cache.shape[0])  # fmt: skip
-            plan.capture(case.inputs, n[0])
-            for name, t in fresh.inputs._asdict().items():  # new lengths, tables, data
-                getattr(case.inputs, name).copy_(t)
-            ref_in = clone_inputs(case.inputs)
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_stats()["allocation.all.allocated"]
-            got = plan.replay()
-            torch.cuda.synchronize()
-            allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - before
-            ref = decode_step_reference(**ref_in._asdict(), decode_lens=n, topk=TOPK,
-                                        sm_scale=SM_SCALE)  # fmt: skip
-            fresh.inputs = case.inputs
-            err, ties = step_error(got, ref, fresh)
-            err = err or (f"{allocs} allocations during replay" if allocs else None)
-            print(f"  seed {seed} graph replay fp8={fp8}: {err or 'OK'} ({ties} near-tie rows)")
-            if err:
-                failures.append(f"seed {seed} graph fp8={fp8}: {err}")
-    return failures
-
-
-# ---- 2. one layer's step --------------------------------------------------------------------
+# ---- 1. one layer's step --------------------------------------------------------------------
 
 
 def big_step(b: int, ctx: int, n: int, h_q: int, fp8: bool = True) -> tuple[DecodeInputs, int]:
@@ -254,7 +198,7 @@ def _time_torch(ts, row: dict) -> float:
         return 1e6 * (time.perf_counter() - t0)
 
 
-# ---- 3. HF end to end -------------------------------------------------------------------------
+# ---- 2. HF end to end -------------------------------------------------------------------------
 
 
 def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> dict:
@@ -348,10 +292,9 @@ def main() -> int:
     p.add_argument("--hf-steps", type=int, default=16)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--heads", default="16,128", help="h_q values of the step grid (comma list)")
-    p.add_argument("--skip-grid", action="store_true", help="no step grid (correctness, HF)")
+    p.add_argument("--skip-grid", action="store_true", help="no step grid (HF only)")
     p.add_argument("--hf-contexts", default="8192,32768", help="HF prompt lengths (comma list)")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes anywhere (CPU: eager)")
-    p.add_argument("--seeds", type=int, default=1, help="correctness runs, seeds 0..N-1")
     args = p.parse_args()
     global TOPK
     if args.dry_run:
@@ -362,13 +305,13 @@ def main() -> int:
     name = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (interpreter)"
     print(f"sparse-mla decode step, {name}, torch {torch.__version__}")
     result: dict = {"device": name}
-    print(f"1. correctness (plan vs the PyTorch reference), {args.seeds} seed(s)")
-    failures = []
-    for seed in range(args.seeds):
-        failures += check_correctness(seed, args.dry_run)
-    result["failures"] = failures
+    wrong = check_random_step(0, DEV)  # refuse to time a wrong step
+    if wrong:
+        print(f"FAIL: the step is wrong, nothing timed: {wrong}")
+        return 1
+    result["failures"] = failures = []
 
-    print("2. one layer's step, fp8 caches, CUDA-graph replay (us per layer; x61 in ms)")
+    print("1. one layer's step, fp8 caches, CUDA-graph replay (us per layer; x61 in ms)")
     heads = [int(h) for h in args.heads.split(",")]
     grid = [(b, c, n, h) for h in heads for n in (1, 2) for c in (8192, 32768, 131072)
             for b in (1, 32, 128)]  # fmt: skip
@@ -395,7 +338,7 @@ def main() -> int:
     table(rows, keys)
 
     if not args.skip_hf:
-        print(f"3. HF end to end ({args.hf_layers} layers), ms per generated token")
+        print(f"2. HF end to end ({args.hf_layers} layers), ms per generated token")
         hf_rows = []
         ctxs = [int(c) for c in args.hf_contexts.split(",")]
         ctxs = (160,) if args.dry_run else ctxs[:1] if args.quick else ctxs

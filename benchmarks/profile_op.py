@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import sparse_mla
+from sparse_mla.testing import engine_remap_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines.remap_layouts import tiled_atomic_layout  # noqa: E402
@@ -47,11 +48,10 @@ NCU_ARGS = {
 
 def profile_remap(dev: str) -> None:
     tokens, k, width = 1024, 2048, 2048
-    lens = torch.randint(1, width * 64 + 1, (tokens,), device=dev)
-    bt = torch.randint(0, 1 << 20, (tokens, width), dtype=torch.int32, device=dev)
-    pos = (torch.rand(tokens, k, device=dev) * lens[:, None]).int()
-    pos[torch.arange(k, device=dev)[None, :] >= lens[:, None]] = -1
-    req = torch.arange(tokens, dtype=torch.int32, device=dev)
+    req, bt, pos = engine_remap_inputs(
+        None, tokens, k, width=width, ctx=width * 64, max_requests=tokens, page_ids=1 << 20,
+        device=dev,
+    )  # fmt: skip
     for layout in ("auto", tiled_atomic_layout(k, count_valid=True)):
         for _ in range(2):
             sparse_mla.convert_req_index_to_global_index(

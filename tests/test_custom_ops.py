@@ -1,5 +1,7 @@
 """torch.ops.sparse_mla: opcheck of every op, the ops equal to the public functions, and a
-whole decode step under torch.compile(fullgraph=True) equal to eager."""
+whole decode step under torch.compile(fullgraph=True) equal to eager (AOT autograd; with
+Inductor too on a GPU, gpu-marked: what ``benchmarks/gpu_custom_ops.py`` checked before it
+timed). On a GPU every test here runs on CUDA tensors (opcheck included)."""
 
 from __future__ import annotations
 
@@ -157,19 +159,25 @@ def test_the_parameter_check_catches_drift():
 
 # ---- torch.compile(fullgraph=True) of a whole decode step -----------------------------------
 
+# AOT autograd here; Inductor's code generation too on a GPU (gpu-marked: it takes minutes).
+BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.gpu)]
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "decode_lens, pad, remap",
     [([1, 1], 0, "topk"), ([2, 1], 1, "separate"), ([2, 2], 1, "attention")],
 )
-def test_decode_step_compiles_to_one_graph_equal_to_eager(rng, decode_lens, pad, remap):
+def test_decode_step_compiles_to_one_graph_equal_to_eager(rng, decode_lens, pad, remap, backend):
+    # On the GPU: 16 heads, fp8 caches but where the remap is separate.
+    heads, fp8 = (16, remap != "separate") if backend == "inductor" else (HEADS, False)
     case = random_step(
-        rng, seq_lens=[150, 90], decode_lens=decode_lens, num_heads=HEADS, pad_rows=pad
+        rng, seq_lens=[150, 90], decode_lens=decode_lens, num_heads=heads, pad_rows=pad, fp8=fp8
     )
     cfg = DecodePlanConfig(
         max_num_tokens=case.num_tokens + 1, max_num_requests=3,
-        max_blocks_per_req=case.max_blocks, num_heads=HEADS, topk=K, max_decode_len=2,
-        remap=remap, mla_fp8=False,
+        max_blocks_per_req=case.max_blocks, num_heads=heads, topk=K, max_decode_len=2,
+        remap=remap, mla_fp8=fp8,
     )  # fmt: skip
     plan = DecodePlan(cfg, sm_scale=0.135)
 
@@ -181,7 +189,7 @@ def test_decode_step_compiles_to_one_graph_equal_to_eager(rng, decode_lens, pad,
         poison(plan._out, plan._lse, plan._indices)
         return (clone_inputs(case.inputs),)
 
-    info = compiled_matches_eager(step, fresh_inputs)
+    info = compiled_matches_eager(step, fresh_inputs, backend=backend)
     assert {"write_mla_latent", "index_logits", "select_topk", "sparse_mla_decode"} <= set(
         info["ops"]
     )
@@ -196,10 +204,11 @@ def test_decode_step_compiles_to_one_graph_equal_to_eager(rng, decode_lens, pad,
         "flashmla.flash_mla_with_kvcache",
     ],
 )
-def test_builder_and_compat_compile_to_one_graph(step, name):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_builder_and_compat_compile_to_one_graph(step, name, backend):
     """The metadata builder (ragged: staged offsets) and the compat entries, compiled."""
     fn, args = compile_cases(step)[name]
-    compiled_matches_eager(fn, lambda: args)
+    compiled_matches_eager(fn, lambda: args, backend=backend)
 
 
 def test_compile_check_fails_on_a_raw_launch(step):
@@ -216,7 +225,8 @@ def test_compile_check_fails_on_a_raw_launch(step):
         compiled_matches_eager(raw, lambda: (step.inputs.seq_lens,))
 
 
-def test_dcp_calls_compile_with_their_collectives(step):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dcp_calls_compile_with_their_collectives(step, backend):
     """global_topk and combine: their local ops and the collective in one graph (one rank
     in this process: gloo on the CPU, NCCL on a GPU)."""
     import torch.distributed as dist
@@ -237,11 +247,11 @@ def test_dcp_calls_compile_with_their_collectives(step):
                 logits, lens, k=K, dcp_size=1, dcp_rank=0, interleave=1, group=group
             )
 
-        info = compiled_matches_eager(topk, lambda: (logits, lens))
+        info = compiled_matches_eager(topk, lambda: (logits, lens), backend=backend)
         assert info["ops"] == ["local_topk_candidates", "merge_topk_candidates"]
         out, lse = torch.randn(2, HEADS, 32, device=dev), torch.randn(2, HEADS, device=dev)
         info = compiled_matches_eager(
-            lambda o, s: dcp.combine(o, s, group=group), lambda: (out, lse)
+            lambda o, s: dcp.combine(o, s, group=group), lambda: (out, lse), backend=backend
         )
         assert info["ops"] == ["rescale_partial"]
     finally:

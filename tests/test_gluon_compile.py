@@ -2,7 +2,8 @@
 within the shared-memory opt-in limit and without register spills, under this Triton and
 under the GPU machine's (Triton 3.6, a venv ``make test`` builds and names in
 ``$SPARSE_MLA_TRITON36_PYTHON``). Gluon has no interpreter: this is the only CI check of
-those kernels; they run on the GPU in ``benchmarks/gpu_attention_sm90.py``."""
+those kernels; they run on the GPU in ``tests/ops/test_attention_sm90_gpu.py`` (``pytest -m
+gpu``) and are timed by ``benchmarks/gpu_attention_sm90.py``."""
 
 from __future__ import annotations
 

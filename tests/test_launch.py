@@ -225,7 +225,7 @@ def test_fast_launch_falls_back(fast, monkeypatch):
     assert kinds(k) == ["slow"] * 4
 
 
-@pytest.mark.skipif(DEV.type != "cuda", reason="the cached launch needs a GPU")
+@pytest.mark.gpu  # the cached launch needs a GPU
 def test_fast_launch_on_the_gpu_matches_and_captures(seed):
     # Real compiled kernels: shapes whose integers Triton specialises differently (1, 16,
     # odd), PDL launches (Hopper), a misaligned view, and a CUDA-graph capture of the path.
@@ -262,6 +262,17 @@ def test_fast_launch_on_the_gpu_matches_and_captures(seed):
         assert torch.equal(out, remap_ref(req, bt, ti, block_size=16))
     finally:
         _launch.set_fast_launch(prev)
+
+
+@pytest.mark.gpu
+def test_fast_launch_matches_the_normal_path_on_every_host_case():
+    """Every call the host-cost table times (``sparse_mla.bench.host.host_cases``) gives the
+    same outputs through the cached launch as through Triton's: what
+    ``benchmarks/gpu_host_cost.py`` checks again before it times the cached launch."""
+    from sparse_mla.bench.host import fast_launch_mismatches
+
+    assert fast_launch_mismatches(torch.device("cuda")) == []
+    assert any(e is not None for e in _launch._LAUNCHES.values()), "fast path never taken"
 
 
 def test_expand_and_logits_check_overlap_on_a_cache_hit():

@@ -115,6 +115,8 @@ def test_expansion_inputs_every_kind():
             assert lens == [2] * 400
         elif kind == "ragged":
             assert all(0 <= n <= 3 for n in lens)
+        elif kind == "padded":
+            assert set(lens) == {0, 1, 3} and 150 < lens.count(0) < 250
         else:
             assert min(lens) == -(2**31) and max(lens) == 2**31 - 1
     lens = [0, 1, 3, 2, 5, -4]
@@ -150,3 +152,69 @@ def test_indexer_problem_hostile_entries():
         assert ((lens < 0) | (lens > 128)).any() or {0, 128} & set(lens.tolist())
         invalid += int(((bt < 0) | (bt >= 9)).any())
     assert 0 < invalid < 12
+
+
+def test_engine_remap_inputs_are_an_engines_step():
+    g = torch.Generator().manual_seed(0)
+    req, bt, idx = testing.engine_remap_inputs(g, 10, 48, width=8, ctx=40, max_requests=4)
+    assert req.tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]  # consecutive rows per request
+    assert bt.shape == (4, 8) and idx.shape == (10, 48)
+    assert req.dtype == bt.dtype == idx.dtype == torch.int32
+    valid = idx >= 0
+    counts = valid.sum(1)
+    assert torch.equal(valid, torch.arange(48)[None, :] < counts[:, None])  # -1 only a suffix
+    # k > ctx: a row's valid count is its request's length L (>= 1), its positions below L.
+    assert all(counts[req == r].unique().numel() == 1 for r in range(4))
+    assert int(counts.min()) >= 1 and int(counts.max()) <= 40
+    assert all(int(idx[t].max()) < int(counts[t]) for t in range(10))
+    _, _, asc = testing.engine_remap_inputs(g, 3, 16, width=2, ctx=9, max_requests=3,
+                                            ascending=True)  # fmt: skip
+    for row in asc:
+        v = row[row >= 0]
+        assert torch.equal(v, v.sort().values)
+    torch.manual_seed(5)  # g None: torch's default generator, on ``device``
+    first = testing.engine_remap_inputs(None, 4, 8, width=3, ctx=100, max_requests=2)
+    torch.manual_seed(5)
+    again = testing.engine_remap_inputs(None, 4, 8, width=3, ctx=100, max_requests=2)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+def test_attention_call_error_reads_the_rows_asked_for():
+    from sparse_mla.ops.attention import sparse_mla_decode_reference
+
+    g = torch.Generator().manual_seed(0)
+    cache = testing.random_mla_cache(4, 16, fp8=True, g=g)
+    q = torch.randn(5, 4, 576, generator=g).bfloat16()
+    pos = testing.random_attention_indices(g, 5, 24, 48, invalid_frac=0.2)
+    call = dict(topk_length=torch.tensor([24, 0, 7, 24, 3], dtype=torch.int32),
+                attn_sink=torch.randn(4, generator=g), block_table=torch.tensor([[3, 0, 2]]),
+                req_id=torch.zeros(5, dtype=torch.int32), block_size=16)  # fmt: skip
+    out, lse = sparse_mla_decode_reference(q, cache, pos, sm_scale=0.1, **call)
+    out, lse = out.bfloat16(), lse.float()  # what a kernel returns, rounded
+    assert testing.attention_call_error(q, cache, pos, out, lse, sm_scale=0.1, **call) is None
+    out[4] += 1  # a row past the ones checked
+    assert (
+        testing.attention_call_error(q, cache, pos, out, lse, sm_scale=0.1, rows=3, **call) is None
+    )
+    assert "out: max err" in testing.attention_call_error(
+        q, cache, pos, out, lse, sm_scale=0.1, **call
+    )
+    lse[0, 1] = float("nan")
+    assert "NaN in lse" in testing.attention_call_error(
+        q, cache, pos, out, lse, sm_scale=0.1, rows=1, **call
+    )
+
+
+def test_forced_sm90_configs_are_launch_shapes_the_kernel_has():
+    from sparse_mla.ops.attention import check_attention_config, decode_sm90
+    from sparse_mla.testing.sweep.attention import forced_sm90_config
+
+    for fmt in ("fp8", "bf16"):
+        for h in (1, 13, 16, 20, 32, 48, 64, 100, 128):
+            # A one-slot ring: bf16 with 16 heads a program only.
+            for ring in (1, 2) if fmt == "bf16" and h <= 16 else (2,):
+                cfg = check_attention_config(forced_sm90_config(h, fmt, 3, ring))
+                assert cfg.kernel == "sm90" and cfg.num_splits == 3
+                assert (cfg.block_h, cfg.num_stages) in decode_sm90.SHAPES[fmt == "fp8"]
+                want = 64 if h > 32 else 32 if h > 16 and fmt == "bf16" else 16
+                assert cfg.block_h == want, (fmt, h)

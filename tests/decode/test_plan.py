@@ -7,7 +7,13 @@ import torch
 
 from sparse_mla.decode import DecodePlan, DecodePlanConfig, decode_step_reference
 from sparse_mla.testing import poison
-from sparse_mla.testing.cases import clone_inputs, random_step, step_error, tie_band
+from sparse_mla.testing.cases import (
+    clone_inputs,
+    random_step,
+    replay_error,
+    step_error,
+    tie_band,
+)
 
 TOPK = 128
 
@@ -170,19 +176,7 @@ def test_one_graph_replays_new_lengths_without_allocating(rng):
     plan.capture(case.inputs, 2)
     pages = case.inputs.kv_cache.shape[0]
     fresh = random_step(rng, seq_lens=[450, 0, 129], fp8=True, num_pages=pages, **shape)
-    for name, t in fresh.inputs._asdict().items():  # refill the captured inputs in place
-        getattr(case.inputs, name).copy_(t)
-    ref_inputs = clone_inputs(case.inputs)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    got = plan.replay()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
-    ref = decode_step_reference(
-        **ref_inputs._asdict(), decode_lens=fresh.decode_lens, topk=TOPK, sm_scale=plan.sm_scale
-    )
-    fresh.inputs = case.inputs
-    err, _ = step_error(got, ref, fresh)
+    err = replay_error(plan, case, fresh, topk=TOPK)
     assert err is None, err
 
 

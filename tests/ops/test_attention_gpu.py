@@ -1,31 +1,41 @@
 """Sparse MLA decode attention at engine sizes on a CUDA device (``pytest -m gpu``; skipped
-without one): the correctness section of ``benchmarks/gpu_attention.py`` as tests.
+without one): the checks ``benchmarks/gpu_attention.py`` ran before timing, as tests.
 
-A 2^20-token cache per format (the kit's generator, magnitude 0.5), topk 2048, 24 query rows:
-the fused remap (request-local positions through a block table) bit-equal to remap-then-
-attend, with per-row lengths (one row empty) and an attention sink; the first 16 rows
-against the fp32 reference within the kit's tolerance; a second call bit-equal to the first.
-One head count per head-block size (8, 32, 128), and forced splits at 16 heads.
+A 2^20-token cache per format (the kit's generator, magnitude 0.5), topk 2048.
+- The default launch at every shape the script times (h_q 8-128, T 1-512; ``quick``: fewer),
+  random slots with the last 100 of each row -1: the first 16 rows against the fp32
+  reference within the kit's tolerance, on poisoned outputs.
+- 24 query rows with the fused remap (request-local positions through a block table)
+  bit-equal to remap-then-attend, with per-row lengths (one row empty) and an attention
+  sink; the first 16 rows against the reference; a second call bit-equal to the first. One
+  head count per head-block size (8, 32, 128), and forced splits at 16 heads.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from gpu_profile import gpu_sizes
 
 from sparse_mla import convert_req_index_to_global_index
-from sparse_mla.ops.attention import (
-    AttentionConfig,
-    sparse_mla_decode,
-    sparse_mla_decode_reference,
+from sparse_mla.ops.attention import AttentionConfig, attention_workspace, sparse_mla_decode
+from sparse_mla.testing import (
+    attention_call_error,
+    poison,
+    random_attention_indices,
+    random_mla_cache,
 )
-from sparse_mla.testing import attention_error, random_mla_cache
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
 TOPK, PAGE, NKV, SCALE = 2048, 64, 1 << 20, 0.1352
 CHECK_ROWS, TOKENS, REQS, WIDTH = 16, 24, 4, 1024
 CASES = [(8, None), (32, None), (128, None), (16, AttentionConfig(num_splits=5))]
+PROFILES = {  # the shapes gpu_attention.py times (and T 256 at 128 heads)
+    "full": {"shapes": [(h, t) for h in (8, 16, 32, 64, 128) for t in (1, 8, 32, 128, 512)]
+             + [(128, 256)]},
+    "quick": {"shapes": [(h, t) for h in (16, 128) for t in (1, 8, 128)]},
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +46,22 @@ def caches() -> dict[str, torch.Tensor]:
         g = torch.Generator(device=DEV).manual_seed(0)
         out[fmt] = random_mla_cache(NKV // PAGE, PAGE, fp8=fmt == "fp8", g=g, scale=0.5, device=DEV)
     return out
+
+
+@pytest.mark.parametrize("heads,tokens", gpu_sizes(PROFILES)["shapes"])
+@pytest.mark.parametrize("fmt", ("fp8", "bf16"))
+def test_default_launch_at_the_timed_shapes(fmt, heads, tokens, caches, seed: int):
+    cache = caches[fmt]
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(tokens, heads, 576, device=DEV, generator=g).bfloat16()
+    idx = random_attention_indices(g, tokens, TOPK, NKV, invalid_tail=100)
+    ws = attention_workspace(tokens, heads, TOPK, cache_format=fmt, device=DEV)
+    out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device=DEV)
+    poison(out, lse)
+    sparse_mla_decode(q, cache, idx, sm_scale=SCALE, out=out, lse=lse, workspace=ws)
+    err = attention_call_error(q, cache, idx, out, lse, sm_scale=SCALE, rows=CHECK_ROWS)
+    assert err is None, err
 
 
 @pytest.mark.parametrize("heads,config", CASES, ids=("h8", "h32", "h128", "h16-splits5"))
@@ -56,12 +82,8 @@ def test_fused_lengths_sink_against_reference(fmt, heads, config, caches, seed: 
     two = sparse_mla_decode(q, cache, slots, **kw)
     fused = sparse_mla_decode(q, cache, pos, block_table=bt, req_id=req, block_size=PAGE, **kw)
     assert torch.equal(two[0], fused[0]) and torch.equal(two[1], fused[1]), "fused != two-step"
-    n = CHECK_ROWS
-    ref = sparse_mla_decode_reference(
-        q[:n], cache, slots[:n], sm_scale=SCALE, dtype=torch.float32, chunk=4, magnitude=True,
-        topk_length=lens[:n], attn_sink=sink,
-    )  # fmt: skip
-    err = attention_error(two[0][:n], two[1][:n], *ref)
+    err = attention_call_error(q, cache, slots, *two, sm_scale=SCALE, rows=CHECK_ROWS,
+                               topk_length=lens, attn_sink=sink)  # fmt: skip
     assert err is None, err
     again = sparse_mla_decode(q, cache, slots, **kw)
     assert torch.equal(again[0], two[0]) and torch.equal(again[1], two[1]), "not deterministic"

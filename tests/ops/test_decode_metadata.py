@@ -29,7 +29,6 @@ from sparse_mla.ops.decode_metadata.naive import (
 from sparse_mla.testing import (
     BLOCK_TABLE_LAYOUTS,
     POISON,
-    block_table_view,
     expansion_decode_lens,
     expansion_inputs,
 )
@@ -51,12 +50,6 @@ def poisoned_out(num_tokens: int, width: int, rng: random.Random) -> ExpandedDec
     pad = 5 if rng.random() < 0.5 else 0
     bt = torch.full((num_tokens, width + pad), POISON, dtype=torch.int32, device=DEV)
     return ExpandedDecodeTokens(vec(), bt[:, :width], vec(), vec())
-
-
-def make_block_table(num_reqs: int, width: int, layout: str) -> torch.Tensor:
-    """Random page ids in the requested memory layout (the kit's ``block_table_view``)."""
-    vals = torch.randint(0, 1 << 20, (num_reqs, width), dtype=torch.int32)
-    return block_table_view(vals, layout, device=DEV)
 
 
 def assert_same(got: ExpandedDecodeTokens, want: ExpandedDecodeTokens, msg: str) -> None:
@@ -203,13 +196,10 @@ def test_expand_random(mode: str, case: int, rng: random.Random, seed: int) -> N
         dcp_rank = rng.randrange(dcp_size)
         total = sum(host)
         num_tokens = total + rng.choice([0, 0, 1, 4])
-        kwargs: dict = {
-            "max_decode_len": max_n,
-            "num_tokens": num_tokens,
-            "dcp_size": dcp_size,
-            "dcp_rank": dcp_rank,
-            "interleave": interleave,
-        }
+        ref_kw = dict(
+            num_tokens=num_tokens, dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=interleave
+        )
+        kwargs: dict = {"max_decode_len": max_n, **ref_kw}
         if mode == "ragged_device":
             decode_lens = i32(host)
         if mode == "forced_ragged":
@@ -221,37 +211,21 @@ def test_expand_random(mode: str, case: int, rng: random.Random, seed: int) -> N
             f"seed={seed} trial={trial} B={num_reqs} W={width} n={host} L={seq_lens.tolist()} "
             f"N={num_tokens} dcp=({dcp_size},{dcp_rank},{interleave}) chunk={chunk}"
         )
-        want = expand_decode_tokens_reference(
-            seq_lens,
-            bt,
-            host,
-            num_tokens=num_tokens,
-            dcp_size=dcp_size,
-            dcp_rank=dcp_rank,
-            interleave=interleave,
-        )
+        want = expand_decode_tokens_reference(seq_lens, bt, host, **ref_kw)
         out = poisoned_out(num_tokens, width, rng) if rng.random() < 0.7 else None
         got = expand_decode_tokens(seq_lens, bt, decode_lens, out=out, config=config, **kwargs)
         if out is not None:
             assert got is out
         assert_same(got, want, msg)
         # The PyTorch-ops baseline agrees too.
-        ops = expand_decode_tokens_torch_ops(
-            seq_lens,
-            bt,
-            host,
-            num_tokens=num_tokens,
-            dcp_size=dcp_size,
-            dcp_rank=dcp_rank,
-            interleave=interleave,
-        )
+        ops = expand_decode_tokens_torch_ops(seq_lens, bt, host, **ref_kw)
         assert_same(ops, want, "torch_ops " + msg)
 
 
 def test_torch_ops_device_lens(rng: random.Random, seed: int) -> None:
-    host = [rng.randint(0, 4) for _ in range(6)]
-    seq_lens = i32([rng.randint(0, 50) for _ in host])
-    bt = make_block_table(6, 9, "contiguous")
+    host = expansion_decode_lens(None, 6, 4, "ragged")
+    x = expansion_inputs(None, host, width=9, seq_lens="near_decode_len", ctx=50, device=DEV)
+    seq_lens, bt = x.seq_lens, x.block_table
     want = expand_decode_tokens_reference(seq_lens, bt, host, num_tokens=sum(host) + 3)
     got = expand_decode_tokens_torch_ops(
         seq_lens, bt, i32(host), total_tokens=sum(host), num_tokens=sum(host) + 3
@@ -300,9 +274,11 @@ def test_native_random(case: int, rng: random.Random, seed: int) -> None:
     for trial in range(3):
         num_reqs = rng.choice([0, 1, 4, 9])
         next_n = rng.randint(1, 5)
-        seq_lens = i32(
-            [rng.choice([-4, 0, 1, next_n, rng.randint(0, 300)]) for _ in range(num_reqs)]
-        )
+        # Lengths 0, 1, around next_n and up to 300 (or negative and int32 extremes).
+        seq_lens = expansion_inputs(
+            None, [next_n] * num_reqs, width=0, seq_lens=rng.choice(["near_decode_len", "hostile"]),
+            ctx=300, device=DEV,
+        ).seq_lens  # fmt: skip
         dcp_size, interleave = rng.choice(DCP_CONFIGS)
         dcp = {
             "dcp_size": dcp_size,
@@ -400,10 +376,13 @@ def test_graph_padding_rows(case: int, rng: random.Random, seed: int) -> None:
     max_n = 4
     for trial in range(4):
         num_reqs = [0, 1, 2, 5][trial]
-        host = [rng.choice([0, 0, 1, max_n]) for _ in range(num_reqs)]
-        seq_lens = i32([rng.randint(0, 40) for _ in host])
+        host = expansion_decode_lens(None, num_reqs, max_n, "padded")
         width = rng.choice([3, 40])  # 40: several chunks when they are 16 columns
-        bt = make_block_table(num_reqs, width, rng.choice(LAYOUTS))
+        x = expansion_inputs(
+            None, host, width=width, seq_lens="near_decode_len", ctx=40, page_ids=1 << 20,
+            layout=rng.choice(LAYOUTS), device=DEV,
+        )  # fmt: skip
+        seq_lens, bt = x.seq_lens, x.block_table
         num_tokens = max(num_reqs, 1) * max_n + rng.choice([0, 3])
         want = expand_decode_tokens_reference(seq_lens, bt, host, num_tokens=num_tokens)
         for dl in (i32(host), host):
@@ -476,11 +455,15 @@ def test_builder_random(case: int, rng: random.Random, seed: int) -> None:
     b = builder(native_decode_lens=(1, 2), **dcp)
     for trial in range(4):
         num_reqs = rng.randint(0, 8)
-        host = [rng.randint(0, 4) for _ in range(num_reqs)]
         if rng.random() < 0.5:
-            host = [rng.randint(1, 3)] * num_reqs
-        seq_lens = i32([rng.randint(0, 300) for _ in host])
-        bt = make_block_table(num_reqs, rng.randint(0, 6), rng.choice(LAYOUTS))
+            host = expansion_decode_lens(None, num_reqs, 4, "ragged")
+        else:  # uniform: the native layout where n is 1 or 2
+            host = expansion_decode_lens(None, num_reqs, 4, "uniform", decode_len=rng.randint(1, 3))
+        x = expansion_inputs(
+            None, host, width=rng.randint(0, 6), seq_lens="near_decode_len", ctx=300,
+            page_ids=1 << 20, layout=rng.choice(LAYOUTS), device=DEV,
+        )  # fmt: skip
+        seq_lens, bt = x.seq_lens, x.block_table
         num_tokens = sum(host) + rng.randint(0, 32 - sum(host))
         m = b.build(seq_lens, bt, host, num_tokens=num_tokens)
         msg = f"seed={seed} trial={trial} n={host} dcp={dcp}"

@@ -22,6 +22,7 @@ from sparse_mla.ops.decode_metadata.naive import (
 )
 from sparse_mla.testing import (
     POISON,
+    expansion_inputs,
 )
 
 from .test_decode_metadata import (
@@ -31,7 +32,6 @@ from .test_decode_metadata import (
     builder,
     copy_chunk_config,
     i32,
-    make_block_table,
     poisoned_out,
 )
 
@@ -77,8 +77,11 @@ def test_query_start_loc_adversarial(case: int, rng: random.Random, seed: int) -
         for _ in range(num_reqs):
             step = rng.choice([0, 1, 2, 3, 5, -2, -(2**31), 2**31 - 1])
             q.append(max(min(q[-1] + step, 2**31 - 1), -(2**31)))
-        seq_lens = [rng.choice([-(2**31), -3, 0, 2, 40, 2**31 - 1]) for _ in range(num_reqs)]
-        bt = make_block_table(num_reqs, rng.choice([1, 5, 40]), rng.choice(LAYOUTS))
+        x = expansion_inputs(
+            None, [max_n] * num_reqs, width=rng.choice([1, 5, 40]), seq_lens="hostile",
+            page_ids=1 << 20, layout=rng.choice(LAYOUTS), device=DEV,
+        )  # fmt: skip
+        seq_lens, bt = x.seq_lens.tolist(), x.block_table
         num_tokens = rng.randint(0, num_reqs * max_n + 2)
         out = poisoned_out(num_tokens, bt.shape[1], rng)
         got = expand_decode_tokens(

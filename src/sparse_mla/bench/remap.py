@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..testing.floor import REMAP_BYTES_RULE, count_touched_pages, remap_bytes
+from ..testing.inputs import engine_remap_inputs
 from .anchors import Anchors
 from .cases import Case, InputSet, OpSpec, Variant, compare_exact, poison_keys, register_op
 from .report import Result, Table, per_step_table
@@ -71,18 +72,13 @@ def make_remap_set(
     device: torch.device,
     ascending: bool = False,
 ) -> InputSet:
-    """One fresh random input set with its output buffers (see the module docstring).
-    ``ascending`` sorts each row's positions, the order ``select_topk`` emits them in."""
-    r = min(tokens, max_requests)
-    req_id = (torch.arange(tokens, device=device) * r // tokens).to(torch.int32)
-    lens = torch.randint(1, ctx + 1, (r,), device=device)
-    block_table = torch.randint(0, 1 << 24, (r, width), dtype=torch.int32, device=device)
-    lt = lens[req_id.long()]
-    pos = (torch.rand(tokens, k, device=device) * lt[:, None]).long()
-    if ascending:
-        pos = pos.sort(dim=1).values
-    col = torch.arange(k, device=device)[None, :]
-    idx = torch.where(col < torch.clamp(lt, max=k)[:, None], pos, -1).to(torch.int32)
+    """One fresh random input set (the kit's ``engine_remap_inputs``, on torch's default
+    generator) with its output buffers. ``ascending`` sorts each row's positions, the order
+    ``select_topk`` emits them in."""
+    req_id, block_table, idx = engine_remap_inputs(
+        None, tokens, k, width=width, ctx=ctx, max_requests=max_requests, ascending=ascending,
+        device=device,
+    )  # fmt: skip
     return {
         "req_id": req_id,
         "block_table": block_table,

@@ -14,6 +14,7 @@ from ..testing.cases import (  # noqa: F401
     public_call_cases,
     public_function,
     random_step,
+    replay_error,
     step_error,
     tie_band,
 )

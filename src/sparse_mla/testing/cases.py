@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .._runtime import canonical_device
-from ..decode.plan import LATENT_DIM, DecodeInputs
+from ..decode.plan import LATENT_DIM, DecodeInputs, DecodePlan
 from ..ops.indexer import quantize_index_q
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache, write_indexer_k, write_mla_latent
 
@@ -223,6 +223,29 @@ def check_random_step(
         return f"seed {seed}: indexer cache writes differ"
     err, _ = step_error(got, ref, case)
     return None if err is None else f"seed {seed} (lens={lens} n={n} fp8={fp8} {remap}): {err}"
+
+
+def replay_error(plan: DecodePlan, captured: StepCase, fresh: StepCase, *, topk: int) -> str | None:
+    """Copy ``fresh``'s inputs into the buffers a plan's CUDA graph captured
+    (``captured.inputs``: new lengths, tables and data, in place), replay the graph and
+    compare with the reference on those inputs (:func:`step_error`); a replay that allocates
+    fails too. None when all agrees."""
+    from dataclasses import replace
+
+    from ..decode.naive import decode_step_reference
+
+    for name, t in fresh.inputs._asdict().items():
+        getattr(captured.inputs, name).copy_(t)
+    ref_inputs = clone_inputs(captured.inputs)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    got = plan.replay()
+    torch.cuda.synchronize()
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    ref = decode_step_reference(**ref_inputs._asdict(), decode_lens=fresh.decode_lens, topk=topk,
+                                sm_scale=plan.sm_scale)  # fmt: skip
+    err, _ = step_error(got, ref, replace(fresh, inputs=captured.inputs))
+    return err or (f"{allocs} allocations during the replay" if allocs else None)
 
 
 # ---- cases of the custom ops (tests/test_custom_ops.py, benchmarks/gpu_custom_ops.py) --------

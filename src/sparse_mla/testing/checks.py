@@ -125,6 +125,39 @@ def attention_error(
     return _score_error("lse", lse, ref_lse, score_mag)
 
 
+#: Per-row arguments of ``sparse_mla_decode``: cut to the rows :func:`attention_call_error` checks.
+_PER_ROW_ARGS = ("topk_length", "req_id", "extra_indices", "extra_topk_length")
+
+
+def attention_call_error(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    sm_scale: float,
+    rows: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    **call: object,
+) -> str | None:
+    """Why the ``(out, lse)`` a ``sparse_mla_decode(q, kv_cache, indices, sm_scale=sm_scale,
+    **call)`` returned differ from ``sparse_mla_decode_reference`` on the first ``rows`` query
+    rows (all when None), or None when they agree (:func:`attention_error`). The reference
+    runs in ``dtype`` on the inputs' device (fp32 by default: engine-size problems on a GPU;
+    the tolerances hold there too). The GPU tests and the timing scripts share it, the scripts
+    to refuse timing a kernel whose output is wrong."""
+    from ..ops.attention import sparse_mla_decode_reference
+
+    n = q.shape[0] if rows is None else min(rows, q.shape[0])
+    call = {k: v[:n] if k in _PER_ROW_ARGS and v is not None else v for k, v in call.items()}
+    ref = sparse_mla_decode_reference(
+        q[:n], kv_cache, indices[:n], sm_scale=sm_scale, dtype=dtype, chunk=4, magnitude=True,
+        **call,
+    )  # fmt: skip
+    return attention_error(out[:n], lse[:n], *ref)
+
+
 def _score_error(name: str, got: torch.Tensor, ref: torch.Tensor, score_mag: torch.Tensor):
     """A per-(row, head) score statistic (lse, max_logits) against the reference's: the
     ``-inf`` pattern (empty rows) exact, the rest within ``ATTN_LSE_ATOL + ATTN_LSE_RTOL *

@@ -124,6 +124,39 @@ def random_remap_inputs(
     return req_id, bt_wide[:, :width], idx
 
 
+def engine_remap_inputs(
+    g: torch.Generator | None,
+    tokens: int,
+    k: int,
+    *,
+    width: int,
+    ctx: int,
+    max_requests: int,
+    ascending: bool = False,
+    page_ids: int = 1 << 24,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What an engine's decode step hands the remap (the bench's timing inputs): ``(req_id
+    int32 [T], block_table int32 [R, width], positions int32 [T, k])`` for ``R = min(T,
+    max_requests)`` requests, each owning consecutive rows, of context lengths L uniform in
+    [1, ``ctx``], with random page ids in [0, ``page_ids``); a row's first ``min(k, L)``
+    entries are random positions below L (sorted when ``ascending``: ``select_topk``'s
+    order), the rest -1. Drawn on ``g``'s device (``g`` None: torch's default generator on
+    ``device``)."""
+    dev = g.device if g is not None else (device or "cpu")
+    r = min(tokens, max_requests)
+    req_id = (torch.arange(tokens, device=dev) * r // tokens).to(torch.int32)
+    lens = torch.randint(1, ctx + 1, (r,), generator=g, device=dev)
+    block_table = torch.randint(0, page_ids, (r, width), generator=g, dtype=torch.int32, device=dev)
+    row_lens = lens[req_id.long()]
+    pos = (torch.rand(tokens, k, generator=g, device=dev) * row_lens[:, None]).long()
+    if ascending:
+        pos = pos.sort(dim=1).values
+    col = torch.arange(k, device=dev)[None, :]
+    idx = torch.where(col < torch.clamp(row_lens, max=k)[:, None], pos, -1).to(torch.int32)
+    return req_id, block_table, idx
+
+
 # ---------------------------------------------------------------------------------------
 # Decode context parallelism (sparse_mla.dcp): inputs of one simulated rank
 # ---------------------------------------------------------------------------------------
@@ -378,9 +411,10 @@ def _hostile_indexer_entries(
 
 
 #: How :func:`expansion_decode_lens` draws the decode lengths n_b: every one the same
-#: (``decode_len``, default the maximum), each uniform in [0, max], or hostile int32 values
-#: (negative, above the maximum, the int32 extremes; a device decode-length tensor's trap).
-DECODE_LEN_KINDS = ("uniform", "ragged", "hostile")
+#: (``decode_len``, default the maximum), each uniform in [0, max], mostly CUDA-graph padding
+#: (``padded``: 0 half the time, else 1 or the maximum), or hostile int32 values (negative,
+#: above the maximum, the int32 extremes; a device decode-length tensor's trap).
+DECODE_LEN_KINDS = ("uniform", "ragged", "padded", "hostile")
 #: How :func:`expansion_inputs` draws the context lengths L_b: ``within_table``, uniform in
 #: [0, ctx) (default: what the block table covers; 0 where n_b is 0, a padding request);
 #: ``near_decode_len``, each one of 0, 1, [0, max n + 1] (below n_b: clamped) or [0, ctx]
@@ -412,6 +446,8 @@ def expansion_decode_lens(
         return [n] * num_reqs
     if kind == "ragged":
         return torch.randint(0, max_decode_len + 1, (num_reqs,), generator=g).tolist()
+    if kind == "padded":
+        return _pick(g, (0, 0, 1, max_decode_len), num_reqs).tolist()
     if kind == "hostile":
         return _pick(g, _HOSTILE_DECODE_LENS, num_reqs).tolist()
     raise ValueError(f"kind must be one of {DECODE_LEN_KINDS}, got {kind!r}")

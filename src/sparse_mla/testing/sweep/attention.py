@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..._runtime import cdiv
 from ...ops.remap.naive import convert_req_index_to_global_index_reference
 from .draw import Case, compare, rand_choice, rand_int, to_device
+
+if TYPE_CHECKING:
+    from ...ops.attention import AttentionConfig
+
+
+def forced_sm90_config(
+    h_q: int, cache_format: str, splits: int, ring_slots: int = 2
+) -> AttentionConfig:
+    """An ``AttentionConfig`` forcing the Gluon sm_90 kernel at ``h_q`` heads with ``splits``
+    splits and a ring of ``ring_slots``: 64 heads a program (kernel B, 8 warps) above 32,
+    else 16 (32 on a bf16 cache above 16 heads), as ``decode_sm90.SHAPES`` allows (a
+    one-slot ring: bf16 only)."""
+    from ...ops.attention import AttentionConfig
+
+    block_h = 64 if h_q > 32 else 16 if h_q <= 16 or cache_format == "fp8" else 32
+    return AttentionConfig(block_h=block_h, block_n=64, num_splits=splits, num_stages=ring_slots,
+                           num_warps=8 if block_h == 64 else 4, kernel="sm90")  # fmt: skip
 
 
 def check_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
@@ -59,14 +78,7 @@ def check_attention(case: Case, g: torch.Generator, dev: torch.device) -> str | 
             num_stages=rand_int(g, 1, 2),
         )
         if cfg.num_warps == 8 and sm90_available(dev):  # (no extra draw)
-            block_h = 64 if heads > 32 else 16 if p["fp8"] or heads <= 16 else 32
-            cfg = AttentionConfig(
-                block_h=block_h,
-                block_n=64,
-                num_splits=cfg.num_splits,
-                num_warps=8 if block_h == 64 else 4,
-                kernel="sm90",
-            )
+            cfg = forced_sm90_config(heads, "fp8" if p["fp8"] else "bf16", cfg.num_splits)
     ref = sparse_mla_decode_reference(q, cache, idx, sm_scale=0.1352, magnitude=True, **kw)
     dkw = {k: v.to(dev) for k, v in kw.items()}
     out = torch.full((tokens, heads, 512), float("nan"), dtype=torch.bfloat16, device=dev)
