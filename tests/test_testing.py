@@ -218,3 +218,22 @@ def test_forced_sm90_configs_are_launch_shapes_the_kernel_has():
                 assert (cfg.block_h, cfg.num_stages) in decode_sm90.SHAPES[fmt == "fp8"]
                 want = 64 if h > 32 else 32 if h > 16 and fmt == "bf16" else 16
                 assert cfg.block_h == want, (fmt, h)
+
+
+def test_random_mla_cache_formats():
+    """Every new_mla_cache format, each slot written (MODEL1 too); arbitrary scales apply to
+    V3.2's fp8 scales only and are ignored elsewhere (verify's draws pass it for both)."""
+    from sparse_mla.ops.kv_cache import dequantize_model1_cache, mla_cache_format
+
+    for fmt in ("fp8", "bf16", "model1_fp8", "model1_bf16"):
+        g = torch.Generator().manual_seed(1)
+        cache = testing.random_mla_cache(2, 8, g=g, format=fmt, arbitrary_scales=True)
+        assert mla_cache_format(cache) == fmt
+        if fmt.startswith("model1"):
+            rows = dequantize_model1_cache(cache).float().reshape(16, 512)
+            assert torch.all(rows.abs().amax(1) > 0)  # every slot written
+    plain = testing.random_mla_cache(2, 8, fp8=True, g=torch.Generator().manual_seed(1))
+    scaled = testing.random_mla_cache(2, 8, fp8=True, g=torch.Generator().manual_seed(1),
+                                      arbitrary_scales=True)  # fmt: skip
+    assert torch.equal(plain.view(16, -1)[:, :512], scaled.view(16, -1)[:, :512])
+    assert not torch.equal(plain.view(16, -1)[:, 512:528], scaled.view(16, -1)[:, 512:528])

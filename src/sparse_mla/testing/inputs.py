@@ -26,15 +26,14 @@ def random_mla_cache(
     ``chunk`` rows at a time (engine-size caches: drawn on ``g``'s device, ``None``: torch's
     default generator on ``device``). ``format``: ``new_mla_cache``'s name (default ``"fp8"``
     or ``"bf16"`` by ``fp8``; ``"model1_fp8"`` / ``"model1_bf16"``: 512-wide rows).
-    ``arbitrary_scales`` (V3.2 fp8 only) then multiplies each fp32 scale by a random factor in
-    [0.5, 2) (the stored e4m3 values stay, so each row is still an exact e4m3 * scale)."""
+    ``arbitrary_scales`` (V3.2 fp8; other formats ignore it) then multiplies each fp32 scale
+    by a random factor in [0.5, 2) (the stored e4m3 values stay, so each row is still an exact
+    e4m3 * scale)."""
     from ..ops.kv_cache import new_mla_cache
     from ..ops.kv_cache.naive import write_mla_latent_reference, write_model1_latent_reference
 
     format = format or ("fp8" if fp8 else "bf16")
     model1 = format.startswith("model1")
-    if arbitrary_scales and format != "fp8":
-        raise ValueError(f"arbitrary_scales: only for the fp8 format, not {format!r}")
     write = write_model1_latent_reference if model1 else write_mla_latent_reference
     width, nope = (512, 448) if model1 else (576, 512)
     draw_on = g.device if g is not None else device
@@ -45,7 +44,7 @@ def random_mla_cache(
         kv = (torch.randn(n, width, generator=g, device=draw_on) * scale).bfloat16().to(device)
         slots = torch.arange(s0, s0 + n, device=device)
         write(kv[:, :nope], kv[:, nope:], cache, slots)
-    if arbitrary_scales:
+    if arbitrary_scales and format == "fp8":
         sc = cache.view(rows, -1)[:, 512:528].view(torch.float32)
         factor = 0.5 + 1.5 * torch.rand(sc.shape, generator=g, device=draw_on)
         sc.mul_(factor.to(device))
