@@ -28,8 +28,15 @@ from ..._launch import (
     tensor_meta,
     value_key,
 )
-from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
-from . import combine, split_kv  # kernels looked up on their modules (tests/sm90_compile.py)
+from ..._runtime import (
+    INTERPRETER,
+    canonical_device,
+    e4m3_bits,
+    next_pow2,
+    num_sms,
+    pdl_launch,
+)
+from . import combine, split_kv  # kernels looked up on their modules (tests/kernel_compile.py)
 from .config import (
     MAX_HEADS,
     AttentionConfig,
@@ -505,6 +512,7 @@ def _launch_shapes(cfg, splits, block_size, lay, q, c3, indices, block_table, re
             SPLIT=split, HAS_MAX=has_max, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
             MODEL1=model1, EXTRA=extra is not None, X_PAGE=extra.page if extra else 1,
             X_HAS_LEN=extra is not None and extra.has_len, num_warps=cfg.num_warps,
+            E4M3_BITS=fp8 and e4m3_bits(q.device),
             # With splits the combine may start launching early (it waits for this kernel).
             **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
         )  # fmt: skip
