@@ -8,10 +8,11 @@ own process, because the execution mode is fixed when Triton is first imported:
 
     python tests/kernel_compile.py record LAUNCHES.json [--part=I/N]   # interpreter
     TRITON_INTERPRET=0 python tests/kernel_compile.py compile LAUNCHES.json... \
-        [--targets=all|sm_90,sm_80,gfx942,...] [--part=I/N]
+        [--targets=all|sm_90,sm_80,gfx942,...] [--sample=sm_86,...] [--part=I/N]
 
 ``--part=I/N`` (e.g. ``0/2``) runs every N-th case from the I-th (or compiles every N-th kind of
-launch), so that several processes share the work.
+launch), so that several processes share the work. ``--sample=`` names targets that compile
+only each kernel's first launch of each cache format (``_sample``).
 
 ``record`` runs ``sparse-mla verify --quick``'s cases (which must pass) with every kernel
 wrapped by a recorder, and keeps one launch of each kind: the kernel, its argument types,
@@ -244,7 +245,20 @@ def _compile_one(fn, entry: dict, ones: bool, target) -> str | None:
     return None
 
 
-def compile_all(paths: list[str], targets: list[str], part: str | None = None) -> int:
+def _sample(launches: list[dict]) -> list[dict]:
+    """Each kernel's first launch of each cache format (its ``FP8`` and ``MODEL1`` constants,
+    where it has them): a tenth of the launches, every kernel and e4m3 reader among them."""
+    first: dict[str, dict] = {}
+    for entry in launches:
+        kw = entry["kwargs"]
+        first.setdefault(json.dumps([entry["kernel"], kw.get("FP8"), kw.get("MODEL1")]), entry)
+    return list(first.values())
+
+
+def compile_all(
+    paths: list[str], targets: list[str], sampled: list[str], part: str | None = None
+) -> int:
+    """Compile the launches for each target (``sampled`` ones: :func:`_sample` only)."""
     import os
 
     assert os.environ.get("TRITON_INTERPRET") == "0", "run with TRITON_INTERPRET=0"
@@ -254,14 +268,15 @@ def compile_all(paths: list[str], targets: list[str], part: str | None = None) -
             for entry in json.load(f):
                 launches.setdefault(_key(entry), entry)
     i, n = _part(part)
-    launches = list(launches.values())[i::n]
+    every = list(launches.values())
     failed = 0
     for name in targets:
         target = _target(name)
+        chosen = (_sample(every) if name in sampled else every)[i::n]
         # Each kind of launch specialised as its recorded values would be on a GPU, and each
         # kernel's first also with every integer argument 1.
         seen, total, bad, t0 = set(), 0, {}, time.time()
-        for entry in launches:
+        for entry in chosen:
             fn = getattr(importlib.import_module(entry["module"]), entry["kernel"])
             for ones in (False, True) if entry["kernel"] not in seen else (False,):
                 seen.add(entry["kernel"])
@@ -292,4 +307,7 @@ if __name__ == "__main__":
     part = _option(args, "part")
     targets = _option(args, "targets") or "all"
     targets = list(TARGETS) if targets == "all" else targets.split(",")
-    sys.exit(record(args[0], part) if step == "record" else compile_all(args, targets, part))
+    sampled = (_option(args, "sample") or "").split(",")
+    if step == "record":
+        sys.exit(record(args[0], part))
+    sys.exit(compile_all(args, targets, sampled, part))
