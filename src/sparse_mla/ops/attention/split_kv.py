@@ -140,7 +140,7 @@ def _load_model1_fp8(kv_u8, kv_bf16, row, ok, G: tl.constexpr, s_lo, s_hi,
     x = e4m3_load_float32(raw, E4M3_BITS) * scale
     if G == 3:  # the RoPE values, bf16 at bytes 448..575 of the value row
         rope_at = (row // 2 + 224)[:, None] + (d - 448)[None, :]
-        rope = tl.load(kv_bf16 + rope_at, mask=ok[:, None] & (~fp8)[None, :], other=0.0)
+        rope = tl.load(kv_bf16 + rope_at, mask=ok[:, None] & (d >= 448)[None, :], other=0.0)
         x = tl.where(fp8[None, :], x, rope.to(tl.float32))
     return tl.where(ok[:, None], to_bf16(x, INTERPRET), 0.0)
 
