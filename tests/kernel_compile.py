@@ -12,7 +12,7 @@ own process, because the execution mode is fixed when Triton is first imported:
 
 ``--part=I/N`` (e.g. ``0/2``) runs every N-th case from the I-th (or compiles every N-th kind of
 launch), so that several processes share the work. ``--sample=`` names targets that compile
-only each kernel's first launch of each cache format (``_sample``).
+only each kernel's first launch of each cache format (``_sample``), as recorded.
 
 ``record`` runs ``sparse-mla verify --quick``'s cases (which must pass) with every kernel
 wrapped by a recorder, and keeps one launch of each kind: the kernel, its argument types,
@@ -274,11 +274,13 @@ def compile_all(
         target = _target(name)
         chosen = (_sample(every) if name in sampled else every)[i::n]
         # Each kind of launch specialised as its recorded values would be on a GPU, and each
-        # kernel's first also with every integer argument 1.
+        # kernel's first also with every integer argument 1 (not on a sampled target: what
+        # the integers change is the front end's, the same for every target).
         seen, total, bad, t0 = set(), 0, {}, time.time()
         for entry in chosen:
             fn = getattr(importlib.import_module(entry["module"]), entry["kernel"])
-            for ones in (False, True) if entry["kernel"] not in seen else (False,):
+            first = entry["kernel"] not in seen and name not in sampled
+            for ones in (False, True) if first else (False,):
                 seen.add(entry["kernel"])
                 total += 1
                 why = _compile_one(fn, entry, ones, target)

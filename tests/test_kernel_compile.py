@@ -8,7 +8,7 @@ compiled by two others: every kind of launch for Hopper (sm_90), the GPU the ker
 tuned and checked on, and a sample (each kernel's first launch of each cache format, 25 of
 about 450 kinds) for the other targets, whose compilers differ from it in the MMA, the fp8
 support and PDL but not in what a launch's integer values change (about 30 CPU-seconds a
-target; all of them for every target: ``python tests/kernel_compile.py compile ...
+target; every kind for every target: ``python tests/kernel_compile.py compile ...
 --targets=all``). This is the suite's run of `sparse-mla verify --quick`.
 """
 
