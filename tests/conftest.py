@@ -48,3 +48,36 @@ def huge_int32(tmp_path) -> torch.Tensor:
     with open(path, "wb") as f:
         f.truncate(4 * n)
     return torch.from_file(str(path), shared=True, size=n, dtype=torch.int32)
+
+
+class E4M3Bits:
+    """The attention and logits kernels decode e4m3 on the integer bits after :meth:`on`, as
+    on a GPU without e4m3 (sm_80/86); ``flags`` has each later launch's ``E4M3_BITS``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch, self.flags = monkeypatch, []
+
+    def on(self) -> None:
+        from sparse_mla._launch import clear_host_plans
+        from sparse_mla.ops.attention import api as attention_api
+        from sparse_mla.ops.indexer import api as indexer_api
+
+        for module in (attention_api, indexer_api):
+            launch = module.launch
+
+            def spy(kernel, grid, args, kwargs, key=None, launch=launch):
+                self.flags.append(kwargs.get("E4M3_BITS"))
+                launch(kernel, grid, args, kwargs, key)
+
+            self.monkeypatch.setattr(module, "e4m3_bits", lambda device: True)
+            self.monkeypatch.setattr(module, "launch", spy)
+        clear_host_plans()  # plans cached with the device's own answer
+
+
+@pytest.fixture
+def e4m3_bits(monkeypatch: pytest.MonkeyPatch):
+    """See :class:`E4M3Bits`; the host plans made under it are dropped afterwards."""
+    from sparse_mla._launch import clear_host_plans
+
+    yield E4M3Bits(monkeypatch)
+    clear_host_plans()

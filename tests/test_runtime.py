@@ -93,7 +93,7 @@ def test_the_default_follows_the_device(tmp_path):
         ({"SPARSE_MLA_INTERPRET": "1"}, True, True),
         ({"SPARSE_MLA_INTERPRET": "0", "TRITON_INTERPRET": "1"}, False, False),
         ({"TRITON_INTERPRET": "1"}, True, True),  # the process chose for everyone
-        ({"TRITON_INTERPRET": "0"}, False, False),  # tests/sm90_compile.py: compile on a CPU
+        ({"TRITON_INTERPRET": "0"}, False, False),  # tests/kernel_compile.py: compile on a CPU
         ({"SPARSE_MLA_INTERPRET": "true"}, True, True),
         ({"SPARSE_MLA_INTERPRET": ""}, True, False),  # empty: as unset
     ],

@@ -116,7 +116,7 @@ def test_planted_mismatch_is_reported(kind: str, monkeypatch: pytest.MonkeyPatch
 
 def test_summary_groups_by_kind(capsys):
     # Two worker processes: the path `sparse-mla verify --jobs N` takes (make test runs the
-    # quick sweep in one process, inside tests/test_sm90_compile.py).
+    # quick sweep in one process, inside tests/test_kernel_compile.py).
     assert verify.main(["--quick", "--kind", "kvcache", "--no-progress", "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("kvcache")]

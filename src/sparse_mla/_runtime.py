@@ -47,6 +47,11 @@ def jit(fn: Callable | None = None, **kwargs: Any) -> Any:
     return decorate if fn is None else decorate(fn)
 
 
+def _triton_version() -> tuple[int, int]:
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 if INTERPRETER:
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -56,9 +61,15 @@ if INTERPRETER:
         ``tl.sum``, ``tl.sort``..., decorated when Triton was imported without
         ``TRITON_INTERPRET``) are interpreted too."""
 
-        def run(self, *args: Any, **kwargs: Any) -> Any:
-            with _jit_calls_interpreted():
-                return super().run(*args, **kwargs)
+        def __getitem__(self, grid: Any) -> Callable[..., Any]:
+            # The launch, not ``run``: Triton 3.3's launches do not go through ``run``.
+            launch = super().__getitem__(grid)
+
+            def interpreted_launch(*args: Any, **kwargs: Any) -> Any:
+                with _jit_calls_interpreted():
+                    return launch(*args, **kwargs)
+
+            return interpreted_launch
 
     _TWINS: dict[Callable, InterpretedFunction] = {}
     _DEPTH = [0]
@@ -84,6 +95,30 @@ if INTERPRETER:
             _DEPTH[0] -= 1
             if _DEPTH[0] == 0:
                 JITFunction.__call__ = saved
+
+    def _index_scalars_by_their_element() -> None:
+        """Triton before 3.8 interprets ``range(n)`` on a loaded scalar (a size-1 array) with
+        ``int(array)``, which numpy 2.4 refuses ("only 0-dimensional arrays can be converted
+        to Python scalars"). Give its interpreter 3.8's ``__index__``: the one element."""
+        from triton.runtime import interpreter
+
+        original = getattr(interpreter, "_patch_lang_tensor", None)
+        if _triton_version() >= (3, 8) or original is None:
+            return
+
+        def index(self: Any) -> int:
+            return int(self.handle.data.reshape(-1)[0])
+
+        def patch_lang_tensor(tensor: Any, *scope: Any) -> None:
+            original(tensor, *scope)
+            if scope:  # 3.4 on: the scope restores what it set after the launch
+                scope[0].set_attr(tensor, "__index__", index)
+            else:
+                tensor.__index__ = index
+
+        interpreter._patch_lang_tensor = patch_lang_tensor
+
+    _index_scalars_by_their_element()
 
 
 try:  # grid dependency control (programmatic dependent launch), Triton 3.3 on
@@ -159,6 +194,32 @@ def next_pow2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def target_has_e4m3(target: Any) -> bool:
+    """Whether Triton can emit float8_e4m3fn (``tl.float8e4nv``: its types, pointers,
+    conversions and dots) for a ``triton.backends.compiler.GPUTarget``, as its backend says
+    (NVIDIA: sm_89 on; AMD: per architecture)."""
+    from triton.compiler.compiler import make_backend
+
+    return "fp8e4nv" in make_backend(target).parse_options({}).supported_fp8_dtypes
+
+
+@functools.lru_cache(maxsize=16)
+def e4m3_bits(device: torch.device) -> bool:
+    """Whether kernels reading e4m3 on ``device`` decode it on the integer bits (``E4M3_BITS``
+    of the attention and logits kernels, ``ops/_common/e4m3.py``) because Triton has no
+    e4m3 for it (an A100, an RTX 30xx). False under the interpreter."""
+    if INTERPRETER or device.type != "cuda":
+        return False
+    from triton.backends.compiler import GPUTarget
+
+    if torch.version.hip:
+        target = triton.runtime.driver.active.get_current_target()
+    else:
+        major, minor = torch.cuda.get_device_capability(canonical_device(device))
+        target = GPUTarget("cuda", 10 * major + minor, 32)
+    return not target_has_e4m3(target)
 
 
 @functools.lru_cache(maxsize=16)

@@ -217,6 +217,21 @@ def test_arbitrary_fp8_scales(seed):
             assert torch.equal(same[0].cpu(), out) and torch.equal(same[1].cpu(), lse)
 
 
+@pytest.mark.parametrize("arbitrary", [False, True], ids=["pow2", "arbitrary-scales"])
+def test_e4m3_on_the_bits_equals_triton_conversion(seed, e4m3_bits, arbitrary):
+    """The fp8 cache decoded on the integer bits (GPUs without e4m3: sm_80/86) gives the
+    outputs of Triton's conversion, bit for bit, unsplit and split."""
+    g = _gen(seed)
+    q, cache, idx = _case(g, T=2, h=16, arbitrary=arbitrary)
+    cfgs = (AttentionConfig(num_splits=1), AttentionConfig(block_n=16, num_splits=3))
+    native = [_check(q, cache, idx, config=cfg) for cfg in cfgs]
+    e4m3_bits.on()
+    bits = [_check(q, cache, idx, config=cfg) for cfg in cfgs]
+    assert True in e4m3_bits.flags and False not in e4m3_bits.flags  # (combine: None)
+    for a, b in zip(native, bits, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
 @pytest.mark.parametrize(
     "splits,combine_heads,combine_dims", [(1, 8, 128), (2, 1, 64), (3, 16, 512), (8, 2, 128)]
 )

@@ -100,6 +100,22 @@ def test_matches_reference(seed, fmt, config):
     assert torch.all(lse[1].isneginf()) and torch.all(out[1] == 0)  # no valid entry
 
 
+def test_e4m3_on_the_bits_equals_triton_conversion(seed, e4m3_bits):
+    """The MODEL1 fp8 cache decoded on the integer bits (GPUs without e4m3) gives the
+    outputs of Triton's conversion, bit for bit, with a second index set."""
+    g = torch.Generator().manual_seed(seed)
+    c1, i1, n1, c2, i2, n2 = two_sets(g, "model1_fp8")
+    q = torch.randn(5, 20, 512, generator=g).clamp(-1, 1).bfloat16()
+    kw = dict(topk_length=n1, extra_kv_cache=c2, extra_indices=i2, extra_topk_length=n2)
+    native = [run(q, c1, i1, config=cfg, **kw)[:2] for cfg in CONFIGS]
+    e4m3_bits.on()
+    bits = [run(q, c1, i1, config=cfg, **kw) for cfg in CONFIGS]
+    assert True in e4m3_bits.flags and False not in e4m3_bits.flags
+    for (out, lse), (b_out, b_lse, ref) in zip(native, bits, strict=True):
+        assert torch.equal(out, b_out) and torch.equal(lse, b_lse)
+        assert attention_error(b_out, b_lse, *ref) is None
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_flashmla_criteria(seed, fmt):
     """FlashMLA's MODEL1 test checks (tests/test_flash_mla_sparse_decoding.py with

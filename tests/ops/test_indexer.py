@@ -104,6 +104,24 @@ def test_random_vs_reference(seed, fp8, n, lookup):
     check_close(got, q, w, cache, lens, bt, next_n=n)
 
 
+@pytest.mark.parametrize("lookup", LOOKUPS)
+def test_e4m3_on_the_bits_equals_triton_conversion(seed, e4m3_bits, lookup):
+    """fp8 queries and keys read as bytes and decoded on the integer bits (GPUs without e4m3:
+    the dot runs in bf16, which holds every e4m3 value) give the logits of Triton's
+    conversion, bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    page, cfg = LOOKUPS[lookup]
+    num_req, width, n = 3, 160 // page, 2
+    q, w, cache, bt = make_case(g, num_req=num_req, n=n, width=width, page=page, fp8=True)
+    lens = rand_lens(g, num_req, width * page).to(DEV)
+    native = index_logits(q, w, cache, lens, bt, next_n=n, config=cfg)
+    e4m3_bits.on()
+    bits = index_logits(q, w, cache, lens, bt, next_n=n, config=cfg)
+    assert e4m3_bits.flags == [True]
+    assert torch.equal(native.cpu(), bits.cpu())
+    check_close(bits, q, w, cache, lens, bt, next_n=n)
+
+
 @pytest.mark.parametrize("n", [2, 8])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_v32_shape(seed, fp8, n):

@@ -59,3 +59,25 @@ def test_integer_data_native_flattened_reference_equal(fp8: bool, seed: int):
     ref = index_logits_reference(q, w, cache, lens, bt, next_n=n)
     assert torch.equal(native, flat), "native != flattened"
     assert torch.equal(native.double(), ref), "native != reference"
+
+
+@pytest.mark.parametrize("n", (1, 4))
+def test_fp8_decoded_on_the_bits_against_fp64(n: int, e4m3_bits, seed: int):
+    """The path of GPUs without e4m3 (sm_80/86), compiled and run here: fp8 bytes decoded on
+    the integer bits, a bf16 dot (exact products, fp32 accumulation: the bf16 tolerance);
+    on integer-valued data equal to the reference exactly."""
+    e4m3_bits.on()
+    q, w, cache, lens, bt = _problem(seed, n, CHECK_CTX, True)
+    lens[0], lens[1] = CHECK_CTX, 0
+    got = index_logits(q, w, cache, lens, bt, next_n=n)
+    assert e4m3_bits.flags == [True]
+    ref = index_logits_reference(q, w, cache, lens, bt, next_n=n)
+    mag = index_logits_reference(q, w, cache, lens, bt, next_n=n, magnitude=True)
+    assert torch.equal(torch.isneginf(got), torch.isneginf(ref)), "-inf pattern"
+    fin = torch.isfinite(ref)
+    rel = ((got.double() - ref).abs()[fin] / mag[fin].clamp_min(1e-30)).max().item()
+    tol = logits_tolerance_scale(H, D, fp8=False, device=DEV)
+    assert rel <= tol, f"max err/mag {rel:.2e} (tol {tol:.1e})"
+    q, w, cache, lens, bt = _problem(seed, n, CHECK_CTX // 2, True, integer=True)
+    got = index_logits(q, w, cache, lens, bt, next_n=n)
+    assert torch.equal(got.double(), index_logits_reference(q, w, cache, lens, bt, next_n=n))

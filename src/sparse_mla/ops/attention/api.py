@@ -28,8 +28,15 @@ from ..._launch import (
     tensor_meta,
     value_key,
 )
-from ..._runtime import INTERPRETER, canonical_device, next_pow2, num_sms, pdl_launch
-from . import combine, split_kv  # kernels looked up on their modules (tests/sm90_compile.py)
+from ..._runtime import (
+    INTERPRETER,
+    canonical_device,
+    e4m3_bits,
+    next_pow2,
+    num_sms,
+    pdl_launch,
+)
+from . import combine, split_kv  # kernels looked up on their modules (tests/kernel_compile.py)
 from .config import (
     MAX_HEADS,
     AttentionConfig,
@@ -506,7 +513,7 @@ def _launch_shapes(cfg, splits, block_size, lay, q, indices, block_table, req_id
             PAGE=lay.block_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8=fp8,
             FUSED=fused, HAS_LEN=has_len, HAS_SINK=has_sink,
             SPLIT=split, HAS_MAX=has_max, NUM_STAGES=cfg.num_stages, INTERPRET=INTERPRETER,
-            num_warps=cfg.num_warps, **sets,
+            num_warps=cfg.num_warps, E4M3_BITS=fp8 and e4m3_bits(q.device), **sets,
             # With splits the combine may start launching early (it waits for this kernel).
             **pdl_launch(q.device, (1 if split else 2) if cfg.pdl else 0),
         )  # fmt: skip

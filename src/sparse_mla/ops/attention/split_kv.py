@@ -33,6 +33,8 @@ from __future__ import annotations
 import triton.language as tl
 
 from ..._runtime import jit, pdl_prologue
+from .._common.e4m3 import e4m3_load_float32
+from .._common.masks import mask_and
 from .._common.paging import page_slot
 
 LOG2E = 1.4426950408889634
@@ -59,12 +61,13 @@ def _mma(a, b, acc, INTERPRET: tl.constexpr):
 @jit
 def to_bf16(x, INTERPRET: tl.constexpr):
     """fp32 -> bf16, round to nearest even. Triton 3.9's interpreter truncates instead, so
-    there the rounding is done on the bits (NaN kept NaN: a payload's carry could wrap)."""
+    there the rounding is done on the bits (NaN kept NaN: a payload's carry could wrap; the
+    NaN is made in the bits too, as Triton 3.6's interpreter cannot make a bf16 constant)."""
     if INTERPRET:
         bits = x.to(tl.int32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        bits = tl.where(x == x, bits, 0x7FC00000)  # bf16's NaN 0x7FC0 in the high half
         y = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        y = tl.where(x == x, y, float("nan"))
     else:
         y = x.to(tl.bfloat16)
     return y
@@ -81,8 +84,7 @@ def _block_slots(
     i = tl.load(idx_row + cols * idx_s1, mask=in_row, other=-1)
     if FUSED:
         col = i // block_size
-        # (tl.where: the interpreter turns "vector & scalar bool" into an invalid mask)
-        ok = tl.where(req_ok, in_row & (i >= 0) & (col < bt_width), False)
+        ok = mask_and(req_ok, in_row & (i >= 0) & (col < bt_width))
         page_id = tl.load(bt_row + col.to(tl.int64) * bt_s1, mask=ok, other=-1)
         slot, _ = page_slot(page_id, i % block_size, block_size)  # -1 where not valid
         slot = slot.to(tl.int64)
@@ -90,20 +92,21 @@ def _block_slots(
         slot = tl.where(in_row, i, -1).to(tl.int64)
     ok = (slot >= 0) & (slot < num_rows)
     # Clamped, not tl.where(ok, slot, 0): Triton 3.6 breaks that select's layouts on sm_90
-    # when the slots come through the block table (tests/sm90_compile.py, realistic mode).
+    # when the slots come through the block table (tests/kernel_compile.py, realistic mode).
     return tl.minimum(tl.maximum(slot, 0), num_rows - 1), ok
 
 
 @jit
 def _load_nope(
-    kv_u8, kv_bf16, row, ok, g, kv_s2, scale, FP8: tl.constexpr, INTERPRET: tl.constexpr
-):
+    kv_u8, kv_bf16, row, ok, g, kv_s2, scale, FP8: tl.constexpr, E4M3_BITS: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):  # fmt: skip
     """Nope values ``[g*128, g*128 + 128)`` of the block's rows in bf16 (fp8 cache: times the
     rows' group ``scale``, rounded to nearest even), zeros where not valid."""
     d = g * 128 + tl.arange(0, 128)
     if FP8:
         raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None], other=0)
-        x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]
+        x = e4m3_load_float32(raw, E4M3_BITS) * scale[:, None]
         vals = to_bf16(x, INTERPRET)
         # A no-op for the values, but it keeps the conversion in the load's layout: without
         # it the byte gathers become plain register loads that the stages do not pipeline
@@ -125,7 +128,7 @@ def _e8m0(kv_u8, at, ok):
 
 @jit
 def _load_model1_fp8(kv_u8, kv_bf16, row, ok, G: tl.constexpr, s_lo, s_hi,
-                     INTERPRET: tl.constexpr):  # fmt: skip
+                     E4M3_BITS: tl.constexpr, INTERPRET: tl.constexpr):  # fmt: skip
     """Values ``[G*128, G*128 + 128)`` of MODEL1 fp8 rows (value rows at byte offsets
     ``row``) in bf16: e4m3 times the rows' scale ``s_lo`` (first 64) / ``s_hi`` (next 64),
     rounded to nearest even; group 3's last 64 are the bf16 RoPE values. Zeros where not
@@ -134,10 +137,10 @@ def _load_model1_fp8(kv_u8, kv_bf16, row, ok, G: tl.constexpr, s_lo, s_hi,
     fp8 = d < 448
     raw = tl.load(kv_u8 + row[:, None] + d[None, :], mask=ok[:, None] & fp8[None, :], other=0)
     scale = tl.where((d % 128 < 64)[None, :], s_lo[:, None], s_hi[:, None])
-    x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+    x = e4m3_load_float32(raw, E4M3_BITS) * scale
     if G == 3:  # the RoPE values, bf16 at bytes 448..575 of the value row
         rope_at = (row // 2 + 224)[:, None] + (d - 448)[None, :]
-        rope = tl.load(kv_bf16 + rope_at, mask=ok[:, None] & (~fp8)[None, :], other=0.0)
+        rope = tl.load(kv_bf16 + rope_at, mask=ok[:, None] & (d >= 448)[None, :], other=0.0)
         x = tl.where(fp8[None, :], x, rope.to(tl.float32))
     return tl.where(ok[:, None], to_bf16(x, INTERPRET), 0.0)
 
@@ -247,7 +250,8 @@ def _store_result(
 
 @jit
 def _load_block(kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2, PAGE: tl.constexpr,
-                FP8: tl.constexpr, MODEL1: tl.constexpr, INTERPRET: tl.constexpr):  # fmt: skip
+                FP8: tl.constexpr, MODEL1: tl.constexpr, E4M3_BITS: tl.constexpr,
+                INTERPRET: tl.constexpr):  # fmt: skip
     """The block's rows at ``slot`` (``ok``: valid; zeros elsewhere) in bf16: four 128-wide
     groups and the rope part (MODEL1: the groups are the whole row; the rope is unused)."""
     r = tl.arange(0, 64)
@@ -255,13 +259,13 @@ def _load_block(kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2, PAGE: tl.
     if MODEL1 and FP8:  # kv_s1 is the value rows' 576; the scale rows follow the page's
         srow = (slot // PAGE) * kv_s0 + PAGE * 576 + (slot % PAGE) * 8
         k0 = _load_model1_fp8(kv_u8, kv_bf16, row, ok, 0, _e8m0(kv_u8, srow, ok),
-                              _e8m0(kv_u8, srow + 1, ok), INTERPRET)  # fmt: skip
+                              _e8m0(kv_u8, srow + 1, ok), E4M3_BITS, INTERPRET)  # fmt: skip
         k1 = _load_model1_fp8(kv_u8, kv_bf16, row, ok, 1, _e8m0(kv_u8, srow + 2, ok),
-                              _e8m0(kv_u8, srow + 3, ok), INTERPRET)  # fmt: skip
+                              _e8m0(kv_u8, srow + 3, ok), E4M3_BITS, INTERPRET)  # fmt: skip
         k2 = _load_model1_fp8(kv_u8, kv_bf16, row, ok, 2, _e8m0(kv_u8, srow + 4, ok),
-                              _e8m0(kv_u8, srow + 5, ok), INTERPRET)  # fmt: skip
+                              _e8m0(kv_u8, srow + 5, ok), E4M3_BITS, INTERPRET)  # fmt: skip
         s6 = _e8m0(kv_u8, srow + 6, ok)
-        k3 = _load_model1_fp8(kv_u8, kv_bf16, row, ok, 3, s6, s6, INTERPRET)
+        k3 = _load_model1_fp8(kv_u8, kv_bf16, row, ok, 3, s6, s6, E4M3_BITS, INTERPRET)
         kr = k0  # (no rope part: unused)
     else:
         s0 = 1.0
@@ -270,10 +274,14 @@ def _load_block(kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2, PAGE: tl.
         s3 = 1.0
         if FP8:  # the group scales first: they are multiplied into the values
             s0, s1, s2, s3 = _load_scales(kv_f32, row, ok)
-        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, s0, FP8, INTERPRET)
-        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, s1, FP8, INTERPRET)
-        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, s2, FP8, INTERPRET)
-        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, s3, FP8, INTERPRET)
+        k0 = _load_nope(kv_u8, kv_bf16, row, ok, 0, kv_s2, s0, FP8, E4M3_BITS,
+                        INTERPRET)  # fmt: skip
+        k1 = _load_nope(kv_u8, kv_bf16, row, ok, 1, kv_s2, s1, FP8, E4M3_BITS,
+                        INTERPRET)  # fmt: skip
+        k2 = _load_nope(kv_u8, kv_bf16, row, ok, 2, kv_s2, s2, FP8, E4M3_BITS,
+                        INTERPRET)  # fmt: skip
+        k3 = _load_nope(kv_u8, kv_bf16, row, ok, 3, kv_s2, s3, FP8, E4M3_BITS,
+                        INTERPRET)  # fmt: skip
         if MODEL1:
             kr = k0  # MODEL1 bf16 (512 wide): no rope part
         elif FP8:
@@ -295,7 +303,7 @@ def _walk(
     num_rows, bt_row, bt_s1, bt_width, req_ok, block_size, kv_u8, kv_f32, kv_bf16, kv_s0, kv_s1,
     kv_s2, PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, FUSED: tl.constexpr, MODEL1: tl.constexpr, NUM_STAGES: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    E4M3_BITS: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """The online softmax over columns ``[lo, hi)`` of one index set (``idx_row``) of one
     cache: the state ``(m, l, acc0..acc3)`` after them."""
@@ -306,7 +314,7 @@ def _walk(
             FUSED,
         )  # fmt: skip
         k0, k1, k2, k3, kr = _load_block(kv_u8, kv_f32, kv_bf16, slot, ok, kv_s0, kv_s1, kv_s2,
-                                         PAGE, FP8, MODEL1, INTERPRET)  # fmt: skip
+                                         PAGE, FP8, MODEL1, E4M3_BITS, INTERPRET)  # fmt: skip
         m_i, l_i, acc0, acc1, acc2, acc3 = _step(
             q0, q1, q2, q3, qr, k0, k1, k2, k3, kr, ok, qk_scale, m_i, l_i, acc0, acc1, acc2,
             acc3, BLOCK_H, BLOCK_N, INTERPRET, not MODEL1,
@@ -331,11 +339,12 @@ def _sparse_mla_decode_kernel(
     SPLIT: tl.constexpr, HAS_MAX: tl.constexpr, NUM_STAGES: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr, MODEL1: tl.constexpr = False,
     EXTRA: tl.constexpr = False, X_PAGE: tl.constexpr = 1, X_HAS_LEN: tl.constexpr = False,
+    E4M3_BITS: tl.constexpr = False,
 ):  # fmt: skip
     """One program: query row ``t``, split ``split`` of its columns, ``BLOCK_H`` heads.
     ``EXTRA``: a second index set (``x_*``: its cache, indices, valid counts, block table)
     in the same softmax; the splits cut the concatenated columns ``[0, topk) ++ [topk, topk +
-    x_topk)``."""
+    x_topk)``. ``E4M3_BITS``: fp8 bytes decoded on the integer bits (targets without e4m3)."""
     pdl_prologue(PDL)
     pid = tl.program_id(0)
     hb = pid % head_blocks
@@ -372,7 +381,7 @@ def _sparse_mla_decode_kernel(
         q0, q1, q2, q3, qr, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale, idx_row, idx_s1,
         col_lo, col_hi, num_rows, bt_row, bt_s1, bt_width, req_ok, block_size, kv_u8, kv_f32,
         kv_bf16, kv_s0, kv_s1, kv_s2, PAGE, BLOCK_H, BLOCK_N, FP8, FUSED, MODEL1, NUM_STAGES,
-        INTERPRET,
+        E4M3_BITS, INTERPRET,
     )  # fmt: skip
     if EXTRA:
         x_valid = x_topk
@@ -388,7 +397,7 @@ def _sparse_mla_decode_kernel(
             x_idx_ptr + t64 * x_idx_s0, x_idx_s1, tl.maximum(col_lo - topk, 0),
             tl.minimum(col_lo + split_cols - topk, x_valid), x_num_rows, x_bt_row, x_bt_s1,
             x_bt_width, x_req_ok, x_block_size, x_u8, x_f32, x_bf16, x_kv_s0, x_kv_s1, x_kv_s2,
-            X_PAGE, BLOCK_H, BLOCK_N, FP8, FUSED, MODEL1, NUM_STAGES, INTERPRET,
+            X_PAGE, BLOCK_H, BLOCK_N, FP8, FUSED, MODEL1, NUM_STAGES, E4M3_BITS, INTERPRET,
         )  # fmt: skip
 
     _store_result(

@@ -17,9 +17,9 @@ from ..._launch import (
     tensor_meta,
     value_key,
 )
-from ..._runtime import INTERPRETER, cdiv, next_pow2
+from ..._runtime import INTERPRETER, cdiv, e4m3_bits, next_pow2
 from ..kv_cache.layout import indexer_k_cache_layout
-from . import logits  # kernels looked up on their module (tests/sm90_compile.py)
+from . import logits  # kernels looked up on their module (tests/kernel_compile.py)
 from .config import (
     MAX_NEXT_N,
     MAX_QUERY_ROWS,
@@ -107,11 +107,14 @@ def index_logits(
     if plan.grid is None:
         return out
     c3 = k_cache[:, :, 0, :] if k_cache.dim() == 4 else k_cache
-    if plan.fp8:
+    q_arg = q
+    if plan.kwargs["E4M3_BITS"]:  # a target without e4m3: the kernel reads bytes
+        q_arg, k_arg, ks_arg = q.view(torch.uint8), c3, c3.view(torch.float32)
+    elif plan.fp8:
         k_arg, ks_arg = c3.view(torch.float8_e4m3fn), c3.view(torch.float32)
     else:
         k_arg, ks_arg = c3, c3  # scale pointer unused
-    args = (q, weights, k_arg, ks_arg, seq_lens, block_table, out, *plan.ints)
+    args = (q_arg, weights, k_arg, ks_arg, seq_lens, block_table, out, *plan.ints)
     launch(logits._index_logits_kernel, plan.grid, args, plan.kwargs, plan)
     return out
 
@@ -278,6 +281,7 @@ def _host_plan(
         LENS_2D=lens_2d,
         CHUNK_PAGES=chunk_pages,
         INTERPRET=INTERPRETER,
+        E4M3_BITS=lay.fp8 and e4m3_bits(q.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -27,6 +27,18 @@ from __future__ import annotations
 import triton.language as tl
 
 from ..._runtime import jit
+from .._common.e4m3 import e4m3_to_float32
+from .._common.masks import mask_and
+
+
+@jit
+def _e4m3_operand(raw, INTERPRET: tl.constexpr):
+    """Bytes of e4m3 values as a dot operand, for targets without e4m3 (``E4M3_BITS``): bf16,
+    which holds every e4m3 value exactly (fp32 in the interpreter, whose bf16 dot is wrong)."""
+    x = e4m3_to_float32(raw)
+    if not INTERPRET:
+        x = x.to(tl.bfloat16)
+    return x
 
 
 @jit
@@ -44,7 +56,7 @@ def _tile_key_scales(
     """fp32 scales of the tile at ``s0`` (0 where not visible or the page id is invalid)."""
     page = _tile_page(s0, chunk_pages, p0, CHUNK_PAGES, PAGE)
     s = s0 + s_in
-    ok = tl.where((page >= 0) & (page < num_pages), s < comp_end, False)
+    ok = mask_and((page >= 0) & (page < num_pages), s < comp_end)
     return tl.load(ks_ptr + page.to(tl.int64) * ks_page + ks_base + s % PAGE, mask=ok, other=0.0)
 
 
@@ -90,6 +102,7 @@ def _index_logits_kernel(
     LENS_2D: tl.constexpr,
     CHUNK_PAGES: tl.constexpr,
     INTERPRET: tl.constexpr,
+    E4M3_BITS: tl.constexpr = False,
 ):
     # A program takes NG of the request's N rows (token group g; groups of one request are
     # adjacent in launch order, so they read the request's keys at about the same time).
@@ -132,6 +145,8 @@ def _index_logits_kernel(
             other=0.0,
         )
         w = tl.load(w_ptr + qrow * w_s0 + mh * w_s1, mask=mok, other=0.0)
+        if E4M3_BITS:  # q and the keys come as bytes: decoded, dot in bf16
+            q = _e4m3_operand(q, INTERPRET)
         if INTERPRET:
             q = q.to(tl.float32)  # the interpreter's bf16 tl.dot is wrong
         qt = tl.trans(q)  # [DP, NG*HP]
@@ -159,7 +174,7 @@ def _index_logits_kernel(
             else:
                 page = tl.load(bt_ptr + b64 * bt_s0 + (s // PAGE) * bt_s1, mask=live, other=-1)
             # Page ids are trusted, but one outside [0, num_pages) is masked (scores -inf).
-            ok = tl.where((page >= 0) & (page < num_pages), live, False)
+            ok = mask_and((page >= 0) & (page < num_pages), live)
             page = page.to(tl.int64)
             off = s % PAGE
             km = ok[:, None] & dm[None, :]
@@ -168,6 +183,8 @@ def _index_logits_kernel(
                 kk = tl.load(
                     k_ptr + (page * k_s0 + off * D)[:, None] + d[None, :], mask=km, other=0.0
                 )
+                if E4M3_BITS:
+                    kk = _e4m3_operand(kk, INTERPRET)
                 if CHUNK_PAGES > 0:
                     kscale = next_scales
                     next_scales = _tile_key_scales(

@@ -12,7 +12,7 @@ from ..._custom_op import compiling, custom_op, run_eager
 from ..._launch import HostPlanCache, byte_extent, check_disjoint, launch, tensor_meta
 from ..._runtime import INTERPRETER, cdiv, next_pow2
 from . import model1 as _model1
-from . import write  # kernels looked up on their module (tests/sm90_compile.py)
+from . import write  # kernels looked up on their module (tests/kernel_compile.py)
 from .layout import (
     MLA_ROPE_DIM,
     MLA_SCALE_MIN_EXP,

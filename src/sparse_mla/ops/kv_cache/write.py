@@ -1,6 +1,6 @@
 """Triton kernels of the cache writers (formats: :mod:`.layout`): the fp8 quantisation
-helpers they share (power-of-two scales, e4m3 rounding done on the integer bits), the indexer
-K writer and the MLA latent writer."""
+helpers they share (power-of-two scales; the e4m3 rounding, done on the integer bits, is
+``ops._common.e4m3``), the indexer K writer and the MLA latent writer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import triton.language as tl
 
 from ..._runtime import jit
+from .._common.e4m3 import e4m3_bits
 
 # FlashMLA's floor on the MLA scale, and ceil(log2) of it: the smallest scale's exponent.
 MLA_SCALE_FLOOR = 1e-4
@@ -58,39 +59,6 @@ def finite_amax(x, axis: tl.constexpr):
     group is set by its finite values alone."""
     ax = tl.abs(x)
     return tl.max(tl.where(ax < float("inf"), ax, 0.0), axis=axis)
-
-
-@jit
-def e4m3_bits(y):
-    """fp32 -> float8_e4m3fn bit pattern (uint8), round to nearest even; magnitudes past 448
-    (inf included) saturate to +-448, as PyTorch's clamp-then-convert does, and every NaN
-    becomes 0x7F.
-
-    Integer arithmetic instead of ``.to(tl.float8e4nv)``: Triton 3.9's interpreter rounds that
-    conversion wrongly (no carry into the exponent, subnormals truncated); this gives the same
-    bits as PyTorch's conversion on every backend.
-    """
-    bits = y.to(tl.int32, bitcast=True)
-    sign = ((bits >> 24) & 0x80).to(tl.int32)
-    mag = bits & 0x7FFFFFFF
-    # Normal range (|y| >= 2**-6): round the 23-bit mantissa to 3 bits; the carry of the
-    # rounding add propagates into the exponent by itself. Rebias 127 -> 7.
-    rn = mag + 0x7FFFF + ((mag >> 20) & 1)
-    normal = (rn >> 20) - ((127 - 7) << 3)
-    # Subnormal range: units of 2**-9; shift the 24-bit significand right with RNE.
-    e = (mag >> 23) - 127
-    sig = (mag & 0x7FFFFF) | 0x800000
-    sh = tl.minimum(14 - e, 31)
-    sh = tl.maximum(sh, 1)
-    q = sig >> sh
-    rem = sig - (q << sh)
-    half = 1 << (sh - 1)
-    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
-    sub = q + up.to(tl.int32)
-    code = tl.where(e >= -6, normal, sub)
-    code = tl.where(mag > 0x43E00000, 0x7E, code) | sign  # past 448.0 (inf too): saturate
-    # NaN: the one canonical e4m3 NaN (GPUs do not keep a NaN's sign through arithmetic).
-    return tl.where(mag > 0x7F800000, 0x7F, code).to(tl.uint8)
 
 
 # ---- indexer K writer -----------------------------------------------------------------------

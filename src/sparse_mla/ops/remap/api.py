@@ -30,7 +30,7 @@ from ..._launch import (
     value_key,
 )
 from ..._runtime import cdiv, next_pow2, pdl_launch
-from . import remap  # kernels looked up on their module (tests/sm90_compile.py)
+from . import remap  # kernels looked up on their module (tests/kernel_compile.py)
 from .config import RemapConfig, choose_remap_config, validate_config
 from .remap import _flat_vec
 

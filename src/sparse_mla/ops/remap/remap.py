@@ -126,7 +126,7 @@ def _remap_kernel(
         )
         bt_mask = valid
         if HAS_PREFILL:
-            bt_mask = bt_mask & ~is_pre[:, None]
+            bt_mask = bt_mask & (is_pre == 0)[:, None]  # (no ~ on bools: Triton 3.3)
         if STAGE_PAGES > 0:
             # Random 4-byte gathers from global memory cost one L1 wavefront per distinct
             # line; instead read the block-table prefix the row references (pages 0..max)
@@ -271,7 +271,7 @@ def _remap_flat_kernel(
         )
         bt_mask = valid
         if HAS_PREFILL:
-            bt_mask = bt_mask & ~is_pre
+            bt_mask = bt_mask & (is_pre == 0)
         if STAGE_PAGES > 0:
             page_id = tl.gather(staged, tl.where(bt_mask, page, 0), 0)
         else:

@@ -17,7 +17,9 @@ def to_keys(x):
     """fp32 -> order-preserving uint32 key (integer ops only, so no denormal flush)."""
     b = x.to(tl.uint32, bitcast=True)
     mag = b & 0x7FFFFFFF
-    key = tl.where((b >> 31) != 0, ~b, b | 0x80000000)
+    # XOR with all ones, not ``~b``: Triton 3.6-3.8's interpreters build ``~`` on an unsigned
+    # tensor from the constant -1, which numpy 2 refuses for uint32 (OverflowError).
+    key = tl.where((b >> 31) != 0, b ^ 0xFFFFFFFF, b | 0x80000000)
     key = tl.where(mag == 0, 0x80000000, key)  # -0.0 ranks as +0.0
     key = tl.where(mag > 0x7F800000, 0, key)  # NaN: below -inf (key 0x007FFFFF)
     return key.to(tl.uint32)

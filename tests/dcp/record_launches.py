@@ -1,7 +1,7 @@
 """Record one launch of each kind of the DCP kernels (interpreter, one gloo rank) in the
-format of ``tests/sm90_compile.py``, whose ``compile`` step then builds them for sm_90.
+format of ``tests/kernel_compile.py``, whose ``compile`` step then builds them for GPU targets.
 
-    python tests/dcp/sm90_record.py LAUNCHES.json
+    python tests/dcp/record_launches.py LAUNCHES.json
 """
 
 from __future__ import annotations

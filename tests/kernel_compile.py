@@ -1,24 +1,29 @@
-"""Compile every kernel launch of the quick verification sweep for Hopper (sm_90), on a CPU.
+"""Compile every kernel launch of the quick verification sweep for GPU targets, on a CPU.
 
 The interpreter that runs the test suite is not the compiler: some code runs there and not
 on a GPU. An integer argument equal to 1, for example, becomes a compile-time constant on
 the GPU (Triton specialises it), so ``n.to(...)`` on it compiles in the interpreter and
-fails on the GPU. This script has two steps, each in its own process, because the execution
-mode is fixed when Triton is first imported:
+fails on the GPU; and Triton has no e4m3 before sm_89. This script has two steps, each in its
+own process, because the execution mode is fixed when Triton is first imported:
 
-    python tests/sm90_compile.py record LAUNCHES.json [--part=I/N]   # interpreter
-    TRITON_INTERPRET=0 python tests/sm90_compile.py compile LAUNCHES.json... [--part=I/N]
+    python tests/kernel_compile.py record LAUNCHES.json [--part=I/N]   # interpreter
+    TRITON_INTERPRET=0 python tests/kernel_compile.py compile LAUNCHES.json... \
+        [--targets=all|sm_90,sm_80,gfx942,...] [--sample=sm_86,...] [--part=I/N]
 
 ``--part=I/N`` (e.g. ``0/2``) runs every N-th case from the I-th (or compiles every N-th kind of
-launch), so that several processes share the work.
+launch), so that several processes share the work. ``--sample=`` names targets that compile
+only each kernel's first launch of each cache format (``_sample``), as recorded.
 
 ``record`` runs ``sparse-mla verify --quick``'s cases (which must pass) with every kernel
 wrapped by a recorder, and keeps one launch of each kind: the kernel, its argument types,
-the compile-time constants and the warps. ``compile`` builds each kind of launch
-for sm_90 as a GPU launch would: with every integer argument equal to 1 (Triton makes such
-an argument a constant), and once per kernel with none; ``PDL`` as on Hopper. It uses
-``triton.compile`` down to a cubin, which needs Triton's NVIDIA backend (in the PyPI wheel)
-and no GPU.
+the compile-time constants and the warps. ``compile`` builds each kind of launch for each
+target (default: all of ``TARGETS``) as a GPU launch there would: with every integer
+argument equal to 1 (Triton makes such an argument a constant), and once per kernel with
+none; ``PDL`` as on Hopper where the target has it (sm_90 on); on a target without e4m3
+(before sm_89) as the wrappers launch there: fp8 tensors passed as bytes, ``E4M3_BITS`` on.
+A ``sm_NN`` target compiles down to a cubin with Triton's NVIDIA backend, a ``gfxNNN`` one
+down to an hsaco with its AMD backend (both in the PyPI wheel); neither needs a GPU or a
+toolkit.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ MODULES = (
     "sparse_mla.ops.compressor.gated_pool",
 )
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
+# The targets CI compiles for (README, "Supported GPUs"): NVIDIA Ampere (A100, RTX 30xx), Ada,
+# Hopper, Blackwell (B200, RTX 50xx), and AMD CDNA3 (MI300).
+TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "gfx942")
 
 
 def _describe(value):
@@ -170,29 +178,47 @@ _POINTER = {
 }
 
 
-def _signature(fn, entry: dict, ones: bool) -> tuple[dict, dict, dict]:
-    """Triton's signature, constants and attributes for one launch, as on the GPU.
+def _target(name: str):
+    """``sm_NN`` (NVIDIA, warps of 32) or ``gfxNNN`` (AMD: CDNA's wavefronts of 64, RDNA's 32)."""
+    from triton.backends.compiler import GPUTarget
+
+    if name.startswith("sm_"):
+        return GPUTarget("cuda", int(name[3:]), 32)
+    assert name.startswith("gfx"), f"unknown target {name}"
+    return GPUTarget("hip", name, 64 if name.startswith("gfx9") else 32)
+
+
+def _signature(fn, entry: dict, ones: bool, target) -> tuple[dict, dict, dict]:
+    """Triton's signature, constants and attributes for one launch, as on ``target``.
 
     ``ones``: every integer argument specialised to the constant 1. Otherwise as a GPU launch
     of the recorded values specialises them: integers equal to 1 become constants, pointers
     and integers divisible by 16 are marked so (``tt.divisibility``), which changes the
     vectorisation and layouts the compiler picks (a Triton 3.6 layout bug showed only so);
-    kernels' ``INTERPRET`` switch is off, as on a GPU."""
+    kernels' ``INTERPRET`` switch is off, as on a GPU. Constants a launch leaves out keep
+    their defaults."""
+    from sparse_mla._runtime import target_has_e4m3
+
+    nvidia = target.backend == "cuda"
+    e4m3_bits = not target_has_e4m3(target) and "E4M3_BITS" in fn.arg_names
     values = dict(zip(fn.arg_names, entry["args"], strict=False))
     values.update({k: v for k, v in entry["kwargs"].items() if k not in LAUNCH_OPTIONS})
     signature, constexprs, attrs = {}, {}, {}
     for i, p in enumerate(fn.params):
-        kind, *rest = values[p.name]
+        kind, *rest = values.get(p.name) or ["const", p.default]
         value = rest[0] if rest else None
         if p.is_constexpr or kind in ("none", "const") or (kind == "int" and (ones or value == 1)):
             value = 1 if kind == "int" and not p.is_constexpr else value
-            if p.name == "PDL" and value == 0:
-                value = 1  # Hopper: the programmatic-dependent-launch code is compiled in
+            if p.name == "PDL":  # the programmatic-dependent-launch code, where it exists
+                value = int(nvidia and target.arch >= 90)
             if p.name == "INTERPRET":
                 value = False  # recorded under the interpreter; the GPU compiles the other branch
+            if p.name == "E4M3_BITS":
+                value = e4m3_bits
             signature[p.name], constexprs[p.name] = "constexpr", value
         elif kind == "ptr":
-            signature[p.name] = _POINTER[value]
+            byte = e4m3_bits and value == "float8_e4m3fn"  # the wrappers pass bytes there
+            signature[p.name] = "*u8" if byte else _POINTER[value]
             attrs[(i,)] = [["tt.divisibility", 16]]  # torch's allocations are 16-aligned
         elif kind == "int":
             signature[p.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
@@ -205,47 +231,86 @@ def _signature(fn, entry: dict, ones: bool) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-def compile_all(paths: list[str], part: str | None = None) -> int:
+def _compile_one(fn, entry: dict, ones: bool, target) -> str | None:
+    """None if the launch compiles for ``target``, else why not."""
+    import triton
+    from triton.compiler import ASTSource
+
+    kw = entry["kwargs"]
+    options = {k: kw[k][1] for k in ("num_warps", "num_stages") if k in kw}
+    signature, constexprs, attrs = _signature(fn, entry, ones, target)
+    try:
+        triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+    except Exception as e:  # noqa: BLE001  (report every failure, then fail)
+        return f"{type(e).__name__}: {str(e)[:2000]}"
+    return None
+
+
+def _sample(launches: list[dict]) -> list[dict]:
+    """Each kernel's first launch of each cache format (its ``FP8`` and ``MODEL1`` constants,
+    where it has them): a tenth of the launches, every kernel and e4m3 reader among them."""
+    first: dict[str, dict] = {}
+    for entry in launches:
+        kw = entry["kwargs"]
+        first.setdefault(json.dumps([entry["kernel"], kw.get("FP8"), kw.get("MODEL1")]), entry)
+    return list(first.values())
+
+
+def compile_all(
+    paths: list[str], targets: list[str], sampled: list[str], part: str | None = None
+) -> int:
+    """Compile the launches for each target (``sampled`` ones: :func:`_sample` only)."""
     import os
 
     assert os.environ.get("TRITON_INTERPRET") == "0", "run with TRITON_INTERPRET=0"
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    target = GPUTarget("cuda", 90, 32)
     launches: dict[str, dict] = {}
     for path in paths:
         with open(path) as f:
             for entry in json.load(f):
                 launches.setdefault(_key(entry), entry)
     i, n = _part(part)
-    launches = list(launches.values())[i::n]
-    # Each kind of launch specialised as its recorded values would be on a GPU, and each
-    # kernel's first also with every integer argument 1.
-    failed = total = 0
-    seen = set()
-    t0 = time.time()
-    for entry in launches:
-        fn = getattr(importlib.import_module(entry["module"]), entry["kernel"])
-        options = {
-            k: entry["kwargs"][k][1] for k in ("num_warps", "num_stages") if k in entry["kwargs"]
-        }
-        for ones in (False, True) if entry["kernel"] not in seen else (False,):
-            seen.add(entry["kernel"])
-            total += 1
-            signature, constexprs, attrs = _signature(fn, entry, ones)
-            try:
-                src = ASTSource(fn, signature, constexprs, attrs)
-                triton.compile(src, target=target, options=options)
-            except Exception as e:  # noqa: BLE001  (report every failure, then fail)
-                failed += 1
-                print(f"FAIL {entry['kernel']} {constexprs}\n  {type(e).__name__}: {str(e)[:2000]}")
-    print(f"compiled {total - failed}/{total} for sm_90 in {time.time() - t0:.0f}s")
+    every = list(launches.values())
+    failed = 0
+    for name in targets:
+        target = _target(name)
+        chosen = (_sample(every) if name in sampled else every)[i::n]
+        # Each kind of launch specialised as its recorded values would be on a GPU, and each
+        # kernel's first also with every integer argument 1 (not on a sampled target: what
+        # the integers change is the front end's, the same for every target).
+        seen, total, bad, t0 = set(), 0, {}, time.time()
+        for entry in chosen:
+            fn = getattr(importlib.import_module(entry["module"]), entry["kernel"])
+            first = entry["kernel"] not in seen and name not in sampled
+            for ones in (False, True) if first else (False,):
+                seen.add(entry["kernel"])
+                total += 1
+                why = _compile_one(fn, entry, ones, target)
+                if why is not None:
+                    bad[entry["kernel"]] = bad.get(entry["kernel"], 0) + 1
+                    print(f"FAIL {name} {entry['kernel']} ones={ones}\n  {why}")
+        failed += sum(bad.values())
+        print(f"{name}: {total - sum(bad.values())}/{total} launches of {len(seen)} kernels "
+              f"compiled in {time.time() - t0:.0f}s"
+              + (f"; failing: {', '.join(f'{k} ({v})' for k, v in sorted(bad.items()))}"
+                 if bad else ""))  # fmt: skip
     return 1 if failed else 0
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The value of ``--name=VALUE`` among ``args`` (removed from them), or None."""
+    for a in args:
+        if a.startswith(f"--{name}="):
+            args.remove(a)
+            return a.split("=", 1)[1]
+    return None
 
 
 if __name__ == "__main__":
     step, args = sys.argv[1], sys.argv[2:]
-    part = args.pop().removeprefix("--part=") if args[-1].startswith("--part=") else None
-    sys.exit(record(args[0], part) if step == "record" else compile_all(args, part))
+    part = _option(args, "part")
+    targets = _option(args, "targets") or "all"
+    targets = list(TARGETS) if targets == "all" else targets.split(",")
+    sampled = (_option(args, "sample") or "").split(",")
+    if step == "record":
+        sys.exit(record(args[0], part))
+    sys.exit(compile_all(args, targets, sampled, part))
