@@ -77,8 +77,9 @@ class _Layer:
     @staticmethod
     def _compressor(mod, overlap, maxn, tables) -> V4Compressor:
         width, dim = mod.kv_proj.out_features, mod.kv_norm.weight.shape[0]
-        state = new_compressor_state(1, width, compress_rate=mod.compress_rate, overlap=overlap,
-                                     max_decode_len=maxn, dtype=torch.float32, device="cpu")  # fmt: skip
+        state = new_compressor_state(1, width, compress_rate=mod.compress_rate,
+                                     overlap=overlap, max_decode_len=maxn, dtype=torch.float32,
+                                     device="cpu")  # fmt: skip
         if dim == 512:
             cache = new_mla_cache(PAGES, PAGE, format="model1_bf16", device="cpu")
         else:

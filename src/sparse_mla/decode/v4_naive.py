@@ -139,9 +139,9 @@ def slots_of(table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, page: in
     return torch.where(ok, slot, torch.full_like(slot, -1))
 
 
-def _rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """float64 ``[n, 512]`` rows of a MODEL1 cache (fp8 dequantised) at valid slots."""
-    return dequantize_model1_cache(cache).reshape(-1, V4_DIM)[slots].double()
+def _all_rows(cache: torch.Tensor) -> torch.Tensor:
+    """Every row of a MODEL1 cache (fp8 dequantised), float64 ``[slots, 512]``."""
+    return dequantize_model1_cache(cache).reshape(-1, V4_DIM).double()
 
 
 def inverse_rope(out: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -211,17 +211,18 @@ def v4_decode_step_reference(
     out = torch.zeros(rows, heads, V4_DIM, dtype=torch.float64, device=x.q.device)
     lse = torch.full((rows, heads), float("-inf"), dtype=torch.float64, device=x.q.device)
     cpage = compressor.cache.shape[1] if compressor is not None else 1
+    window_rows = _all_rows(x.window_cache)  # after this step's writes
+    compressed_rows = None if compressor is None else _all_rows(compressor.cache)
     for t in range(rows):
         if pos[t] < 0:
             continue
         p = int(pos[t])
         wpos = torch.arange(max(p - window + 1, 0), p + 1, device=pos.device)
-        keys = [_rows(x.window_cache, slots_of(x.window_block_table, req[t].expand_as(wpos),
-                                               wpos, wpage))]  # fmt: skip
+        keys = [window_rows[slots_of(x.window_block_table, req[t].expand_as(wpos), wpos, wpage)]]
         if compressed is not None:
             cpos = compressed[t][compressed[t] >= 0]
             cslots = slots_of(x.compressed_block_table, req[t].expand_as(cpos), cpos, cpage)
-            keys.append(_rows(compressor.cache, cslots[cslots >= 0]))
+            keys.append(compressed_rows[cslots[cslots >= 0]])
         k = torch.cat(keys)
         s = (x.q[t].double() @ k.T) * sm_scale  # [h, n]
         lse[t] = torch.logsumexp(s, dim=-1)
