@@ -252,6 +252,9 @@ class V4DecodePlan:
             raise ValueError(f"a {c.kind} layer needs cmp_kv, cmp_gate, compressed_block_table")
         if c.kind == "csa" and (x.q_idx is None or x.idx_weights is None or x.idx_kv is None):
             raise ValueError("a csa layer needs idx_kv, idx_gate, q_idx and idx_weights")
+        if c.kind == "csa" and x.q_idx.shape != (rows, c.index_heads, c.index_dim):
+            raise ValueError(f"q_idx must be [{rows}, {c.index_heads}, {c.index_dim}], got "
+                             f"{tuple(x.q_idx.shape)}")  # fmt: skip
         if c.kind != "sliding":
             cols = x.compressed_block_table.shape[1] * cmp.cache.shape[1]
             if cols > c.max_compressed:
