@@ -17,6 +17,7 @@ from sparse_mla.decode.v4_plan import V4DecodePlan, V4DecodePlanConfig
 from sparse_mla.ops.compressor import compressor_rope_table, new_compressor_state
 from sparse_mla.ops.kv_cache import dequantize_model1_cache, new_indexer_k_cache, new_mla_cache
 from sparse_mla.testing import attention_error, poison
+from sparse_mla.testing.v4_step import RandomV4Layer, V4Shapes, v4_step_error
 
 DEV = default_device()
 HEADS, WINDOW, TOPK, IDX_HEADS, PAGE, PAGES, MAXN = 2, 8, 3, 4, 4, 32, 3
@@ -173,3 +174,22 @@ def test_plan_rejects_bad_arguments():
         plan.run(x, compressor=None, indexer=None)
     with pytest.raises(ValueError, match="q must be"):
         plan.run(x._replace(q=x.q[:, :1]))
+
+
+def test_window_positions_past_the_table_are_skipped():
+    """A window block table too short for this step's positions: the rows are not written
+    and the attention reads only the positions it has pages for, as the reference."""
+    s = V4Shapes("sliding", heads=HEADS, window=WINDOW, page=PAGE, max_decode_len=2,
+                 compress_rate=1, cache_format="model1_bf16")
+    gen = torch.Generator().manual_seed(3)
+    layer = RandomV4Layer(s, [20], gen, DEV)
+    layer.wtable = layer.wtable[:, :5].contiguous()  # pages for positions 0..19 only
+    x = layer.inputs([22], [2])
+    untouched = layer.window.clone()
+    ref, window, cmp, idx = layer.reference(x)
+    got = V4DecodePlan(V4DecodePlanConfig("sliding", 2, 1, HEADS, max_decode_len=2,
+                                          window=WINDOW, compress_rate=1,
+                                          cache_format="model1_bf16"),
+                       sm_scale=s.sm_scale, device=DEV).run(x)  # fmt: skip
+    assert torch.equal(layer.window, untouched)
+    assert v4_step_error(layer, x, got, ref, window, cmp, idx) is None

@@ -130,12 +130,12 @@ def row_positions(
 
 
 def slots_of(table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, page: int) -> torch.Tensor:
-    """Slot ``table[req, pos // page] * page + pos % page`` per element (-1 where ``pos < 0``
-    or ``req < 0``)."""
-    ok = (pos >= 0) & (req >= 0)
+    """Slot ``table[req, pos // page] * page + pos % page`` per element (-1 where ``pos < 0``,
+    ``req < 0`` or the column is past the table)."""
     r, p = req.clamp(min=0), pos.clamp(min=0)
-    col = (p // page).clamp(max=table.shape[1] - 1)
-    slot = table.long()[r, col] * page + p % page
+    col = p // page
+    ok = (pos >= 0) & (req >= 0) & (col < table.shape[1])
+    slot = table.long()[r, col.clamp(max=table.shape[1] - 1)] * page + p % page
     return torch.where(ok, slot, torch.full_like(slot, -1))
 
 
@@ -218,7 +218,8 @@ def v4_decode_step_reference(
             continue
         p = int(pos[t])
         wpos = torch.arange(max(p - window + 1, 0), p + 1, device=pos.device)
-        keys = [window_rows[slots_of(x.window_block_table, req[t].expand_as(wpos), wpos, wpage)]]
+        wslots = slots_of(x.window_block_table, req[t].expand_as(wpos), wpos, wpage)
+        keys = [window_rows[wslots[wslots >= 0]]]
         if compressed is not None:
             cpos = compressed[t][compressed[t] >= 0]
             cslots = slots_of(x.compressed_block_table, req[t].expand_as(cpos), cpos, cpage)

@@ -110,7 +110,7 @@ class V4DecodePlan:
         self._visible = torch.empty(t, dtype=i32, device=dev)
         self._win_offsets = torch.arange(1 - c.window, 1, dtype=i32, device=dev)
         self._win_pos = torch.empty(t, c.window, dtype=i32, device=dev)
-        self._compressed = self._logits = self._row_table = self._topk_ws = None
+        self._compressed = self._logits = self._topk_ws = None
         extra_cols = 0
         if c.kind == "csa":
             self._logits = torch.empty(t, c.max_compressed, dtype=torch.float32, device=dev)
@@ -145,10 +145,10 @@ class V4DecodePlan:
         self._win_pos[:rows].clamp_(min=-1)  # positions before 0 are no entry (-1)
         torch.floor_divide(pos + 1, c.compress_rate, out=self._visible[:rows])  # pos -1: 0
         page = x.window_cache.shape[1]
-        safe_pos = pos.clamp(min=0).long()
-        col = (safe_pos // page).clamp(max=x.window_block_table.shape[1] - 1)
-        slot = x.window_block_table[safe, col].long() * page + safe_pos % page
-        self._slot[:rows].copy_(slot).masked_fill_(pos < 0, -1)
+        safe_pos, cols = pos.clamp(min=0).long(), x.window_block_table.shape[1]
+        col = safe_pos // page  # a column past the table: no slot (-1), as the attention
+        slot = x.window_block_table[safe, col.clamp(max=cols - 1)].long() * page + safe_pos % page
+        self._slot[:rows].copy_(slot).masked_fill_((pos < 0) | (col >= cols), -1)
 
     def _write(self, x: V4StepInputs, rows: int, cmp: V4Compressor | None,
                idx: V4Compressor | None) -> None:  # fmt: skip
