@@ -25,12 +25,15 @@ inputs from its own seed and compares our kernel with the plain PyTorch referenc
   fp8 caches), three steps of ragged MTP rows with rejected drafts, padding and hostile
   state indices and pages: rings bit for bit, untouched cache bytes, entries within the
   kit's tolerance of the float64 reference.
+* ``v4_step``: one DeepSeek-V4 layer's decode step (``V4DecodePlan``: sliding, CSA or HCA;
+  MODEL1 fp8 or bf16) from a random state against ``v4_decode_step_reference``, at
+  interpreter sizes in both sweeps (``sparse_mla.testing.v4_step``).
 
-The full sweep (2472 configurations: 2040 remap/dcp/expand, 192 topk, 72 kvcache, 72 logits,
+The full sweep (2484 configurations: 2040 remap/dcp/expand, 192 topk, 72 kvcache, 72 logits,
 68 attention, 12 decode_step: the whole step of ``sparse_mla.decode`` against its PyTorch
-reference, 16 compressor)
+reference, 16 compressor, 12 v4_step)
 uses the model's sizes (k 512 and 2048 of rows up to 64K scores; 64 heads x 128 dims, page 64,
-contexts up to 16K; V4-Flash's compressors); ``--quick`` (486) runs a subset at interpreter
+contexts up to 16K; V4-Flash's compressors); ``--quick`` (489) runs a subset at interpreter
 sizes (k 128/256, rows up to 2000 scores, 8 heads x 32 dims), ``--kind`` keeps only some kinds.
 A failure prints the case's label with its seed; ``sparse-mla verify --case SEED`` reruns just
 it (with ``--quick`` when it came from the quick sweep).
@@ -77,6 +80,7 @@ KV_CACHES = ("indexer_bf16", "indexer_fp8", "mla_bf16", "mla_fp8", "model1_bf16"
 # Per-case repetitions of the new kinds in the full sweep; the quick sweep keeps fewer.
 TOPK_REPS, KV_REPS, LOGITS_REPS = 3, 6, 6
 DECODE_STEP_REPS = 12
+V4_STEP_REPS = 12  # the quick sweep keeps 3
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,9 @@ def build_cases(quick: bool, base_seed: int = 0) -> list[Case]:
     for c, q in _compressor_cases(quick):
         cases.append(c)
         keep.append(q)
+    for rep in range(V4_STEP_REPS):  # a V4 layer's step; each seed draws its kind and shape
+        cases.append(Case("v4_step", 0, {}))
+        keep.append(rep < 3)
     out = [Case(c.kind, base_seed + i, c.params) for i, c in enumerate(cases)]
     if not quick:
         return out
@@ -263,7 +270,7 @@ def _compressor_cases(quick: bool) -> list[tuple[Case, bool]]:
 
 # Rough relative cost of one case, for scheduling across worker processes.
 _COST = {"remap": 1, "dcp": 1, "expand": 1, "kvcache": 2, "topk": 4, "logits": 8, "attention": 8,
-         "decode_step": 8, "compressor": 4}  # fmt: skip
+         "decode_step": 8, "compressor": 4, "v4_step": 4}  # fmt: skip
 
 
 def _init_worker(threads: int) -> None:

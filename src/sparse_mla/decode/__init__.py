@@ -3,6 +3,8 @@ plain-PyTorch reference."""
 
 from .naive import decode_step_reference, sparse_attention_torch
 from .plan import STAGES, DecodeInputs, DecodePlan, DecodePlanConfig, DecodeStepOutput
+from .v4_naive import V4Compressor, V4StepInputs, V4StepResult, v4_decode_step_reference
+from .v4_plan import V4DecodePlan, V4DecodePlanConfig, V4StepOutput
 
 __all__ = [
     "STAGES",
@@ -10,6 +12,13 @@ __all__ = [
     "DecodePlan",
     "DecodePlanConfig",
     "DecodeStepOutput",
+    "V4Compressor",
+    "V4DecodePlan",
+    "V4DecodePlanConfig",
+    "V4StepInputs",
+    "V4StepOutput",
+    "V4StepResult",
     "decode_step_reference",
     "sparse_attention_torch",
+    "v4_decode_step_reference",
 ]

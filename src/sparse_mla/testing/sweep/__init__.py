@@ -21,6 +21,13 @@ def check_decode_step(case: Case, g: torch.Generator, dev: torch.device) -> str 
     return check_random_step(case.seed, dev)
 
 
+def check_v4_step(case: Case, g: torch.Generator, dev: torch.device) -> str | None:
+    """One DeepSeek-V4 layer's decode step (``V4DecodePlan``) against its reference."""
+    from ..v4_step import check_random_v4_step
+
+    return check_random_v4_step(case.seed, dev)
+
+
 RUNNERS = {
     "remap": check_remap,
     "dcp": check_dcp,
@@ -31,6 +38,7 @@ RUNNERS = {
     "attention": check_attention,
     "decode_step": check_decode_step,
     "compressor": check_compressor,
+    "v4_step": check_v4_step,
 }
 
 

@@ -1,0 +1,293 @@
+"""One DeepSeek-V4 attention layer's decode step, sized once, run eagerly or as one CUDA graph.
+
+The V4 counterpart of :class:`~sparse_mla.decode.DecodePlan`, from the projected rows
+(``decode/v4_naive.py`` says which, the layouts of the window and compressed caches, and is
+the reference). Stages, each a library op or a few fixed-shape torch ops on plan buffers:
+
+1. metadata: per row its request and position (device-side from ``query_start_loc`` and
+   ``seq_lens``: no host data, so ragged batches and MTP rows run eagerly and captured alike),
+   the window positions ``p - window + 1 .. p`` and the visible compressed count
+   ``(p + 1) // rate``;
+2. cache writes: the window row (``write_mla_latent``), the compressors
+   (``compressor_decode``: CSA's and its indexer's, or HCA's);
+3. CSA: indexer logits over the visible compressed entries (``index_logits``, one table row
+   per step row), exact top-k positions (``select_topk``); HCA: every visible entry (a
+   constant ``0 .. max_compressed - 1`` index set cut by ``extra_topk_length``);
+4. attention over the window plus the compressed set in one softmax, with the sink
+   (``sparse_mla_decode``: positions remapped through the block tables as they load);
+5. the inverse RoPE on the output's trailing 64 dims (angle ``-p``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .._checks import check_int
+from .._runtime import canonical_device
+from ..ops.attention import attention_workspace, sparse_mla_decode
+from ..ops.compressor import compressor_decode
+from ..ops.indexer import index_logits
+from ..ops.kv_cache import write_mla_latent
+from ..ops.topk import select_topk, supported_k, topk_workspace
+from .v4_naive import LAYER_KINDS, V4_DIM, V4_NOPE, V4_ROPE, V4Compressor, V4StepInputs
+
+
+@dataclass(frozen=True)
+class V4DecodePlanConfig:
+    """What a :class:`V4DecodePlan` is sized for (host ints / flags), one per layer kind.
+
+    kind: "sliding", "csa" or "hca". max_num_tokens: rows per step, padding included.
+    max_num_requests: requests per step. num_heads: ``h`` of q (64 in V4-Flash; a TP shard
+    fewer). max_decode_len: largest ``n_b`` (1 + MTP drafts). window: sliding window (128).
+    compress_rate: 4 (CSA) or 128 (HCA). max_compressed: compressed entries a request may
+    have (``max_seq_len // compress_rate``): the indexer's logit columns (CSA) or the HCA set's
+    width. topk: the indexer's k (512). index_heads / index_dim: the indexer's q shape.
+    cache_format: "model1_fp8" or "model1_bf16" (the window and compressed caches).
+    """
+
+    kind: str
+    max_num_tokens: int
+    max_num_requests: int
+    num_heads: int
+    max_decode_len: int = 1
+    window: int = 128
+    compress_rate: int = 4
+    max_compressed: int = 2048
+    topk: int = 512
+    index_heads: int = 64
+    index_dim: int = 128
+    cache_format: str = "model1_fp8"
+    eps: float = 1e-6
+
+
+class V4StepOutput(NamedTuple):
+    """Views into the plan's buffers (the next run overwrites them).
+
+    out: bf16 ``[T, h, 512]`` (inverse RoPE applied; the input of ``o_a_proj``). lse: fp32
+    ``[T, h]`` (natural log, before the sink; ``-inf`` on padding rows). compressed: int32
+    ``[T, k]`` request-local compressed positions attended (CSA: top-k, -1 padded; HCA: the
+    constant ``0 .. max_compressed - 1``, of which ``compressed_len`` count), or None.
+    compressed_len: int32 ``[T]`` valid leading entries of ``compressed`` (HCA), else None.
+    """
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    compressed: torch.Tensor | None
+    compressed_len: torch.Tensor | None
+
+
+class V4DecodePlan:
+    """A V4 layer's decode step with every buffer allocated once (one plan per layer kind
+    serves every layer of that kind). :meth:`run` runs it eagerly (ragged ``n_b``, padding
+    rows); :meth:`capture` records it as ONE CUDA graph on fixed input tensors, :meth:`replay`
+    reruns it on whatever they hold."""
+
+    def __init__(
+        self, config: V4DecodePlanConfig, *, sm_scale: float,
+        device: torch.device | str | None = None,
+    ) -> None:  # fmt: skip
+        c = config
+        if c.kind not in LAYER_KINDS:
+            raise ValueError(f"kind must be one of {LAYER_KINDS}, got {c.kind!r}")
+        for name in ("max_num_tokens", "max_num_requests", "num_heads", "max_decode_len",
+                     "window", "compress_rate", "max_compressed"):  # fmt: skip
+            check_int(name, getattr(c, name), lo=1)
+        if c.kind == "csa" and not supported_k(c.topk):
+            raise ValueError(f"topk must be an int in [1, 2048], got {c.topk!r}")
+        if c.cache_format not in ("model1_fp8", "model1_bf16"):
+            raise ValueError(f"cache_format must be 'model1_fp8' or 'model1_bf16', got "
+                             f"{c.cache_format!r}")  # fmt: skip
+        self.config, self.sm_scale = c, float(sm_scale)
+        self.device = dev = canonical_device(device)
+        t, i32 = c.max_num_tokens, torch.int32
+        self._rows = torch.arange(t, dtype=i32, device=dev)
+        self._req = torch.empty(t, dtype=i32, device=dev)
+        self._pos = torch.empty(t, dtype=i32, device=dev)
+        self._slot = torch.empty(t, dtype=torch.int64, device=dev)
+        self._visible = torch.empty(t, dtype=i32, device=dev)
+        self._win_offsets = torch.arange(1 - c.window, 1, dtype=i32, device=dev)
+        self._win_pos = torch.empty(t, c.window, dtype=i32, device=dev)
+        self._compressed = self._logits = self._topk_ws = None
+        extra_cols = 0
+        if c.kind == "csa":
+            self._logits = torch.empty(t, c.max_compressed, dtype=torch.float32, device=dev)
+            self._compressed = torch.empty(t, c.topk, dtype=i32, device=dev)
+            self._topk_ws = topk_workspace(t, device=dev)
+            extra_cols = c.topk
+        elif c.kind == "hca":  # every visible entry: a constant set, cut per row by its count
+            cols = torch.arange(c.max_compressed, dtype=i32, device=dev)
+            self._compressed = cols.expand(t, -1).contiguous()
+            extra_cols = c.max_compressed
+        self._out = torch.empty(t, c.num_heads, V4_DIM, dtype=torch.bfloat16, device=dev)
+        self._lse = torch.empty(t, c.num_heads, dtype=torch.float32, device=dev)
+        fmt = "fp8" if c.cache_format == "model1_fp8" else "bf16"
+        self._attn_ws = attention_workspace(t, c.num_heads, c.window + extra_cols,
+                                            cache_format=fmt, device=dev)  # fmt: skip
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph_out: V4StepOutput | None = None
+
+    # ---- the stages ---------------------------------------------------------------------
+
+    def _metadata(self, x: V4StepInputs, rows: int) -> None:
+        """Request and position of each row (padding rows: request B, position -1)."""
+        c, b = self.config, x.seq_lens.shape[0]
+        req, pos, r = self._req[:rows], self._pos[:rows], self._rows[:rows]
+        starts = x.query_start_loc - x.query_start_loc[:1]
+        torch.searchsorted(starts[1:], r, right=True, out_int32=True, out=req)
+        safe = req.clamp(max=b - 1).long()
+        n = starts[1:][safe] - starts[:-1][safe]
+        p = x.seq_lens[safe] - n + (r - starts[:-1][safe])
+        pos.copy_(p).masked_fill_((req >= b) | (p < 0), -1)
+        torch.add(pos[:, None], self._win_offsets, out=self._win_pos[:rows])
+        self._win_pos[:rows].clamp_(min=-1)  # positions before 0 are no entry (-1)
+        torch.floor_divide(pos + 1, c.compress_rate, out=self._visible[:rows])  # pos -1: 0
+        page = x.window_cache.shape[1]
+        safe_pos, cols = pos.clamp(min=0).long(), x.window_block_table.shape[1]
+        col = safe_pos // page  # a column past the table: no slot (-1), as the attention
+        slot = x.window_block_table[safe, col.clamp(max=cols - 1)].long() * page + safe_pos % page
+        self._slot[:rows].copy_(slot).masked_fill_((pos < 0) | (col >= cols), -1)
+
+    def _write(self, x: V4StepInputs, rows: int, cmp: V4Compressor | None,
+               idx: V4Compressor | None) -> None:  # fmt: skip
+        c = self.config
+        write_mla_latent(x.kv[:, :V4_NOPE], x.kv[:, V4_NOPE:], x.window_cache, self._slot[:rows])
+        common = {"max_decode_len": c.max_decode_len, "eps": c.eps,
+                  "query_start_loc": x.query_start_loc}  # fmt: skip
+        if c.kind != "sliding":
+            compressor_decode(
+                x.cmp_kv, x.cmp_gate, cmp.state_kv, cmp.state_gate, cmp.cache, x.seq_lens,
+                x.compressed_block_table, cmp.position_bias, cmp.norm_weight, cmp.cos_sin,
+                compress_rate=c.compress_rate, overlap=c.kind == "csa", **common,
+            )  # fmt: skip
+        if c.kind == "csa":
+            compressor_decode(
+                x.idx_kv, x.idx_gate, idx.state_kv, idx.state_gate, idx.cache, x.seq_lens,
+                x.compressed_block_table, idx.position_bias, idx.norm_weight, idx.cos_sin,
+                compress_rate=c.compress_rate, overlap=True, **common,
+            )  # fmt: skip
+
+    def _select(self, x: V4StepInputs, rows: int, idx: V4Compressor | None) -> None:
+        """CSA: top-k positions of the indexer logits over the visible entries."""
+        c = self.config
+        if c.kind != "csa":
+            return
+        b = x.seq_lens.shape[0]
+        table = x.compressed_block_table[self._req[:rows].clamp(max=b - 1).long()]
+        lens = self._visible[:rows]
+        logits = self._logits[:rows]
+        index_logits(x.q_idx, x.idx_weights, idx.cache, lens, table,
+                     max_len=c.max_compressed, out=logits)  # fmt: skip
+        select_topk(logits, lens, k=c.topk, out=self._compressed[:rows],
+                    workspace=self._topk_ws)  # fmt: skip
+
+    def _attend(self, x: V4StepInputs, rows: int, cmp: V4Compressor | None) -> None:
+        c = self.config
+        extra = {}
+        if c.kind != "sliding":
+            extra = {
+                "extra_kv_cache": cmp.cache, "extra_indices": self._compressed[:rows],
+                "extra_block_table": x.compressed_block_table,
+                "extra_block_size": cmp.cache.shape[1],
+            }  # fmt: skip
+            if c.kind == "hca":
+                extra["extra_topk_length"] = self._visible[:rows]
+        sparse_mla_decode(
+            x.q, x.window_cache, self._win_pos[:rows], sm_scale=self.sm_scale,
+            block_table=x.window_block_table, req_id=self._req[:rows],
+            block_size=x.window_cache.shape[1], attn_sink=x.attn_sink,
+            out=self._out[:rows], lse=self._lse[:rows], workspace=self._attn_ws, **extra,
+        )  # fmt: skip
+
+    def _inverse_rope(self, x: V4StepInputs, rows: int) -> None:
+        """Rotate the output's trailing 64 dims by ``-p`` in fp32 (interleaved pairs)."""
+        half = V4_ROPE // 2
+        cs = x.out_cos_sin[self._pos[:rows].clamp(min=0).long()].float()
+        cos, sin = cs[:, None, :half], cs[:, None, half:]
+        rope = self._out[:rows, :, V4_DIM - V4_ROPE :].unflatten(-1, (half, 2))
+        even, odd = rope[..., 0].float(), rope[..., 1].float()
+        rope[..., 0].copy_(even * cos + odd * sin)
+        rope[..., 1].copy_(odd * cos - even * sin)
+
+    # ---- eager / graph ------------------------------------------------------------------------
+
+    def run(
+        self, inputs: V4StepInputs, *, compressor: V4Compressor | None = None,
+        indexer: V4Compressor | None = None,
+    ) -> V4StepOutput:  # fmt: skip
+        """Run one step eagerly on ``inputs`` (``T = q.shape[0]`` rows; rows past
+        ``query_start_loc[B] - query_start_loc[0]`` are padding: out 0, lse ``-inf``).
+        ``compressor``: the layer's attention compressor (CSA / HCA); ``indexer``: CSA's."""
+        rows = self._check(inputs, compressor, indexer)
+        self._metadata(inputs, rows)
+        self._write(inputs, rows, compressor, indexer)
+        self._select(inputs, rows, indexer)
+        self._attend(inputs, rows, compressor)
+        self._inverse_rope(inputs, rows)
+        c = self.config
+        comp = None if self._compressed is None else self._compressed[:rows]
+        comp_len = self._visible[:rows] if c.kind == "hca" else None
+        return V4StepOutput(self._out[:rows], self._lse[:rows], comp, comp_len)
+
+    def _check(self, x: V4StepInputs, cmp, idx) -> int:
+        c, rows = self.config, x.q.shape[0]
+        check_int("num_tokens", rows, lo=1, hi=c.max_num_tokens)
+        if x.q.dim() != 3 or x.q.shape[1:] != (c.num_heads, V4_DIM):
+            raise ValueError(f"q must be [T, {c.num_heads}, {V4_DIM}], got {tuple(x.q.shape)}")
+        if x.kv.shape != (rows, V4_DIM):
+            raise ValueError(f"kv must be [{rows}, {V4_DIM}], got {tuple(x.kv.shape)}")
+        b = x.seq_lens.shape[0]
+        check_int("requests", b, lo=1, hi=c.max_num_requests)
+        if x.query_start_loc.shape != (b + 1,):
+            raise ValueError(f"query_start_loc must be [{b + 1}], got "
+                             f"{tuple(x.query_start_loc.shape)}")  # fmt: skip
+        need = {"sliding": (), "hca": ("compressor",), "csa": ("compressor", "indexer")}[c.kind]
+        for name, v in (("compressor", cmp), ("indexer", idx)):
+            if (v is not None) != (name in need):
+                raise ValueError(f"a {c.kind} layer takes {need or 'no compressor'}; {name} is "
+                                 f"{'missing' if v is None else 'not used'}")  # fmt: skip
+        if c.kind != "sliding" and (x.cmp_kv is None or x.compressed_block_table is None):
+            raise ValueError(f"a {c.kind} layer needs cmp_kv, cmp_gate, compressed_block_table")
+        if c.kind == "csa" and (x.q_idx is None or x.idx_weights is None or x.idx_kv is None):
+            raise ValueError("a csa layer needs idx_kv, idx_gate, q_idx and idx_weights")
+        if c.kind == "csa" and x.q_idx.shape != (rows, c.index_heads, c.index_dim):
+            raise ValueError(f"q_idx must be [{rows}, {c.index_heads}, {c.index_dim}], got "
+                             f"{tuple(x.q_idx.shape)}")  # fmt: skip
+        if c.kind != "sliding":
+            cols = x.compressed_block_table.shape[1] * cmp.cache.shape[1]
+            if cols > c.max_compressed:
+                raise ValueError(f"compressed_block_table addresses {cols} entries, more than "
+                                 f"max_compressed={c.max_compressed}")  # fmt: skip
+        return rows
+
+    def capture(
+        self, inputs: V4StepInputs, *, compressor: V4Compressor | None = None,
+        indexer: V4Compressor | None = None, warmup: int = 2,
+    ) -> V4StepOutput:  # fmt: skip
+        """Capture the whole step as one CUDA graph (CUDA only). The tensors of ``inputs`` and
+        the compressors become the graph's: refill them in place before each :meth:`replay`.
+        Runs the step ``warmup`` times eagerly first (the caches and rings receive those
+        writes: capture on a scratch copy or before the real step)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("capture() needs a CUDA device; use run() elsewhere")
+        kw = {"compressor": compressor, "indexer": indexer}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                self.run(inputs, **kw)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            result = self.run(inputs, **kw)
+        self._graph, self._graph_out = graph, result
+        return result
+
+    def replay(self) -> V4StepOutput:
+        """Replay the captured step (no allocation, no host sync)."""
+        if self._graph is None or self._graph_out is None:
+            raise RuntimeError("replay() before capture()")
+        self._graph.replay()
+        return self._graph_out
