@@ -14,7 +14,7 @@ from sparse_mla._runtime import default_device
 from sparse_mla.ops.attention import AttentionConfig, sparse_mla_decode, sparse_mla_decode_reference
 from sparse_mla.ops.attention.api import sm90_available
 from sparse_mla.ops.kv_cache import new_mla_cache, write_mla_latent
-from sparse_mla.ops.kv_cache.naive import model1_page_views
+from sparse_mla.ops.kv_cache.naive import model1_page_views, write_model1_latent_reference
 from sparse_mla.testing import attention_error, poison
 
 DEV = default_device()
@@ -344,3 +344,20 @@ def test_second_set_strided_counts_and_overlapping_out(seed):
     with pytest.raises(ValueError, match="overlap") as err:
         sparse_mla_decode(*args, sm_scale=0.1, lse=lse, **{**dkw, "extra_topk_length": lengths})
     assert "extra_topk_length" in str(err.value)
+
+
+def test_fp8_pages_not_word_aligned(seed):
+    """A MODEL1 fp8 cache whose page stride is even but not a multiple of 4 (the Triton
+    kernel reads its bytes; the sm90 kernel, which reads 32-bit words, refuses it) gives the
+    reference's result."""
+    g = torch.Generator().manual_seed(seed)
+    pages, page = 3, 4
+    raw = torch.zeros(pages * (page * 584 + 2), dtype=torch.uint8)
+    cache = raw.as_strided((pages, page, 584), (page * 584 + 2, 584, 1))
+    kv = (torch.randn(pages * page, 512, generator=g) / 4).bfloat16()
+    write_model1_latent_reference(kv[:, :448], kv[:, 448:], cache, torch.arange(pages * page))
+    idx = hostile_indices(g, 3, 16, rows=pages * page)
+    q = torch.randn(3, 16, 512, generator=g).bfloat16()
+    # (interpreted: the view as built; ``run`` moves it to a GPU as a contiguous copy)
+    out, lse, ref = run(q, cache, idx, config=AttentionConfig(num_splits=2))
+    assert attention_error(out, lse, *ref) is None
