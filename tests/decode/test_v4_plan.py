@@ -13,7 +13,7 @@ import torch
 
 from sparse_mla._runtime import default_device
 from sparse_mla.decode.v4_naive import V4Compressor, V4StepInputs, v4_decode_step_reference
-from sparse_mla.decode.v4_plan import V4_STAGES, V4DecodePlan, V4DecodePlanConfig
+from sparse_mla.decode.v4_plan import V4_STAGES, V4DecodePlan, V4DecodePlanConfig, v4_stages
 from sparse_mla.ops.compressor import compressor_rope_table, new_compressor_state
 from sparse_mla.ops.kv_cache import dequantize_model1_cache, new_indexer_k_cache, new_mla_cache
 from sparse_mla.testing import attention_error, poison
@@ -211,7 +211,8 @@ def test_stage_calls_in_order_are_the_step(kind: str):
     calls = plan.stage_calls(x, **kw)
     skip = {"sliding": {"compressors", "indexer logits", "top-k"},
             "hca": {"indexer logits", "top-k"}, "csa": set()}[kind]  # fmt: skip
-    assert tuple(calls) == plan.stages == tuple(n for n in V4_STAGES if n not in skip)
+    assert tuple(calls) == plan.stages == v4_stages(kind)
+    assert v4_stages(kind) == tuple(n for n in V4_STAGES if n not in skip)
     for call in calls.values():
         call()
     got = [plan._out[: x.q.shape[0]], plan._lse[: x.q.shape[0]]]

@@ -44,6 +44,13 @@ V4_STAGES = ("metadata", "window write", "compressors", "indexer logits", "top-k
              "inverse rope")  # fmt: skip
 
 
+def v4_stages(kind: str) -> tuple[str, ...]:
+    """The stages of a ``kind`` layer ("sliding", "csa" or "hca"), in :data:`V4_STAGES` order."""
+    skip = {"sliding": ("compressors", "indexer logits", "top-k"),
+            "hca": ("indexer logits", "top-k"), "csa": ()}[kind]  # fmt: skip
+    return tuple(name for name in V4_STAGES if name not in skip)
+
+
 @dataclass(frozen=True)
 class V4DecodePlanConfig:
     """What a :class:`V4DecodePlan` is sized for (host ints / flags), one per layer kind.
@@ -245,10 +252,8 @@ class V4DecodePlan:
 
     @property
     def stages(self) -> tuple[str, ...]:
-        """This layer kind's stages, in :data:`V4_STAGES` order."""
-        skip = {"sliding": ("compressors", "indexer logits", "top-k"),
-                "hca": ("indexer logits", "top-k"), "csa": ()}[self.config.kind]  # fmt: skip
-        return tuple(name for name in V4_STAGES if name not in skip)
+        """This layer kind's stages (:func:`v4_stages`)."""
+        return v4_stages(self.config.kind)
 
     def stage_calls(
         self, inputs: V4StepInputs, *, compressor: V4Compressor | None = None,

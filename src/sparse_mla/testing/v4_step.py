@@ -92,8 +92,8 @@ class RandomV4Layer:
         """fp32 normal values where the generator lives, moved to the layer's device."""
         return torch.randn(*shape, generator=self.gen, device=self.gen.device).to(self.dev)
 
-    def _randn(self, *shape, scale: float = 1.0) -> torch.Tensor:
-        return (self._rand(*shape) * scale).to(torch.bfloat16)
+    def _randn(self, *shape) -> torch.Tensor:
+        return self._rand(*shape).to(torch.bfloat16)
 
     def _table(self, b: int, cols: int) -> torch.Tensor:
         """A block table of shuffled distinct pages."""
