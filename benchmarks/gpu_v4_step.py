@@ -27,9 +27,10 @@ Per point:
    same way (one CUDA graph) and eagerly; the PyTorch path, which is the reference itself
    (float64, a Python loop over rows, host syncs: eager, one call, including the copy of the
    caches it runs on); HF's ``DeepseekV4Attention.forward`` for the same rows (random bf16
-   weights, eager attention, its own cache filled to the context; HF's time includes the
-   projections ours leaves to the caller), in a CUDA graph when it captures, else eagerly
-   (said in the cell).
+   weights, eager attention, its own cache filled to the context), in a CUDA graph when it
+   captures, else eagerly (said in the cell); HF's time includes the dense projections ours
+   leaves to the caller, so they are also timed alone (the same modules on the same rows)
+   and the table gives HF's time without them too.
 4. Floors, as the other scripts: ``max(empty-kernel launch in a graph, bytes / copy
    bandwidth[, FLOPs / 790 TFLOPS])``, both terms measured at the start of this run; the bytes
    of each stage are ``STAGE_BYTES_RULE``; the step's floor applies the rule to the stages'
@@ -393,9 +394,10 @@ def _fill_hf_cache(layer, p: Point, d: Dims, gen: torch.Generator) -> None:
 
 
 def hf_call(p: Point, d: Dims, seed: int):
-    """A no-argument call of HF's attention forward on this point's step (n rows a request at
-    positions ``context - n ..``), restoring its cache's state first so every call is the same
-    step (HF's cache grows by concatenation, never in place)."""
+    """(A no-argument call of HF's attention forward on this point's step, n rows a request at
+    positions ``context - n ..``, restoring its cache's state first so every call is the same
+    step: HF's cache grows by concatenation, never in place; a call of its projections
+    alone)."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
     attn, cache, rotary = hf_layer(p, d, gen)
     layer = cache.layers[0]
@@ -416,6 +418,31 @@ def hf_call(p: Point, d: Dims, seed: int):
             setattr(layer, k, dict(v) if isinstance(v, dict) else v)
         return attn(hidden, pe, pid, mask, cache=cache)[0]
 
+    return call, hf_projections(attn, hidden)
+
+
+def hf_projections(attn, hidden: torch.Tensor):
+    """A call of the dense layers inside HF's attention forward, which ours leaves to the
+    caller (q_a / q_b, kv, the compressors' kv / gate, the indexer's q_b / weights,
+    o_a / o_b), at the same rows."""
+    c = attn.compressor
+    ix = getattr(c, "indexer", None)
+    heads_out = hidden.new_zeros(*hidden.shape[:2], attn.num_heads * attn.head_dim)
+    groups = attn.config.o_groups
+
+    def call():
+        q_res = attn.q_a_norm(attn.q_a_proj(hidden))
+        attn.q_b_proj(q_res)
+        attn.kv_norm(attn.kv_proj(hidden))
+        for m in () if c is None else (c, *(() if ix is None else (ix,))):
+            m.kv_proj(hidden)
+            m.gate_proj(hidden)
+        if ix is not None:
+            ix.q_b_proj(q_res)
+            ix.scorer.weights_proj(hidden)
+        grouped = attn.o_a_proj(heads_out.unflatten(-1, (groups, -1))).flatten(2)
+        return attn.o_b_proj(grouped)
+
     return call
 
 
@@ -432,8 +459,9 @@ def hf_attention(p: Point, env: Env, need_gb: float, seed: int) -> dict:
         return {"hf note": f"capped: needs ~{need_gb:.0f} GB > {env.hf_gb:g}"}
     out: dict = {}
     try:
-        call = hf_call(p, env.dims, seed)
+        call, projections = hf_call(p, env.dims, seed)
         call()  # (first call: lazy inits outside any timing)
+        out["hf projections us"] = env.graph(projections)
         try:
             out["hf us"] = env.graph(call, calls=HF_CALLS)
             out["hf mode"] = "graph" if env.backend.graphs else "eager (no graphs here)"
@@ -467,10 +495,12 @@ def ratio(a: float | None, b: float | None) -> str:
 
 
 def kind_table(rows: list[dict], kind: str) -> list[str]:
-    """One layer kind's Markdown table: each stage ``time (floor)``, then the step."""
+    """One layer kind's Markdown table: each stage ``time (floor)``, then the step, the
+    PyTorch path, HF's attention ``time (its projections)``."""
     stages = v4_stages(kind)
     head = ["h", "B", "context", "n", *stages, "stages sum", "step", "step floor", "step / floor",
-            "step eager", "PyTorch path", "/ ours", "HF attention", "/ ours"]  # fmt: skip
+            "step eager", "PyTorch path", "/ ours", "HF attention (projections)", "/ ours",
+            "w/o projections / ours"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in rows:
         if r["kind"] != kind:
@@ -482,33 +512,30 @@ def kind_table(rows: list[dict], kind: str) -> list[str]:
             continue
         fl = r["floor us"]
         cells += [f"{num(r[f'{s} us'])} ({num(fl[s])})" for s in stages]
-        step, hf = r["step us"], r.get("hf us")
-        hf_cell = r.get("hf note", "-") if hf is None else num(hf)
-        if hf is not None and r.get("hf mode") != "graph":
-            hf_cell += " (eager)"
+        step = r["step us"]
         cells += [num(sum(r[f"{s} us"] for s in stages)), num(step), num(fl["step"]),
                   ratio(step, fl["step"]), num(r["step eager us"]), num(r["torch us"]),
-                  ratio(r["torch us"], step), hf_cell, ratio(hf, step)]  # fmt: skip
+                  ratio(r["torch us"], step), *hf_cells(r, step)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def hf_cells(r: dict, ours: float) -> list[str]:
+    """HF's three cells of a row: time (projections), its ratio to ours, and without them."""
+    hf, proj = r.get("hf us"), r.get("hf projections us")
+    if hf is None:
+        return [r.get("hf note", "-"), "-", "-"]
+    cell = f"{num(hf)} ({num(proj)})" + ("" if r.get("hf mode") == "graph" else " eager")
+    return [cell, ratio(hf, ours), ratio(hf - proj, ours)]
 
 
 def model_table(rows: list[dict]) -> list[str]:
     """Per model step: LAYER_MIX's CSA and HCA layers at each (h, B, context, n) timed for
     both kinds, ours (graph), the PyTorch path's and HF's, in ms."""
     by = {(r["kind"], r["h"], r["b"], r["ctx"], r["n"]): r for r in rows if "step us" in r}
-    head = [
-        "h",
-        "B",
-        "context",
-        "n",
-        "CSA step us",
-        "HCA step us",
-        f"{sum(LAYER_MIX.values())} layers ms",
-        "PyTorch path ms",
-        "HF ms",
-        "HF / ours",
-    ]
+    head = ["h", "B", "context", "n", "CSA step us", "HCA step us",
+            f"{sum(LAYER_MIX.values())} layers ms", "PyTorch path ms", "/ ours",
+            "HF attention ms (projections)", "/ ours", "w/o projections / ours"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for (kind, h, b, ctx, n), csa in by.items():
         hca = by.get(("hca", h, b, ctx, n))
@@ -520,10 +547,14 @@ def model_table(rows: list[dict]) -> list[str]:
                 return None
             return (LAYER_MIX["csa"] * csa[key] + LAYER_MIX["hca"] * hca[key]) / 1e3
 
-        ours, hf = total("step us"), total("hf us")
+        ours, torch_ms = total("step us"), total("torch us")
+        hf = {"hf us": total("hf us"), "hf projections us": total("hf projections us")}
+        hf["hf mode"] = "graph" if "graph" == csa.get("hf mode") == hca.get("hf mode") else ""
+        if hf["hf us"] is None:
+            hf = {"hf note": "-"}
         lines.append("| " + " | ".join([str(h), str(b), kfmt(ctx), str(n), num(csa["step us"]),
-                     num(hca["step us"]), num(ours), num(total("torch us")), num(hf),
-                     ratio(hf, ours)]) + " |")  # fmt: skip
+                     num(hca["step us"]), num(ours), num(torch_ms), ratio(torch_ms, ours),
+                     *hf_cells(hf, ours)]) + " |")  # fmt: skip
     return lines
 
 
@@ -576,8 +607,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"{meta['timer']['calls']} calls, median of {meta['timer']['reps']} replays "
         "(its floor in parentheses); step: one CUDA graph; PyTorch path: the reference itself "
         "(float64, a Python loop over rows, eager); HF attention: `DeepseekV4Attention."
-        "forward` (bf16, eager attention, projections included, which ours leaves to the "
-        "caller). Floor terms: empty kernel "
+        "forward` (bf16, eager attention, its cache filled to the context), in parentheses "
+        "its dense projections alone, which ours leaves to the caller (`w/o projections`: "
+        "HF's time less theirs). Floor terms: empty kernel "
         f"{meta['launch us']:.2f} us in a graph, copy {meta['copy GB/s']:.0f} GB/s.", "",
     ]  # fmt: skip
     for kind in KINDS:

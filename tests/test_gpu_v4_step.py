@@ -23,6 +23,7 @@ def test_toy_run_checks_times_and_writes_the_perf_section(tmp_path):
     for r in rows.values():
         assert r["step us"] > 0 and r["step eager us"] > 0 and r["torch us"] > 0
         assert r["hf us"] > 0, r.get("hf note")  # (transformers is in the test extra)
+        assert r["hf eager us"] > 0 and r["hf projections us"] > 0
     md = (tmp_path / "v4_step.md").read_text()
     assert "| h | B | context | n | metadata | window write | compressors |" in md
     assert "Per model step" in md and "| 4 | 2 | 96 | 2 |" in md
