@@ -71,7 +71,7 @@ import sparse_mla  # (first: picks the interpreter mode before triton loads)
 from sparse_mla._runtime import default_device
 from sparse_mla.decode import v4_stages
 from sparse_mla.testing import poison
-from sparse_mla.testing.floor import PEAK_FLOPS, floor_us, indexer_bytes, topk_bytes
+from sparse_mla.testing.floor import PEAK_FLOPS, floor_us, indexer_bytes, kfmt, topk_bytes
 from sparse_mla.testing.timing import (
     eager_us,
     graph_us,
@@ -556,10 +556,6 @@ def model_table(rows: list[dict]) -> list[str]:
                      num(hca["step us"]), num(ours), num(torch_ms), ratio(torch_ms, ours),
                      *hf_cells(hf, ours)]) + " |")  # fmt: skip
     return lines
-
-
-def kfmt(n: int) -> str:
-    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def commit() -> str | None:
