@@ -13,7 +13,7 @@ import torch
 
 from sparse_mla._runtime import default_device
 from sparse_mla.decode.v4_naive import V4Compressor, V4StepInputs, v4_decode_step_reference
-from sparse_mla.decode.v4_plan import V4DecodePlan, V4DecodePlanConfig
+from sparse_mla.decode.v4_plan import V4_STAGES, V4DecodePlan, V4DecodePlanConfig, v4_stages
 from sparse_mla.ops.compressor import compressor_rope_table, new_compressor_state
 from sparse_mla.ops.kv_cache import dequantize_model1_cache, new_indexer_k_cache, new_mla_cache
 from sparse_mla.testing import attention_error, poison
@@ -88,6 +88,7 @@ class _Layer:
 
     def clone_state(self) -> tuple:
         """(window cache, compressor, indexer) copies for the reference."""
+
         def cp(c):
             return None if c is None else V4Compressor(*(t.clone() for t in c))
 
@@ -180,7 +181,7 @@ def test_window_positions_past_the_table_are_skipped():
     """A window block table too short for this step's positions: the rows are not written
     and the attention reads only the positions it has pages for, as the reference."""
     s = V4Shapes("sliding", heads=HEADS, window=WINDOW, page=PAGE, max_decode_len=2,
-                 compress_rate=1, cache_format="model1_bf16")
+                 compress_rate=1, cache_format="model1_bf16")  # fmt: skip
     gen = torch.Generator().manual_seed(3)
     layer = RandomV4Layer(s, [20], gen, DEV)
     layer.wtable = layer.wtable[:, :5].contiguous()  # pages for positions 0..19 only
@@ -193,3 +194,28 @@ def test_window_positions_past_the_table_are_skipped():
                        sm_scale=s.sm_scale, device=DEV).run(x)  # fmt: skip
     assert torch.equal(layer.window, untouched)
     assert v4_step_error(layer, x, got, ref, window, cmp, idx) is None
+
+
+@pytest.mark.parametrize("kind", ["sliding", "csa", "hca"])
+def test_stage_calls_in_order_are_the_step(kind: str):
+    """The stages one by one (what the V4 step benchmark times) leave the outputs ``run``
+    leaves, bit for bit, and each kind lists only its own stages."""
+    s = V4Shapes(kind, heads=HEADS, window=WINDOW, topk=TOPK, index_heads=IDX_HEADS,
+                 page=PAGE, max_decode_len=2, compress_rate=RATES[kind])  # fmt: skip
+    layer = RandomV4Layer(s, [37, 20], torch.Generator().manual_seed(5), DEV, ring_window=True)
+    x = layer.inputs([39, 21], [2, 1], pad=1)
+    plan = layer.plan(x.q.shape[0], 2)
+    kw = {"compressor": layer.cmp, "indexer": layer.idx}
+    want = [t.clone() for t in plan.run(x, **kw)[:3] if t is not None]
+    poison(plan._out, plan._lse, *((plan._logits, plan._compressed) if kind == "csa" else ()))
+    calls = plan.stage_calls(x, **kw)
+    skip = {"sliding": {"compressors", "indexer logits", "top-k"},
+            "hca": {"indexer logits", "top-k"}, "csa": set()}[kind]  # fmt: skip
+    assert tuple(calls) == plan.stages == v4_stages(kind)
+    assert v4_stages(kind) == tuple(n for n in V4_STAGES if n not in skip)
+    for call in calls.values():
+        call()
+    got = [plan._out[: x.q.shape[0]], plan._lse[: x.q.shape[0]]]
+    if plan._compressed is not None:
+        got.append(plan._compressed[: x.q.shape[0]])
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

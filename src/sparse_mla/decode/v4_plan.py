@@ -16,10 +16,14 @@ the reference). Stages, each a library op or a few fixed-shape torch ops on plan
 4. attention over the window plus the compressed set in one softmax, with the sink
    (``sparse_mla_decode``: positions remapped through the block tables as they load);
 5. the inverse RoPE on the output's trailing 64 dims (angle ``-p``).
+
+:data:`V4_STAGES` names them as :meth:`V4DecodePlan.stage_calls` returns them one by one
+(metadata, window write, compressors, indexer logits, top-k, attention, inverse rope).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -33,6 +37,18 @@ from ..ops.indexer import index_logits
 from ..ops.kv_cache import write_mla_latent
 from ..ops.topk import select_topk, supported_k, topk_workspace
 from .v4_naive import LAYER_KINDS, V4_DIM, V4_NOPE, V4_ROPE, V4Compressor, V4StepInputs
+
+#: A V4 layer's decode stages (a sliding layer has no compressors, indexer logits nor top-k;
+#: an HCA layer no indexer logits nor top-k): :meth:`V4DecodePlan.stage_calls`.
+V4_STAGES = ("metadata", "window write", "compressors", "indexer logits", "top-k", "attention",
+             "inverse rope")  # fmt: skip
+
+
+def v4_stages(kind: str) -> tuple[str, ...]:
+    """The stages of a ``kind`` layer ("sliding", "csa" or "hca"), in :data:`V4_STAGES` order."""
+    skip = {"sliding": ("compressors", "indexer logits", "top-k"),
+            "hca": ("indexer logits", "top-k"), "csa": ()}[kind]  # fmt: skip
+    return tuple(name for name in V4_STAGES if name not in skip)
 
 
 @dataclass(frozen=True)
@@ -150,10 +166,12 @@ class V4DecodePlan:
         slot = x.window_block_table[safe, col.clamp(max=cols - 1)].long() * page + safe_pos % page
         self._slot[:rows].copy_(slot).masked_fill_((pos < 0) | (col >= cols), -1)
 
-    def _write(self, x: V4StepInputs, rows: int, cmp: V4Compressor | None,
-               idx: V4Compressor | None) -> None:  # fmt: skip
-        c = self.config
+    def _write_window(self, x: V4StepInputs, rows: int) -> None:
         write_mla_latent(x.kv[:, :V4_NOPE], x.kv[:, V4_NOPE:], x.window_cache, self._slot[:rows])
+
+    def _compress(self, x: V4StepInputs, cmp: V4Compressor | None,
+                  idx: V4Compressor | None) -> None:  # fmt: skip
+        c = self.config
         common = {"max_decode_len": c.max_decode_len, "eps": c.eps,
                   "query_start_loc": x.query_start_loc}  # fmt: skip
         if c.kind != "sliding":
@@ -169,19 +187,17 @@ class V4DecodePlan:
                 compress_rate=c.compress_rate, overlap=True, **common,
             )  # fmt: skip
 
-    def _select(self, x: V4StepInputs, rows: int, idx: V4Compressor | None) -> None:
-        """CSA: top-k positions of the indexer logits over the visible entries."""
-        c = self.config
-        if c.kind != "csa":
-            return
+    def _index_logits(self, x: V4StepInputs, rows: int, idx: V4Compressor) -> None:
+        """CSA: the indexer logits over each row's visible compressed entries."""
         b = x.seq_lens.shape[0]
         table = x.compressed_block_table[self._req[:rows].clamp(max=b - 1).long()]
-        lens = self._visible[:rows]
-        logits = self._logits[:rows]
-        index_logits(x.q_idx, x.idx_weights, idx.cache, lens, table,
-                     max_len=c.max_compressed, out=logits)  # fmt: skip
-        select_topk(logits, lens, k=c.topk, out=self._compressed[:rows],
-                    workspace=self._topk_ws)  # fmt: skip
+        index_logits(x.q_idx, x.idx_weights, idx.cache, self._visible[:rows], table,
+                     max_len=self.config.max_compressed, out=self._logits[:rows])  # fmt: skip
+
+    def _topk(self, rows: int) -> None:
+        """CSA: the top-k positions of those logits."""
+        select_topk(self._logits[:rows], self._visible[:rows], k=self.config.topk,
+                    out=self._compressed[:rows], workspace=self._topk_ws)  # fmt: skip
 
     def _attend(self, x: V4StepInputs, rows: int, cmp: V4Compressor | None) -> None:
         c = self.config
@@ -221,15 +237,44 @@ class V4DecodePlan:
         ``query_start_loc[B] - query_start_loc[0]`` are padding: out 0, lse ``-inf``).
         ``compressor``: the layer's attention compressor (CSA / HCA); ``indexer``: CSA's."""
         rows = self._check(inputs, compressor, indexer)
+        c = self.config
         self._metadata(inputs, rows)
-        self._write(inputs, rows, compressor, indexer)
-        self._select(inputs, rows, indexer)
+        self._write_window(inputs, rows)
+        self._compress(inputs, compressor, indexer)
+        if c.kind == "csa":
+            self._index_logits(inputs, rows, indexer)
+            self._topk(rows)
         self._attend(inputs, rows, compressor)
         self._inverse_rope(inputs, rows)
-        c = self.config
         comp = None if self._compressed is None else self._compressed[:rows]
         comp_len = self._visible[:rows] if c.kind == "hca" else None
         return V4StepOutput(self._out[:rows], self._lse[:rows], comp, comp_len)
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """This layer kind's stages (:func:`v4_stages`)."""
+        return v4_stages(self.config.kind)
+
+    def stage_calls(
+        self, inputs: V4StepInputs, *, compressor: V4Compressor | None = None,
+        indexer: V4Compressor | None = None,
+    ) -> dict[str, Callable[[], None]]:  # fmt: skip
+        """Each of :attr:`stages` as a no-argument call on this plan's buffers, for timing them
+        one by one (e.g. one CUDA graph each). Runs the metadata stage once eagerly; a stage
+        reads what the ones before it last wrote (run the step once first for real data)."""
+        rows = self._check(inputs, compressor, indexer)
+        x, cmp, idx = inputs, compressor, indexer
+        self._metadata(x, rows)
+        calls = {
+            "metadata": lambda: self._metadata(x, rows),
+            "window write": lambda: self._write_window(x, rows),
+            "compressors": lambda: self._compress(x, cmp, idx),
+            "indexer logits": lambda: self._index_logits(x, rows, idx),
+            "top-k": lambda: self._topk(rows),
+            "attention": lambda: self._attend(x, rows, cmp),
+            "inverse rope": lambda: self._inverse_rope(x, rows),
+        }
+        return {name: calls[name] for name in self.stages}
 
     def _check(self, x: V4StepInputs, cmp, idx) -> int:
         c, rows = self.config, x.q.shape[0]

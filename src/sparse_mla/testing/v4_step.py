@@ -52,16 +52,27 @@ class V4Shapes:
 
 class RandomV4Layer:
     """Random state of one layer (caches, rings, tables, weights) with requests at ``lens``
-    (their lengths *before* the step), room for a few steps more."""
+    (their lengths *before* the step), room for a few steps more.
 
-    def __init__(self, s: V4Shapes, lens: list[int], gen: torch.Generator, device) -> None:
+    ``gen`` may live on the device (values are drawn where it lives: a CUDA generator fills
+    large states without a trip through the host). ``ring_window``: each request's window
+    cache is a ring of pages (the fewest holding ``window + max_decode_len - 1`` tokens) that
+    its block table's columns repeat, as an engine that frees pages leaving the window keeps
+    it (``decode/v4_naive.py``); only the ring's last tokens are filled. Without it every
+    past position has its own page (memory grows with the context)."""
+
+    def __init__(self, s: V4Shapes, lens: list[int], gen: torch.Generator, device, *,
+                 ring_window: bool = False) -> None:  # fmt: skip
         self.s, self.dev, self.gen, b = s, torch.device(device), gen, len(lens)
         self.fp8 = s.cache_format == "model1_fp8"
         room = max(lens) + 4 * s.max_decode_len
         wcols = -(-room // s.page)
-        self.window = new_mla_cache(b * wcols, s.page, format=s.cache_format, device=self.dev)
-        self.wtable = self._table(b, wcols)
-        self._fill(self.window, self.wtable, lens, 512)
+        ring = -(-(s.window + s.max_decode_len - 1) // s.page) if ring_window else wcols
+        self.window = new_mla_cache(b * ring, s.page, format=s.cache_format, device=self.dev)
+        cols = torch.arange(wcols, device=self.dev) % ring  # a ring's pages, repeated
+        self.wtable = self._table(b, ring)[:, cols].contiguous()
+        starts = [max(n - ring * s.page, 0) for n in lens]
+        self._fill(self.window, self.wtable, lens, 512, starts)
         inv = 1.0 / (160000 ** (torch.arange(0, 64, 2).float() / 64))
         self.cos_sin = compressor_rope_table(inv, room).to(self.dev)
         self.sink = self._randn(s.heads).float()
@@ -77,21 +88,25 @@ class RandomV4Layer:
         if s.kind == "csa":
             self.idx = self._compressor(128, True, b, ccols, entries)
 
-    def _randn(self, *shape, scale: float = 1.0) -> torch.Tensor:
-        x = torch.randn(*shape, generator=self.gen) * scale
-        return x.to(torch.bfloat16).to(self.dev)
+    def _rand(self, *shape) -> torch.Tensor:
+        """fp32 normal values where the generator lives, moved to the layer's device."""
+        return torch.randn(*shape, generator=self.gen, device=self.gen.device).to(self.dev)
+
+    def _randn(self, *shape) -> torch.Tensor:
+        return self._rand(*shape).to(torch.bfloat16)
 
     def _table(self, b: int, cols: int) -> torch.Tensor:
         """A block table of shuffled distinct pages."""
-        perm = torch.randperm(b * cols, generator=self.gen).view(b, cols)
-        return perm.to(torch.int32).to(self.dev)
+        perm = torch.randperm(b * cols, generator=self.gen, device=self.gen.device)
+        return perm.view(b, cols).to(torch.int32).to(self.dev)
 
-    def _fill(self, cache, table, counts, dim) -> None:
-        """Random rows at positions ``0 .. counts[b] - 1`` of each request."""
-        page = self.s.page
-        slots = torch.cat([table[b, torch.arange(c, device=self.dev) // page].long() * page
-                           + torch.arange(c, device=self.dev) % page
-                           for b, c in enumerate(counts)])  # fmt: skip
+    def _fill(self, cache, table, counts, dim, starts=None) -> None:
+        """Random rows at positions ``starts[b] .. counts[b] - 1`` of each request (from 0
+        without ``starts``)."""
+        page, starts = self.s.page, starts or [0] * len(counts)
+        pos = [torch.arange(a, c, device=self.dev) for a, c in zip(starts, counts, strict=True)]
+        slots = torch.cat([table[b, p // page].long() * page + p % page
+                           for b, p in enumerate(pos)])  # fmt: skip
         rows = self._randn(slots.shape[0], dim)
         if dim == 512:
             write_mla_latent(rows[:, :448], rows[:, 448:], cache, slots)
@@ -110,8 +125,7 @@ class RandomV4Layer:
             cache = new_indexer_k_cache(b * ccols, s.page, head_dim=dim, fp8=self.fp8,
                                         device=self.dev)  # fmt: skip
         self._fill(cache, self.ctable, entries, dim)
-        bias = torch.randn(s.compress_rate, width, generator=self.gen).to(self.dev)
-        norm = (1 + 0.1 * torch.randn(dim, generator=self.gen)).to(self.dev)
+        bias, norm = self._rand(s.compress_rate, width), 1 + 0.1 * self._rand(dim)
         return V4Compressor(*state, cache, bias, norm, self.cos_sin)
 
     def inputs(self, lens: list[int], rows: list[int], pad: int = 0) -> V4StepInputs:
@@ -126,7 +140,7 @@ class RandomV4Layer:
                      "compressed_block_table": self.ctable}  # fmt: skip
         if s.kind == "csa":
             q = self._randn(t, s.index_heads, 128)
-            w = (torch.randn(t, s.index_heads, generator=self.gen) * 0.1).to(self.dev)
+            w = self._rand(t, s.index_heads) * 0.1
             if self.fp8:  # the fp8 indexer cache takes e4m3 q, its per-(row, head) scale in w
                 scale = q.float().abs().amax(-1).clamp(min=1e-4) / 448
                 q, w = (q.float() / scale[..., None]).to(torch.float8_e4m3fn), w * scale
@@ -149,6 +163,7 @@ class RandomV4Layer:
 
     def reference(self, x: V4StepInputs) -> tuple:
         """(result, window cache, compressor, indexer) of the reference run on copies."""
+
         def cp(c):
             return None if c is None else V4Compressor(*(t.clone() for t in c))
 
@@ -228,8 +243,9 @@ def v4_step_error(layer: RandomV4Layer, x: V4StepInputs, got: V4StepOutput, ref:
 def check_random_v4_step(seed: int, device: torch.device | str | None = None) -> str | None:
     """One randomized V4 step, plan against reference (``sparse-mla verify --kind v4_step``):
     a sliding, CSA or HCA layer, MODEL1 fp8 or bf16 caches, 1-3 requests of 0-300 tokens,
-    ragged rows 0-3 (MTP), 0-2 padding rows, at interpreter sizes (4 heads, window 16, top-k
-    8, rates 4 / 16, pages of 8). None when they agree, else the reason with the seed."""
+    ragged rows 0-3 (MTP), 0-2 padding rows, the window cache paged or a ring, at interpreter
+    sizes (4 heads, window 16, top-k 8, rates 4 / 16, pages of 8). None when they agree, else
+    the reason with the seed."""
     rng = random.Random(seed)
     kind = rng.choice(["sliding", "csa", "hca"])
     fmt = rng.choice(["model1_fp8", "model1_bf16"])
@@ -240,12 +256,14 @@ def check_random_v4_step(seed: int, device: torch.device | str | None = None) ->
     before = [rng.choice([0, rng.randint(1, 40), rng.randint(41, 300)]) for _ in range(b)]
     rows = [rng.randint(0 if b > 1 else 1, 3) for _ in range(b)]
     pad = rng.randint(0, 2) if sum(rows) else rng.randint(1, 2)
+    ring = rng.random() < 0.5  # the window cache as a ring of pages (engines' layout)
     gen = torch.Generator().manual_seed(seed)
-    layer = RandomV4Layer(s, before, gen, device)
+    layer = RandomV4Layer(s, before, gen, device, ring_window=ring)
     lens = [n + r for n, r in zip(before, rows, strict=True)]
     x = layer.inputs(lens, rows, pad)
     plan = layer.plan(x.q.shape[0], b)
     ref, window, cmp, idx = layer.reference(x)
     got = plan.run(x, compressor=layer.cmp, indexer=layer.idx)
     err = v4_step_error(layer, x, got, ref, window, cmp, idx)
-    return None if err is None else f"seed {seed} ({kind} {fmt} lens={lens} rows={rows}): {err}"
+    where = f"{kind} {fmt}{' ring' if ring else ''} lens={lens} rows={rows}"
+    return None if err is None else f"seed {seed} ({where}): {err}"
