@@ -33,8 +33,9 @@ pytestmark = pytest.mark.skipif(
 
 from sparse_mla.integrations import hf  # noqa: E402
 from sparse_mla.integrations.hf import v4  # noqa: E402
+from sparse_mla.testing.generation import v4_forced_forward, v4_recorded_selection  # noqa: E402
 
-from ._v4_checks import hf_forward, logits_ok, recorded, selection_ok, streams_ok  # noqa: E402
+from ._v4_checks import logits_ok, selection_ok, streams_ok  # noqa: E402
 
 PROMPT, NEW = 24, 10
 GREEDY = {"do_sample": False, "return_dict_in_generate": True, "output_logits": True}
@@ -66,9 +67,9 @@ def test_teacher_forced_logits_within_tolerance(bf16_run):
     bf16 and fp32 forwards on our tokens, attending our selection."""
     model, fast, _, _, ours = bf16_run
     seq = ours.sequences[:, :-1]  # the tokens fed: our selection covers each of them
-    sel = recorded(fast)
-    hf_bf16 = hf_forward(model, seq, sel)[0][0, PROMPT - 1 :]
-    exact = hf_forward(copy.deepcopy(model).float(), seq, sel)[0][0, PROMPT - 1 :]
+    sel = v4_recorded_selection(fast)
+    hf_bf16 = v4_forced_forward(model, seq, sel)[0][0, PROMPT - 1 :]
+    exact = v4_forced_forward(copy.deepcopy(model).float(), seq, sel)[0][0, PROMPT - 1 :]
     got = torch.cat([x.float() for x in ours.logits])
     logits_ok(got, hf_bf16, exact, "bf16 generation")
 
@@ -79,8 +80,8 @@ def test_csa_selection_matches_hf_indexer(bf16_run):
     sliding layer below and of the compressed keys)."""
     model, fast, _, _, ours = bf16_run
     assert set(fast.sparse_mla.topk) == {1} and len(fast.sparse_mla.topk[1]) == NEW
-    sel = recorded(fast)[1][0]  # one prefill + NEW - 1 decode steps
-    _, seen = hf_forward(copy.deepcopy(model).float(), ours.sequences[:, :-1])
+    sel = v4_recorded_selection(fast)[1][0]  # one prefill + NEW - 1 decode steps
+    _, seen = v4_forced_forward(copy.deepcopy(model).float(), ours.sequences[:, :-1])
     picks, scores = seen[1][0][0], seen[1][1][0]
     prefill = selection_ok(sel, picks, scores, range(PROMPT))
     decode = selection_ok(sel, picks, scores, range(PROMPT, PROMPT + NEW - 1))
@@ -120,9 +121,9 @@ def test_fp8_caches_within_tolerance():
     fast = hf.enable(copy.deepcopy(model), fp8=True, record_topk=True)
     with torch.no_grad():
         got = fast(ids, use_cache=False).logits
-    sel = recorded(fast)
-    hf_bf16 = hf_forward(model, ids, sel)[0]
-    exact = hf_forward(copy.deepcopy(model).float(), ids, sel)[0]
+    sel = v4_recorded_selection(fast)
+    hf_bf16 = v4_forced_forward(model, ids, sel)[0]
+    exact = v4_forced_forward(copy.deepcopy(model).float(), ids, sel)[0]
     # e4m3 keeps 3 mantissa bits to bf16's 7: allow 8x HF-bf16's error.
     logits_ok(got, hf_bf16, exact, "fp8 caches", scale=8, slack=0.1)
 

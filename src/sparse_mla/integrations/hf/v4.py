@@ -244,7 +244,7 @@ class SparseMlaV4State:
         """``[>= length, 64]`` cos | sin of RoPE type ``rope`` ("main" / "compress") per
         position, as HF computes them for the model's dtype (grown by doubling)."""
         t = self._tables.get(rope)
-        if t is None or t.shape[0] < length or t.device != like.device:
+        if t is None or t.shape[0] < length or (t.device, t.dtype) != (like.device, like.dtype):
             n = max(length, 2 * t.shape[0] if t is not None else 256)
             pos = torch.arange(n, device=like.device)[None]
             cos, sin = self.rotary(like, pos, layer_type=rope)
@@ -460,7 +460,8 @@ def _step(attn, state: SparseMlaV4State, x: dict, past: int, s0: int, s1: int,
         extra = {"cmp_kv": rows["cmp_kv"], "cmp_gate": rows["cmp_gate"],
                  "compressed_block_table": ctable}  # fmt: skip
     layer = state._layer(attn, x)
-    cos_sin = state._rope_table("compress", length, x["q"])
+    like = attn.kv_proj.weight  # HF's RoPE tables are in the model's dtype
+    cos_sin = state._rope_table("compress", length, like)
     if kind != "sliding":
         c = attn.compressor
         cmp = V4Compressor(*layer.cmp_ring, layer.cmp_cache, c.position_bias,
@@ -474,7 +475,7 @@ def _step(attn, state: SparseMlaV4State, x: dict, past: int, s0: int, s1: int,
         rows["q"], rows["kv"], layer.window, _window_table(state, length, dev),
         torch.full((b,), length, dtype=torch.int32, device=dev),
         torch.arange(b + 1, dtype=torch.int32, device=dev) * n,
-        state._rope_table(attn.rope_layer_type, length, x["q"]), attn.sinks, **extra,
+        state._rope_table(attn.rope_layer_type, length, like), attn.sinks, **extra,
     )  # fmt: skip
     plan = state._plan(attn, kind, b, n, compressed)
     res = plan.run(inputs, compressor=cmp, indexer=idx)
