@@ -131,13 +131,15 @@ def check_layer_parts(layer: object, parts: tuple[str, ...]) -> None:
         )
 
 
-def check_common_options(block_size: object, prefill_chunk: object, **flags: object) -> None:
+def check_common_options(
+    block_size: object, prefill_chunk: object, max_chunk: int = MAX_DECODE_LEN, **flags: object
+) -> None:
     """TypeError / ValueError naming the first bad option of ``enable``."""
     for name, flag in flags.items():
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     check_int("block_size", block_size, lo=1, hi=2**20)  # slots are int32: keep pages modest
-    check_int("prefill_chunk", prefill_chunk, lo=1, hi=MAX_DECODE_LEN)
+    check_int("prefill_chunk", prefill_chunk, lo=1, hi=max_chunk)
 
 
 def patch_forwards(model: torch.nn.Module, cls: type, forward: Callable) -> None:

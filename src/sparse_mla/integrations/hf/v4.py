@@ -49,6 +49,7 @@ from ...decode.v4_naive import V4_DIM, V4_ROPE, V4Compressor, V4StepInputs
 from ...decode.v4_plan import V4DecodePlan, V4DecodePlanConfig
 from ...ops.attention.config import MAX_HEADS
 from ...ops.compressor import CompressorState, new_compressor_state
+from ...ops.compressor.api import MAX_DECODE_LEN as MAX_RING_STEP
 from ...ops.indexer import quantize_index_q
 from ...ops.kv_cache import new_indexer_k_cache, new_mla_cache
 from ...ops.topk import MAX_K, supported_k
@@ -139,6 +140,7 @@ class SparseMlaV4State:
     batch: int = 0
     _kinds: dict[int, str] = field(default_factory=dict, repr=False)  # layer -> kind
     _tables: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    _step_memo: dict = field(default_factory=dict, repr=False)
     _mask_memo: tuple | None = field(default=None, repr=False)
 
     @property
@@ -153,6 +155,7 @@ class SparseMlaV4State:
     def reset(self, batch: int) -> None:
         """Forget every sequence (a new batch of ``batch`` requests); caches are kept."""
         self.batch = batch
+        self._step_memo.clear()
         for pool in self.pools.values():
             pool.reset(batch)
         self.pools["window"].grow(self.ring_pages)
@@ -239,6 +242,29 @@ class SparseMlaV4State:
             max_decode_len=self.prefill_chunk, dtype=kv.dtype, gate_dtype=gate.dtype,
             device=kv.device,
         )  # fmt: skip
+
+    def _step_tensors(self, kind: str, length: int, n: int, device) -> dict[str, torch.Tensor]:
+        """A step's device metadata, made once per step and shared by its layers:
+        ``seq_lens``, ``query_start_loc``, the window block table (column ``c`` of request
+        ``b`` is page ``ring[b][c % ring_pages]``: the ring repeats, a window never spans
+        more) and ``kind``'s compressed block table (its pool grown to ``length``)."""
+        if kind != "sliding":
+            entries = length // self.rates[kind]
+            self.pools[kind].grow(max(1, -(-entries // self.block_size)))
+        key = (self.batch, length, n, device, self.pools["csa"].count, self.pools["hca"].count)
+        memo = self._step_memo
+        if memo.get("key") != key:
+            b, ring = self.batch, self.pools["window"].table()
+            cols = torch.arange(-(-length // self.block_size)) % ring.shape[1]
+            memo.clear()
+            memo.update(
+                key=key, window=ring[:, cols].to(device),
+                seq_lens=torch.full((b,), length, dtype=torch.int32, device=device),
+                query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=device) * n,
+            )  # fmt: skip
+        if kind != "sliding" and kind not in memo:
+            memo[kind] = self.pools[kind].table().to(device)
+        return memo
 
     def _rope_table(self, rope: str, length: int, like: torch.Tensor) -> torch.Tensor:
         """``[>= length, 64]`` cos | sin of RoPE type ``rope`` ("main" / "compress") per
@@ -361,7 +387,7 @@ def enable(
     m = import_modeling("deepseek_v4", "DeepseekV4")
     layers = attention_layers(model, m.DeepseekV4Attention)
     _check_layers(layers)
-    check_common_options(block_size, prefill_chunk, fp8=fp8, record_topk=record_topk)
+    check_common_options(block_size, prefill_chunk, MAX_RING_STEP, fp8=fp8, record_topk=record_topk)
     check_config(model.config)
     cfg = model.config
     rotary = next((x for x in model.modules() if isinstance(x, m.DeepseekV4RotaryEmbedding)), None)
@@ -436,29 +462,19 @@ def _project(attn, h: torch.Tensor, position_embeddings, position_ids, m,
                 "idx_weights": w}  # fmt: skip
 
 
-def _window_table(state: SparseMlaV4State, length: int, device) -> torch.Tensor:
-    """The window block table for ``length`` positions: column ``c`` of request ``b`` is
-    page ``ring[b][c % ring_pages]`` (the ring repeats: a window never spans more)."""
-    ring = state.pools["window"].table()
-    cols = torch.arange(-(-length // state.block_size)) % ring.shape[1]
-    return ring[:, cols].to(device)
-
-
 def _step(attn, state: SparseMlaV4State, x: dict, past: int, s0: int, s1: int,
           out: torch.Tensor) -> None:  # fmt: skip
     """Tokens ``[s0, s1)`` of every request as one step of the layer's plan, written into
     ``out`` (bf16 ``[B, S, h, 512]``)."""
     b, n, dev = out.shape[0], s1 - s0, out.device
-    kind, length, page = state._kinds[attn.layer_idx], past + s1, state.block_size
+    kind, length = state._kinds[attn.layer_idx], past + s1
     rows = {k: v[:, s0:s1].flatten(0, 1) for k, v in x.items()}
+    meta = state._step_tensors(kind, length, n, dev)
     compressed, cmp, idx, extra = 1, None, None, {}
     if kind != "sliding":
-        pool = state.pools[kind]
-        pool.grow(max(1, -(-(length // state.rates[kind]) // page)))
-        ctable = pool.table().to(dev)
-        compressed = ctable.shape[1] * page
+        compressed = meta[kind].shape[1] * state.block_size
         extra = {"cmp_kv": rows["cmp_kv"], "cmp_gate": rows["cmp_gate"],
-                 "compressed_block_table": ctable}  # fmt: skip
+                 "compressed_block_table": meta[kind]}  # fmt: skip
     layer = state._layer(attn, x)
     like = attn.kv_proj.weight  # HF's RoPE tables are in the model's dtype
     cos_sin = state._rope_table("compress", length, like)
@@ -472,10 +488,9 @@ def _step(attn, state: SparseMlaV4State, x: dict, past: int, s0: int, s1: int,
                            ix.kv_norm.weight, cos_sin)  # fmt: skip
         extra |= {k: rows[k] for k in ("idx_kv", "idx_gate", "q_idx", "idx_weights")}
     inputs = V4StepInputs(
-        rows["q"], rows["kv"], layer.window, _window_table(state, length, dev),
-        torch.full((b,), length, dtype=torch.int32, device=dev),
-        torch.arange(b + 1, dtype=torch.int32, device=dev) * n,
-        state._rope_table(attn.rope_layer_type, length, like), attn.sinks, **extra,
+        rows["q"], rows["kv"], layer.window, meta["window"], meta["seq_lens"],
+        meta["query_start_loc"], state._rope_table(attn.rope_layer_type, length, like),
+        attn.sinks, **extra,
     )  # fmt: skip
     plan = state._plan(attn, kind, b, n, compressed)
     res = plan.run(inputs, compressor=cmp, indexer=idx)
