@@ -380,7 +380,7 @@ def enable(
             and the compressors' / indexer's).
         TypeError: ``model`` holds no ``DeepseekV4Attention``; an option has the wrong type.
         ValueError: an option is out of range; the config has sizes the kernels do not take
-            (see module notes).
+            (see module notes); a layer's ``layer_type`` is none of :data:`KINDS`.
     """
     check_version(stacklevel=4)
     check_features()
