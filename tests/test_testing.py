@@ -237,3 +237,40 @@ def test_random_mla_cache_formats():
                                       arbitrary_scales=True)  # fmt: skip
     assert torch.equal(plain.view(16, -1)[:, :512], scaled.view(16, -1)[:, :512])
     assert not torch.equal(plain.view(16, -1)[:, 512:528], scaled.view(16, -1)[:, 512:528])
+
+
+class _FixedLogits(torch.nn.Module):
+    """A stand-in model whose logits at every position are ``row`` (the kit reads
+    ``model(ids, use_cache=False).logits``)."""
+
+    def __init__(self, row: list[float]) -> None:
+        super().__init__()
+        self.row = torch.tensor(row)
+
+    def forward(self, ids, use_cache=False):
+        logits = self.row.expand(*ids.shape, -1)
+        return type("Out", (), {"logits": logits})()
+
+
+def test_first_difference_reports_the_step_and_hfs_gap():
+    model = _FixedLogits([0.0, 2.0, 1.9, -1.0])
+    theirs = torch.tensor([[5, 6, 1, 1, 1]])
+    assert testing.first_difference(model, theirs.clone(), theirs, 2) is None
+    ours = torch.tensor([[5, 6, 1, 2, 3]])  # token 1 of the generated ones differs
+    step, gap = testing.first_difference(model, ours, theirs, 2)
+    assert step == 1 and gap == pytest.approx(0.1)
+    other = _FixedLogits([0.0, 2.0, 3.0, -1.0])  # logits_of replaces the model's forward
+    step, gap = testing.first_difference(model, ours, theirs, 2, lambda ids: other(ids).logits)
+    assert step == 1 and gap == 0.0
+
+
+def test_generation_logits_error_against_hfs_own():
+    exact = torch.zeros(4, 8)
+    low = exact + 0.02  # HF's low-precision error
+    assert testing.generation_logits_error(exact + 0.03, low, exact)[0] is None
+    worst = exact.clone()
+    worst[2, 3] = 0.2  # beyond 1.5 x 0.02 + 0.05 at one logit
+    err, summary = testing.generation_logits_error(worst, low, exact)
+    assert err.startswith("largest error") and "ours max 0.2000" in summary
+    err, _ = testing.generation_logits_error(exact + 0.1, low, exact, slack=0.5)
+    assert err.startswith("mean error")  # max 0.1 <= 0.03 + 0.5; mean 0.1 > 0.03 + 0.05

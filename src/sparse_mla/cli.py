@@ -10,8 +10,8 @@ commands:
   info     execution mode (cuda or interpreter) and versions
   verify   randomized bit-exact sweep of the kernels (--quick for the CPU interpreter)
   bench    timing harness: CUDA graph and eager, with floors (GPU only)
-  demo     a random DeepSeek-V3.2 model generating through sparse-mla beside Hugging Face's
-           own implementation, and the stage times of one decode step
+  demo     random DeepSeek-V3.2 and DeepSeek-V4 models generating through sparse-mla beside
+           Hugging Face's own implementation, and the time of one decode step
   warmup   compile the kernels a decode configuration launches (--heads, --cache, --topk,
            --page, --tokens, ...: see sparse-mla warmup --help), and say how long it took
 """

@@ -4,12 +4,12 @@ Tiny random models with the real latent (512 + 64) and indexer (64 x 128) sizes 
 index_topk = 128 below the context (prompts of 136-160 tokens, 176 after generation), so
 the selection decides what each row attends.
 
-Tolerance of the logits: the kernels take bf16 queries and latents and run their softmax
-in fp32, HF's bf16 model rounds at every op. Neither is exact, so both are measured against
-an fp32 forward of the same weights on the same tokens: our largest and our mean absolute
-error may each be at most ``1.5 x`` HF-bf16's own ``+ 0.05`` (fp8 caches: ``8 x + 0.1``). A
-greedy token that differs from HF's must be a near-tie: HF's logit gap at that step at most
-``FLIP_GAP``.
+Tolerance of the logits (the kit's ``sparse_mla.testing.generation``): the kernels take
+bf16 queries and latents and run their softmax in fp32, HF's bf16 model rounds at every op.
+Neither is exact, so both are measured against an fp32 forward of the same weights on the
+same tokens: our largest and our mean absolute error may each be at most ``1.5 x`` HF-bf16's
+own ``+ 0.05`` (fp8 caches: ``8 x + 0.1``). A greedy token that differs from HF's must be a
+near-tie: HF's logit gap at that step at most ``FLIP_GAP``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 from sparse_mla.integrations import hf  # noqa: E402
+from sparse_mla.integrations.hf._common import has_path  # noqa: E402
+from sparse_mla.testing.generation import (  # noqa: E402
+    FLIP_GAP,
+    first_difference,
+    fp32_logits,
+    generation_logits_error,
+)
 
 PROMPT, NEW = 144, 32
-FLIP_GAP = 0.25
 
 
 def _hf_topk(model, ids) -> dict[int, torch.Tensor]:
@@ -66,20 +72,10 @@ def _overlap(ours: torch.Tensor, theirs: torch.Tensor, first_pos: int) -> tuple[
 def _errors(got: torch.Tensor, hf_low: torch.Tensor, exact: torch.Tensor, what: str, scale=1.5,
             slack=0.05) -> None:  # fmt: skip
     """Assert ours is within ``scale x HF's low-precision error + slack`` of the fp32 logits,
-    in the largest and in the mean absolute error."""
-    ours, theirs = (got - exact).abs(), (hf_low - exact).abs()
-    print(
-        f"{what} logits vs fp32: ours max {ours.max():.4f} mean {ours.mean():.5f}, HF bf16 "
-        f"max {theirs.max():.4f} mean {theirs.mean():.5f}; max |logit| {exact.abs().max():.2f}"
-    )
-    assert ours.max() <= scale * theirs.max() + slack
-    assert ours.mean() <= scale * theirs.mean() + slack / 10
-
-
-def _fp32_logits(model, ids) -> torch.Tensor:
-    ref = copy.deepcopy(model).float()
-    with torch.no_grad():
-        return ref(ids, use_cache=False).logits.float()
+    in the largest and in the mean absolute error (the kit's rule)."""
+    err, summary = generation_logits_error(got, hf_low, exact, scale=scale, slack=slack)
+    print(f"{what} {summary}")
+    assert err is None, err
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +98,9 @@ def test_bf16_greedy_generation_matches_hf(bf16_run):
     model, _, prompt, theirs, ours = bf16_run
     seq = ours.sequences
     assert seq.shape == theirs.shape == (1, PROMPT + NEW)
-    if not torch.equal(seq, theirs):  # allowed only at a near-tie of HF's own logits
-        step = int((seq[0] != theirs[0]).nonzero()[0]) - PROMPT
-        with torch.no_grad():
-            hf_logits = model(seq[:, : PROMPT + step], use_cache=False).logits[0, -1].float()
-        gap = (hf_logits.max() - hf_logits[seq[0, PROMPT + step]]).item()
+    diff = first_difference(model, seq, theirs, PROMPT)  # allowed only at HF's near-ties
+    if diff is not None:
+        step, gap = diff
         assert gap <= FLIP_GAP, f"token {step} differs with HF's logit gap {gap:.3f}"
 
 
@@ -115,7 +109,7 @@ def test_bf16_teacher_forced_logits_within_tolerance(bf16_run):
     seq = ours.sequences
     with torch.no_grad():
         hf_bf16 = model(seq, use_cache=False).logits.float()[0, PROMPT - 1 : -1]
-    exact = _fp32_logits(model, seq)[0, PROMPT - 1 : -1]
+    exact = fp32_logits(model, seq)[0, PROMPT - 1 : -1]
     got = torch.cat([x.float() for x in ours.logits])  # [NEW, vocab], decode rows but the first
     _errors(got, hf_bf16, exact, "bf16")
 
@@ -163,7 +157,7 @@ def test_fp8_caches_overlap_with_hf():
     with torch.no_grad():
         got = fast(ids, use_cache=False).logits.float()
         hf_bf16 = model(ids, use_cache=False).logits.float()
-    exact = _fp32_logits(model, ids)
+    exact = fp32_logits(model, ids)
     equal, frac = _overlap(fast.sparse_mla.topk[0][0][0], hf_sel[0][0], 0)
     mean = sum(frac[128:]) / len(frac[128:])  # rows where k < visible
     print(f"fp8: {equal}/160 rows equal, mean overlap where k < visible {mean:.4f}")
@@ -355,7 +349,7 @@ def test_enable_names_what_a_differing_transformers_lacks(monkeypatch):
 
     model = hf.random_model(hf.tiny_config(num_hidden_layers=1))
     layer = next(x for x in model.modules() if isinstance(x, m.DeepseekV32Attention))
-    assert all(hf._has_path(layer, name) for name in hf.LAYER_PARTS)  # this release: all
+    assert all(has_path(layer, name) for name in hf.LAYER_PARTS)  # this release: all
     forwards = {id(x): x.forward for x in model.modules()}
 
     def refused(match: str) -> None:

@@ -1,4 +1,5 @@
 """Other projects' models through sparse-mla (optional dependencies, imported on use).
 
-``sparse_mla.integrations.hf``: Hugging Face transformers' DeepSeek-V3.2 (extra ``hf``).
+``sparse_mla.integrations.hf``: Hugging Face transformers' DeepSeek-V3.2 and DeepSeek-V4
+(extra ``hf``).
 """

@@ -5,7 +5,8 @@ we check ours.
 ``checks``: the poison value and the tolerances of the float kernels; ``inputs``: the input
 generators; ``topk_scores``: the top-k op's adversarial rows; ``timing``: the one CUDA-graph
 timer (and eager timing, the launch floor, copy bandwidth); ``floor``: the bytes each op must
-move and the floor rule.
+move and the floor rule; ``generation``: a whole model generating through sparse-mla against
+Hugging Face's own (the near-tie rule of greedy streams, the teacher-forced logits tolerance).
 """
 
 from .checks import (
@@ -24,6 +25,7 @@ from .checks import (
     max_logits_error,
     poison,
 )
+from .generation import FLIP_GAP, first_difference, fp32_logits, generation_logits_error
 from .inputs import (
     BLOCK_TABLE_LAYOUTS,
     block_table_view,
@@ -48,6 +50,7 @@ from .topk_scores import TOPK_SCORE_KINDS, topk_scores
 __all__ = [
     "ATTN_LSE_ATOL",
     "BLOCK_TABLE_LAYOUTS",
+    "FLIP_GAP",
     "ATTN_LSE_RTOL",
     "ATTN_OUT_RTOL",
     "POISON",
@@ -66,6 +69,9 @@ __all__ = [
     "expansion_decode_lens",
     "expansion_inputs",
     "filled_indexer_cache",
+    "first_difference",
+    "fp32_logits",
+    "generation_logits_error",
     "hostile_attention_indices",
     "indexer_problem",
     "indexer_queries",

@@ -25,7 +25,7 @@ the beam it continues). Not followed: ``Cache.batch_select_indices`` /
 ``batch_repeat_interleave`` on a filled cache (a forward whose batch differs from the
 cache's raises ValueError); ``record_topk``'s records are not reordered with the beams.
 
-Requirements (checked at :func:`enable`): transformers ``>= 5.24`` (:data:`TRANSFORMERS`
+Requirements (checked at :func:`enable`): transformers ``>= 5.24`` (``TRANSFORMERS``
 is the tested range; earlier releases pass ``past_key_values=`` and drop the ``cache=``
 keyword this module relies on); ``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64,
 ``index_head_dim`` 128 and ``index_topk`` a top-k size the kernels take.
@@ -33,24 +33,30 @@ keyword this module relies on); ``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64,
 
 from __future__ import annotations
 
-import inspect
-import types
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from .._checks import check_int
-from ..decode.plan import DecodeInputs, DecodePlan, DecodePlanConfig
-from ..ops.decode_metadata.expand import MAX_DECODE_LEN
-from ..ops.indexer import quantize_index_q
-from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache
-from ..ops.topk import MAX_K, supported_k
+from ...decode.plan import DecodeInputs, DecodePlan, DecodePlanConfig
+from ...ops.indexer import quantize_index_q
+from ...ops.kv_cache import new_indexer_k_cache, new_mla_cache
+from ...ops.topk import MAX_K, supported_k
+from ._common import (
+    PagePool,
+    attention_layers,
+    beam_sources,
+    check_common_options,
+    check_layer_parts,
+    check_version,
+    count_tokens,
+    follow_reorders,
+    grown_cache,
+    import_modeling,
+    missing_cache_keyword,
+    patch_forwards,
+    raise_missing_features,
+)
 
-_PAGE_GROUP = 8  # pages are handed out in groups, in reverse order within one (real paging)
-# The transformers releases this module was written and tested for: 5.24 renamed
-# DeepseekV32's ``past_key_values`` keyword to ``cache`` (and caches the compressed latents).
-TRANSFORMERS = (">=5.24", "<5.26")
 # What the replaced forward reads from each DeepseekV32Attention (a transformers release that
 # renames one would otherwise fail at the first forward, not at enable()).
 LAYER_PARTS = (
@@ -100,32 +106,27 @@ class SparseMlaState:
     stage_times: dict[str, float] | None = None
     topk: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     caches: dict[int, _Caches] = field(default_factory=dict)
-    pages: list[list[int]] = field(default_factory=list)
-    num_pages: int = 0
+    pool: PagePool = field(default_factory=PagePool)
     plan: DecodePlan | None = None
     _mask_memo: tuple | None = field(default=None, repr=False)
 
+    @property
+    def pages(self) -> list[list[int]]:
+        """Each request's page ids (one block table row each)."""
+        return self.pool.pages
+
     def reset(self, batch: int) -> None:
         """Forget every sequence (a new batch of ``batch`` requests); caches are kept."""
-        self.pages = [[] for _ in range(batch)]
-        self.num_pages = 0
+        self.pool.reset(batch)
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Request ``i`` continues request ``beam_idx[i]`` (beam search): copy that request's
         pages of every layer's caches into request ``i``'s. Every request holds the same
         number of pages, so the block table stays as it is."""
-        src = [int(i) for i in beam_idx.tolist()]
-        if len(src) != len(self.pages):
-            raise ValueError(
-                f"beam_idx has {len(src)} entries, the paged caches hold {len(self.pages)} requests"
-            )
-        if src == list(range(len(src))) or not self.pages or not self.pages[0]:
-            return
-        table = torch.tensor(self.pages)
-        for c in self.caches.values():
-            dst, frm = table.flatten().to(c.kv.device), table[src].flatten().to(c.kv.device)
-            c.kv[dst] = c.kv[frm]  # the gather copies first: sources may be overwritten
-            c.index_k[dst] = c.index_k[frm]
+        src = beam_sources(beam_idx, len(self.pages))
+        if src is not None:
+            caches = [t for c in self.caches.values() for t in (c.kv, c.index_k)]
+            self.pool.copy_requests(src, caches)
 
     def _start(self, layer: int, batch: int, past: int) -> None:
         """A new batch starts at the first layer's forward with an empty HF cache."""
@@ -150,29 +151,17 @@ class SparseMlaState:
 
     def _allocate(self, length: int) -> None:
         """Give every request pages for ``length`` tokens."""
-        need = -(-length // self.block_size)
-        for pages in self.pages:
-            while len(pages) < need:
-                group, within = divmod(self.num_pages, _PAGE_GROUP)
-                pages.append(group * _PAGE_GROUP + _PAGE_GROUP - 1 - within)
-                self.num_pages += 1
+        self.pool.grow(-(-length // self.block_size))
 
     def _layer_caches(self, layer: int, device: torch.device) -> _Caches:
         """The layer's caches, grown (contents copied) to hold every allocated page."""
-        held = -(-self.num_pages // _PAGE_GROUP) * _PAGE_GROUP
-        c = self.caches.get(layer)
-        if c is not None and c.kv.shape[0] >= held:
-            return c
-        size = max(held, 2 * c.kv.shape[0] if c is not None else 0)
-        fresh = _Caches(
-            new_indexer_k_cache(size, self.block_size, fp8=self.fp8, device=device),
-            new_mla_cache(size, self.block_size, fp8=self.fp8, device=device),
-        )
-        if c is not None:
-            fresh.index_k[: c.index_k.shape[0]] = c.index_k
-            fresh.kv[: c.kv.shape[0]] = c.kv
-        self.caches[layer] = fresh
-        return fresh
+        held, c, page, fp8 = self.pool.held(), self.caches.get(layer), self.block_size, self.fp8
+        self.caches[layer] = c = _Caches(
+            grown_cache(c and c.index_k, held,
+                        lambda n: new_indexer_k_cache(n, page, fp8=fp8, device=device)),
+            grown_cache(c and c.kv, held, lambda n: new_mla_cache(n, page, fp8=fp8, device=device)),
+        )  # fmt: skip
+        return c
 
     def _remap(self) -> str:
         """Slots from top-k's epilogue, or (recording) positions remapped by the attention."""
@@ -227,85 +216,17 @@ def check_config(config) -> None:
         raise ValueError("sparse-mla needs config.q_lora_rank (the indexer reads q_lora)")
 
 
-def check_transformers() -> None:
-    """Raise RuntimeError unless the installed transformers is one this module was written
-    for (its DeepseekV32 takes ``cache=`` and exposes the helpers used here); warn when it
-    is newer than the tested range :data:`TRANSFORMERS`."""
-    import transformers
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    version = Version(transformers.__version__)
-    low, high = TRANSFORMERS
-    wanted = f"pip install 'transformers{low},{high}'"
-    if not SpecifierSet(low).contains(version, prereleases=True):
-        raise RuntimeError(
-            f"sparse-mla's HF integration needs transformers {low} (the range it is tested "
-            f"with: {low},{high}); got transformers {transformers.__version__}: before 5.24 "
-            f"DeepseekV32 takes past_key_values= and silently drops the cache= keyword this "
-            f"integration and its scripts pass (decoding with no history): {wanted}"
-        )
-    try:
-        from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
-    except ImportError as e:
-        raise RuntimeError(
-            f"transformers {transformers.__version__} has no DeepseekV32 model "
-            f"(transformers.models.deepseek_v32: {e}); {wanted}"
-        ) from e
-    missing = _missing_features(m)
-    if missing:
-        raise RuntimeError(
-            f"transformers {transformers.__version__}'s DeepseekV32 lacks what sparse-mla's "
-            f"HF integration relies on: {', '.join(missing)}; {wanted}"
-        )
-    if not SpecifierSet(high).contains(version, prereleases=True):
-        warnings.warn(
-            f"sparse-mla's HF integration is tested with transformers {low},{high}; got "
-            f"{transformers.__version__}",
-            stacklevel=3,
-        )
-
-
-def _missing_features(m) -> list[str]:
-    """What this module calls in ``modeling_deepseek_v32`` (``m``) that ``m`` lacks."""
+def check_features() -> None:
+    """Raise RuntimeError unless the installed transformers' DeepseekV32 takes ``cache=`` and
+    exposes the helpers used here (the version itself: ``_common.check_version``)."""
+    m = import_modeling("deepseek_v32", "DeepseekV32")
     takes_cache = {
         "DeepseekV32Attention.forward(cache=)": m.DeepseekV32Attention.forward,
         "DeepseekV32Model.forward(cache=)": m.DeepseekV32Model.forward,
     }
-    missing = [k for k, f in takes_cache.items() if "cache" not in inspect.signature(f).parameters]
     helpers = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
-    return missing + [name for name in helpers if not hasattr(m, name)]
-
-
-def _check_model(model: object, m) -> None:
-    """TypeError unless ``model`` holds DeepSeek-V3.2 attention layers; RuntimeError when a
-    layer lacks what the replaced forward reads (:data:`LAYER_PARTS`)."""
-    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
-    layers = [x for x in modules if isinstance(x, m.DeepseekV32Attention)]
-    if not layers:
-        raise TypeError(
-            f"model is not a DeepSeek-V3.2 (DSA) model: got {type(model).__name__}, which holds "
-            "no DeepseekV32Attention layer; enable() takes a DeepseekV32ForCausalLM, a "
-            "DeepseekV32Model or any module holding DeepseekV32Attention layers"
-        )
-    missing = [name for name in LAYER_PARTS if not _has_path(layers[0], name)]
-    if missing:
-        import transformers
-
-        low, high = TRANSFORMERS
-        raise RuntimeError(
-            f"transformers {transformers.__version__}'s DeepseekV32Attention differs from the "
-            f"one sparse-mla's HF integration was written for: it has no {', '.join(missing)}; "
-            f"pip install 'transformers{low},{high}'"
-        )
-
-
-def _has_path(obj: object, dotted: str) -> bool:
-    for name in dotted.split("."):
-        if not hasattr(obj, name):
-            return False
-        obj = getattr(obj, name)
-    return True
+    missing = missing_cache_keyword(takes_cache)
+    raise_missing_features("DeepseekV32", missing + [h for h in helpers if not hasattr(m, h)])
 
 
 def _check_options(
@@ -316,8 +237,7 @@ def _check_options(
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     if attention not in ("auto", "torch"):
         raise ValueError(f"attention must be 'auto' or 'torch', got {attention!r}")
-    check_int("block_size", block_size, lo=1, hi=2**20)  # slots are int32: keep pages modest
-    check_int("prefill_chunk", prefill_chunk, lo=1, hi=MAX_DECODE_LEN)
+    check_common_options(block_size, prefill_chunk)
 
 
 def enable(
@@ -345,17 +265,18 @@ def enable(
 
     Raises:
         RuntimeError: the installed transformers is not one this module was written for
-            (see :func:`check_transformers`), or its attention layers lack a part the
+            (``hf.check_transformers``), or its attention layers lack a part the
             replaced forward reads (:data:`LAYER_PARTS`).
         TypeError: ``model`` is not a DeepSeek-V3.2 (DSA) model; an option has the wrong
             type.
         ValueError: an option is out of range; the config has latent sizes the kernels do
             not take (see module notes).
     """
-    check_transformers()
-    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+    check_version(stacklevel=4)
+    check_features()
+    m = import_modeling("deepseek_v32", "DeepseekV32")
 
-    _check_model(model, m)
+    check_layer_parts(attention_layers(model, m.DeepseekV32Attention)[0], LAYER_PARTS)
     _check_options(fp8, attention, block_size, prefill_chunk, record_topk)
     check_config(model.config)
     state = SparseMlaState(
@@ -365,19 +286,8 @@ def enable(
         prefill_chunk=prefill_chunk,
         record_topk=record_topk,
     )
-    for module in model.modules():
-        if isinstance(module, m.DeepseekV32Attention):
-            module.forward = types.MethodType(_make_forward(state, m), module)
+    patch_forwards(model, m.DeepseekV32Attention, _make_forward(state, m))
     model.sparse_mla = state
-    return model
-
-
-def disable(model: torch.nn.Module) -> torch.nn.Module:
-    """Undo :func:`enable` (HF's own attention again); returns ``model``."""
-    for module in model.modules():
-        if "forward" in vars(module) and getattr(module.forward, "_sparse_mla", False):
-            del module.forward
-    vars(model).pop("sparse_mla", None)
     return model
 
 
@@ -411,32 +321,14 @@ def _read_mask(mask: torch.Tensor | None, batch: int, past: int, seq: int) -> _T
     return _Tokens(real[:, :past].sum(1).tolist(), real[:, past:].clone())
 
 
-def _follow_reorders(cache, state: SparseMlaState) -> None:
-    """Make ``cache.reorder_cache`` (what ``generate``'s beam search calls after each step
-    when the model has no ``_reorder_cache``) reorder our paged caches too."""
-    if getattr(cache, "_sparse_mla_state", None) is state:
-        return
-    original = getattr(cache, "_sparse_mla_original", cache.reorder_cache)
-
-    def reorder_cache(beam_idx: torch.Tensor) -> None:
-        original(beam_idx)
-        state.reorder(beam_idx)
-
-    cache._sparse_mla_original = original
-    cache._sparse_mla_state = state
-    cache.reorder_cache = reorder_cache
-
-
 def _make_forward(state: SparseMlaState, m):
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
                 position_ids=None, **kwargs):  # fmt: skip
         del position_ids, kwargs  # positions via cos/sin; request-local ones via the mask
         batch, seq, _ = hidden_states.shape
-        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
-        if cache is not None:  # count the tokens only: one scalar per token
-            _follow_reorders(cache, state)
-            tick = hidden_states.new_zeros(batch, 1, seq, 1)
-            cache.update(tick, tick, self.layer_idx)
+        if cache is not None:
+            follow_reorders(cache, state)
+        past = count_tokens(cache, self.layer_idx, hidden_states)
         tokens = state._tokens(attention_mask, batch, past, seq)
         state._start(self.layer_idx, batch, past)
         x = _project(self, hidden_states, position_embeddings, m, state.fp8)
@@ -455,7 +347,6 @@ def _make_forward(state: SparseMlaState, m):
         o = o.reshape(batch, seq, -1).to(hidden_states.dtype)
         return self.o_proj(o), None
 
-    forward._sparse_mla = True
     return forward
 
 
