@@ -209,10 +209,12 @@ def v4_step_error(layer: RandomV4Layer, x: V4StepInputs, got: V4StepOutput, ref:
                   window: torch.Tensor, cmp: V4Compressor | None,
                   idx: V4Compressor | None) -> str | None:  # fmt: skip
     """Why the plan's step differs from the reference's (None when they agree): the window
-    cache bytes, the compressor rings, top-k sets up to ties (rows with tied sets, at most 2,
-    are left out of the rest), out / lse within the kit's attention tolerances (out against
-    the values' magnitude, 4x with fp8 caches: the kernel's bf16 compressed entries may round
-    to other e4m3 codes than the reference's), the HCA counts exactly."""
+    cache bytes, the compressor rings, top-k sets up to ties (rows with tied sets, at most a
+    quarter of the rows or 2, are left out of the rest: every differing entry is checked to be
+    inside the tie band, and the out check keeps the other rows), out / lse within the kit's
+    attention tolerances (out against the values' magnitude, 4x with fp8 caches: the kernel's
+    bf16 compressed entries may round to other e4m3 codes than the reference's), the HCA
+    counts exactly."""
     if not torch.equal(layer.window, window):
         return "window cache bytes differ"
     if cmp is not None and not all(map(torch.equal, layer.cmp[:2], cmp[:2])):
@@ -220,7 +222,7 @@ def v4_step_error(layer: RandomV4Layer, x: V4StepInputs, got: V4StepOutput, ref:
     skip: set[int] = set()
     if layer.s.kind == "csa":
         skip, err = _tie_rows(layer, x, got, ref, idx)
-        if err is not None or len(skip) > 2:
+        if err is not None or len(skip) > max(2, x.q.shape[0] // 4):
             return err or f"{len(skip)} rows with other top-k sets"
     keep = [t for t in range(x.q.shape[0]) if t not in skip]
     vmax = dequantize_model1_cache(window).abs().max()
