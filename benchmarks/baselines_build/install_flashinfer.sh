@@ -28,12 +28,15 @@ if [ ! -f "$CUDA_HOME/include/curand.h" ]; then
     if [ -n "$NV" ] && [ -f "$NV/curand.h" ]; then CUFLAGS="-isystem $NV"
     else untar "$HERE/curand-include.tar.xz" "$SITE/.curand"; CUFLAGS="-isystem $SITE/.curand/include"; fi
 fi
-# FlashInfer links with -lcuda: give the linker the driver's library where CUDA_HOME has no stub.
+# FlashInfer links with -lcuda: where CUDA_HOME has no stub, the driver's library, else an empty
+# stub of the same soname (the driver's is what loads at run time either way).
 LDFLAGS=""
 if [ ! -e "$CUDA_HOME/lib64/stubs/libcuda.so" ] && [ ! -e "$CUDA_HOME/lib64/libcuda.so" ]; then
     LIB=$( (ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF}'; \
             ls /usr/local/nvidia/lib64/libcuda.so* /usr/lib/x86_64-linux-gnu/libcuda.so* 2>/dev/null) | head -1)
-    if [ -n "$LIB" ]; then mkdir -p "$SITE/.ldstub"; ln -sf "$LIB" "$SITE/.ldstub/libcuda.so"; LDFLAGS="-L$SITE/.ldstub"; fi
+    mkdir -p "$SITE/.ldstub"; LDFLAGS="-L$SITE/.ldstub"
+    if [ -n "$LIB" ]; then ln -sf "$LIB" "$SITE/.ldstub/libcuda.so"
+    else echo | cc -shared -x c - -o "$SITE/.ldstub/libcuda.so" -Wl,-soname,libcuda.so.1; fi
 fi
 NINJA_DIR=""
 command -v ninja >/dev/null || NINJA_DIR=$(python3 -c 'import ninja;print(ninja.BIN_DIR)' 2>/dev/null || true)

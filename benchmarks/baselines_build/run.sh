@@ -25,8 +25,9 @@ export PYTHONPATH=$PWD/src:$PYTHONPATH DG_JIT_CACHE_DIR=/tmp/dg-cache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "nvcc: $(command -v nvcc) $(nvcc --version | grep -o 'release [0-9.]*'), ninja: $(command -v ninja), $(nproc) cores"
 
-if [ -d "$DG/src" ]; then
-    ( timeout 300 bash "$DG/build_deepgemm.sh" "$DG/src" /tmp/site > "$W/deepgemm_build.log" 2>&1
+if [ -f "$DG/deepgemm-src.tar.xz" ]; then
+    ( python3 -c 'import sys,tarfile; tarfile.open(sys.argv[1]).extractall("/tmp/dg")' "$DG/deepgemm-src.tar.xz"
+      timeout 300 bash "$DG/build_deepgemm.sh" /tmp/dg/src /tmp/site > "$W/deepgemm_build.log" 2>&1
       echo "rc=$?" >> "$W/deepgemm_build.log" ) &
     DG_PID=$!
 fi

@@ -66,7 +66,7 @@ def _anchor_notes(anchors: Anchors) -> list[str]:
         notes = ["flashinfer: not asked for (sparse-mla bench --anchors flashinfer)"]
     elif anchors.flashinfer is not None:
         version = getattr(anchors.flashinfer, "__version__", "?")
-        notes.append(f"flashinfer {version} timed (its module JIT-compiled on first use)")
+        notes.append(f"flashinfer {version} timed")
     return notes
 
 
