@@ -31,7 +31,7 @@ if [ -f "$DG/deepgemm-src.tar.xz" ]; then
       echo "rc=$?" >> "$W/deepgemm_build.log" ) &
     DG_PID=$!
 fi
-( FLASHINFER_WORKSPACE_BASE=/tmp/fi-jit timeout 420 python3 - > "$W/flashinfer_jit.log" 2>&1 <<'EOF'
+( FLASHINFER_WORKSPACE_BASE=/tmp/fi-jit timeout $(( $(left) - 15 )) python3 - > "$W/flashinfer_jit.log" 2>&1 <<'EOF'
 import time
 t0 = time.time()
 import flashinfer
@@ -69,6 +69,8 @@ bench topk 200 --ops topk
 T=$(left); [ "$T" -gt 240 ] && T=240
 [ "$T" -gt 60 ] && bench indexer "$T" --ops indexer || echo "no time left for the indexer bench"
 T=$(left); [ "$T" -gt 5 ] && timeout "$T" tail -f /dev/null --pid "$JIT_PID" 2>/dev/null
-kill "$JIT_PID" 2>/dev/null; cat "$W/flashinfer_jit.log" | grep -v "^\s*\[" | tail -6
+kill "$JIT_PID" 2>/dev/null; grep -v '^\s*\[\|nvcc\|^ *$' "$W/flashinfer_jit.log" | tail -4
+echo "top-k JIT objects (ninja log: start ms, end ms, output):"
+cut -f1,2,4 /tmp/fi-jit/.cache/flashinfer/*/90a/cached_ops/topk/.ninja_log 2>/dev/null | tail -5
 tar -C /tmp -czf "$OUT/issue35.tgz" issue35
 echo "total $((SECONDS - T0)) s; $OUT/issue35.tgz"
