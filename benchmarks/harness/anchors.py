@@ -1,7 +1,8 @@
 """The repository's anchors: FlashMLA and vLLM's Triton kernel from the checkout's ``.anchors/``
-(or ``shared/anchors``, or ``$FLASHMLA_PATH``), and the upstream remap tilings from
-``benchmarks/baselines``. Repository tooling: the package's ``sparse-mla bench`` only imports
-what its caller names (``sparse_mla.bench.anchors``)."""
+(or ``shared/anchors``, or ``$FLASHMLA_PATH``), FlashInfer and DeepGEMM where the environment
+has them installed (``.anchors/flashinfer/install.sh`` puts them on the GPU machine), and the
+upstream remap tilings from ``benchmarks/baselines``. Repository tooling: the package's
+``sparse-mla bench`` only imports what its caller names (``sparse_mla.bench.anchors``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparse_mla.bench.anchors import Anchors, import_module_or_why
+from sparse_mla.bench.anchors import ANCHOR_MODULES, Anchors, import_module_or_why
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout holding .anchors/ and benchmarks/
 
@@ -60,12 +61,16 @@ def remap_layouts() -> dict[str, Callable[..., Any]]:
 
 
 def repo_anchors(cuda: bool) -> Anchors:
-    """Every anchor this checkout has: the remap tilings always, the attention anchors on a
-    CUDA device only (they do not run in the interpreter)."""
+    """Every anchor this checkout has: the remap tilings always, the attention anchors,
+    FlashInfer (top-k) and DeepGEMM (indexer logits) on a CUDA device only (they do not run
+    in the interpreter)."""
     found = Anchors(remap_layouts=remap_layouts())
     if not cuda:
         found.notes.append("anchors: not run (no CUDA device)")
         return found
     (found.flashmla, fm_why), (found.vllm, vl_why) = import_flashmla(), import_vllm()
-    found.notes += [f"anchor skipped: {why}" for why in (fm_why, vl_why) if why]
+    (found.flashinfer, fi_why) = import_module_or_why(ANCHOR_MODULES["flashinfer"])
+    (found.deepgemm, dg_why) = import_module_or_why(ANCHOR_MODULES["deepgemm"])
+    whys = (fm_why, vl_why, fi_why, dg_why)
+    found.notes += [f"anchor skipped: {why}" for why in whys if why]
     return found

@@ -1,10 +1,11 @@
 """Other implementations ``sparse-mla bench`` times beside ours, only where the caller names them.
 
-The package looks nothing up on disk: ``--anchors flashmla,vllm`` imports FlashMLA's
-``flash_mla`` and ``vllm_triton_sparse_mla`` (vLLM's Triton sparse MLA kernel as one module)
-by name, from wherever the user's environment has them (an install or ``PYTHONPATH``). A
-caller may also pass an :class:`Anchors` it built itself (the repository's harness does:
-``benchmarks/harness``, with the upstream remap layouts too).
+The package looks nothing up on disk: ``--anchors flashmla,vllm,flashinfer,deepgemm`` imports
+FlashMLA's ``flash_mla``, ``vllm_triton_sparse_mla`` (vLLM's Triton sparse MLA kernel as one
+module), FlashInfer (its top-k) and DeepGEMM's ``deep_gemm`` (its paged indexer logits) by
+name, from wherever the user's environment has them (an install or ``PYTHONPATH``); none of
+them is a dependency. A caller may also pass an :class:`Anchors` it built itself (the
+repository's harness does: ``benchmarks/harness``, with the upstream remap layouts too).
 """
 
 from __future__ import annotations
@@ -15,18 +16,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: ``--anchors`` name -> the module imported for it.
-ANCHOR_MODULES: dict[str, str] = {"flashmla": "flash_mla", "vllm": "vllm_triton_sparse_mla"}
+ANCHOR_MODULES: dict[str, str] = {
+    "flashmla": "flash_mla",
+    "vllm": "vllm_triton_sparse_mla",
+    "flashinfer": "flashinfer",
+    "deepgemm": "deep_gemm",
+}
 
 
 @dataclass
 class Anchors:
     """What the cases time beside ours. ``flashmla``: FlashMLA's ``flash_mla`` module (fp8
     attention); ``vllm``: a module with ``triton_sparse_mla_attention(q, kv, indices,
-    sm_scale)`` (bf16 attention); ``remap_layouts``: name -> ``f(K, count_valid=, compact=)``
-    giving a ``RemapLayout`` (the remap's upstream tilings); ``notes``: why one is missing."""
+    sm_scale)`` (bf16 attention); ``flashinfer``: the ``flashinfer`` module (``top_k``,
+    ``top_k_ragged_transform``, ``top_k_page_table_transform``: top-k baselines);
+    ``deepgemm``: a module with DeepGEMM's ``get_paged_mqa_logits_metadata`` and
+    ``fp8_paged_mqa_logits`` (fp8 indexer logits); ``remap_layouts``: name ->
+    ``f(K, count_valid=, compact=)`` giving a ``RemapLayout`` (the remap's upstream tilings);
+    ``notes``: why one is missing."""
 
     flashmla: Any = None
     vllm: Any = None
+    flashinfer: Any = None
+    deepgemm: Any = None
     remap_layouts: dict[str, Callable[..., Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 

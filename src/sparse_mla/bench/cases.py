@@ -28,12 +28,15 @@ class Variant:
     ``bind(input_set)`` returns a zero-argument launch over that set's tensors (and its
     pre-sized outputs); it may run the op once to size buffers. ``role``: "ours" (speedups are
     reported for it), "baseline" (speedups are reported against it) or "extra". Our kernels
-    must be CUDA-graph safe (``graph_safe``); PyTorch-op baselines need not be."""
+    must be CUDA-graph safe (``graph_safe``); PyTorch-op baselines need not be. ``snapshot``
+    (optional) replaces the case's for this variant: a baseline whose output has another form
+    (unordered, or with garbage where the contract allows it) is brought to the case's."""
 
     name: str
     bind: Callable[[InputSet], Launch]
     role: str = "ours"
     graph_safe: bool = True  # a failed CUDA-graph capture is an error (else only a note)
+    snapshot: Callable[[Any, InputSet], Any] | None = None
 
 
 @dataclass

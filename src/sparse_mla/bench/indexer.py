@@ -2,8 +2,9 @@
 
 1. Logits (``index_logits``), V3.2 shapes, bf16 and fp8 caches: ``native`` (``next_n=n``,
    each request's keys read once for its n rows) against ``flattened`` (rows expanded
-   beforehand, ``next_n=1``: the keys read n times). Checked against the fp64 reference on the
-   first and last request, flattened against native.
+   beforehand, ``next_n=1``: the keys read n times) and, on the fp8 cache where the caller
+   passes it (``--anchors deepgemm``), DeepGEMM's ``fp8_paged_mqa_logits``. Checked against
+   the fp64 reference on the first and last request, the others against native.
 2. Per layer (fp8 cache): expand, logits, top-k and remap each alone in a graph, ``chain``
    (the four in one graph) and ``top-k+slots`` (the fused alternative to top-k + remap);
    chain and top-k+slots must give remap's slots and counts bit for bit.
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..ops.indexer.naive import row_visible_lengths
 from ..testing import (
     distinct_block_table,
     filled_indexer_cache,
@@ -65,6 +67,7 @@ from .report import (
 )
 
 LAYERS = 61  # DeepSeek V3.2: one indexer per layer
+DEEPGEMM = "DeepGEMM"
 
 GRIDS: dict[str, dict[str, Any]] = {
     "full": dict(
@@ -263,8 +266,41 @@ def _logits_variants(ops: SimpleNamespace, n: int) -> list[Variant]:
     return variants
 
 
+def _deepgemm_variants(dg: Any, chk: _LogitsChecker, n: int, page: int) -> list[Variant]:
+    """DeepGEMM's paged logits (fp8 cache; none without the module), its calling convention:
+    q ``[B, n, H, D]``, the cache as ``[pages, page, 1, D + 4]`` bytes (our layout), 2-D
+    context lengths (each row's visible length) and its schedule, made once per input set
+    outside the timed call as engines make it once per step. It allocates its logits (rows
+    padded) per call and leaves garbage past each row's length (``clean_logits=False``, the
+    engines' setting): the snapshot masks that to -inf, as ours writes it, before the checks."""
+    if dg is None:
+        return []
+
+    def bind(s: InputSet):
+        q, bt, max_len = s["q"], s["block_table"], s["logits"].shape[1]
+        b = bt.shape[0]
+        q4 = q.view(b, n, *q.shape[1:])
+        kv = s["cache"].view(s["cache"].shape[0], page, 1, -1)
+        ctx = row_visible_lengths(s["seq_lens"], n, bt.shape[1] * page).int().view(b, n)
+        s["deepgemm_lens"] = ctx  # for the snapshot
+        sched = dg.get_paged_mqa_logits_metadata(ctx, page, dg.get_num_sms())
+        w = s["weights"]
+        return lambda: dg.fp8_paged_mqa_logits(q4, kv, w, ctx, bt, sched, max_len, False)
+
+    def snapshot(ret: Any, s: InputSet) -> dict[str, Any]:
+        cols = torch.arange(ret.shape[1], device=ret.device)
+        visible = cols[None, :] < s["deepgemm_lens"].reshape(-1, 1).long()
+        return chk.snapshot(torch.where(visible, ret, float("-inf")), s)
+
+    return [Variant(DEEPGEMM, bind, "baseline", graph_safe=False, snapshot=snapshot)]
+
+
 def _logits_cases(
-    g: dict[str, Any], ops: SimpleNamespace, device: torch.device, pages: dict[bool, int]
+    g: dict[str, Any],
+    ops: SimpleNamespace,
+    device: torch.device,
+    pages: dict[bool, int],
+    deepgemm: Any = None,
 ) -> list[Case]:
     heads, dim, page = g["heads"], g["dim"], g["page"]
     shape = dict(heads=heads, dim=dim, page=page)
@@ -291,7 +327,8 @@ def _logits_cases(
                     params=dict(kind="logits", dtype=dtype, B=b, ctx=ctx, n=n, rows=rows, **shape),
                     make_set=_case_set(ops, g, pages, device, fp8=fp8, requests=b, n=n, ctx=ctx),
                     set_bytes=set_bytes,
-                    variants=_logits_variants(ops, n),
+                    variants=_logits_variants(ops, n)
+                    + (_deepgemm_variants(deepgemm, chk, n, page) if fp8 else []),
                     bytes_moved=lambda sets, v, nbytes=nbytes: nbytes,
                     poison=poison_keys("logits"),
                     snapshot=chk.snapshot,
@@ -457,12 +494,28 @@ def pages_needed(g: dict[str, Any]) -> dict[bool, int]:
     return need
 
 
+def _anchor_notes(anchors: Anchors) -> list[str]:
+    notes = [n for n in anchors.notes if "deep_gemm" in n or "flashinfer" in n.lower()]
+    if anchors.deepgemm is None and not notes:
+        notes = ["DeepGEMM: not asked for (sparse-mla bench --anchors deepgemm)"]
+    if anchors.flashinfer is not None:
+        notes.append(
+            "FlashInfer's paged MQA logits (fp8_paged_mqa_logits) run on SM100/SM103/SM107 "
+            "only (CuTe DSL kernels): not timed here"
+        )
+    return notes
+
+
 def build(grid: str, device: torch.device, anchors: Anchors | None = None) -> list[Case]:
-    """The cases of ``grid`` on ``device`` (no anchor times this op: ``anchors`` is unused)."""
+    """The cases of ``grid`` on ``device``; DeepGEMM's logits beside ours (fp8 cache) where
+    ``anchors`` has it."""
     g = GRIDS[grid]
     ops = _ops()
+    anchors = anchors or Anchors()
+    SPEC.notes[:] = [*NOTES, *_anchor_notes(anchors)]
     pages = pages_needed(g)
-    return _logits_cases(g, ops, device, pages) + _layer_cases(g, ops, device, pages)
+    logits = _logits_cases(g, ops, device, pages, anchors.deepgemm)
+    return logits + _layer_cases(g, ops, device, pages)
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,6 +547,7 @@ def logits_summary(results: Sequence[Result]) -> list[Table]:
                 "bytes: the problem's fewest bytes (keys read once per request), the same for "
                 "native and flattened; % copy = achieved GB/s / copy GB/s of this run",
                 "native speedup = this variant's time / native's at the same n",
+                "goal (issue 35): native fp8 n=1 at >= 90% of copy bandwidth",
             ],
         )
     ]
@@ -544,26 +598,24 @@ def summaries(results: list[Result]) -> list[Table]:
     return logits_summary(results) + layer_summary(results)
 
 
-register_op(
-    OpSpec(
-        name="indexer",
-        build=build,
-        notes=[
-            INDEXER_BYTES_RULE,
-            LAYER_BYTES_RULE,
-            "logits variants: native (next_n = n, keys read once per request), flattened "
-            "(rows pre-expanded with expand_decode_tokens, next_n = 1). V3.2 shapes: q "
-            "[rows, 64, 128] (bf16 / e4m3), fp32 weights [rows, 64], page 64; every request "
-            "at full context.",
-            "layer variants: chain (expand + logits + top-k + remap in one graph), each stage "
-            "alone, top-k+slots (the fused epilogue). fp8 cache, k = 2048 (GPU grids).",
-            "K caches: filled once per run with random keys (write_indexer_k) and shared; each "
-            "input set uses distinct random pages of it.",
-            "checks: logits of the first and last request vs the fp64 reference (error <= tol x "
-            "magnitude, exact -inf pattern), flattened vs native; chain and top-k+slots slots "
-            "and counts == remap's bit for bit.",
-        ],
-        summaries=summaries,
-        cleanup=POOL.clear,
-    )
+NOTES = [
+    INDEXER_BYTES_RULE,
+    LAYER_BYTES_RULE,
+    "logits variants: native (next_n = n, keys read once per request), flattened "
+    "(rows pre-expanded with expand_decode_tokens, next_n = 1); DeepGEMM (--anchors deepgemm, "
+    "fp8 cache): fp8_paged_mqa_logits with its schedule (get_paged_mqa_logits_metadata, made "
+    "once per input set outside the timed call), clean_logits=False, 2-D context lengths; it "
+    "allocates its (row-padded) logits in each call. V3.2 shapes: q [rows, 64, 128] (bf16 / "
+    "e4m3), fp32 weights [rows, 64], page 64; every request at full context.",
+    "layer variants: chain (expand + logits + top-k + remap in one graph), each stage "
+    "alone, top-k+slots (the fused epilogue). fp8 cache, k = 2048 (GPU grids).",
+    "K caches: filled once per run with random keys (write_indexer_k) and shared; each "
+    "input set uses distinct random pages of it.",
+    "checks: logits of the first and last request vs the fp64 reference (error <= tol x "
+    "magnitude, exact -inf pattern), flattened and DeepGEMM vs native (DeepGEMM's columns past "
+    "each row's length, unwritten by contract, set to -inf first); chain and top-k+slots "
+    "slots and counts == remap's bit for bit.",
+]
+SPEC = register_op(
+    OpSpec(name="indexer", build=build, notes=list(NOTES), summaries=summaries, cleanup=POOL.clear)
 )

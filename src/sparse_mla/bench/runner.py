@@ -103,7 +103,8 @@ def run_case(
         try:
             calls = [v.bind(s) for s in sets]
             case.poison(sets[0])
-            snaps[v.name] = case.snapshot(calls[0](), sets[0])  # also compiles
+            snapshot = v.snapshot or case.snapshot
+            snaps[v.name] = snapshot(calls[0](), sets[0])  # also compiles
             for c in calls[1 : min(4, cfg.graph_calls)]:
                 c()
             backend.synchronize()
