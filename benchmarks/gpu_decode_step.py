@@ -30,13 +30,13 @@ Exit status 1 when the step is wrong (nothing is timed then) or HF's run failed.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
 import time
 
 import torch
+from hf_end_to_end import hf_against_ours
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
 from sparse_mla.decode import DecodePlan, DecodePlanConfig
@@ -202,12 +202,10 @@ def _time_torch(ts, row: dict) -> float:
 
 
 def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> dict:
-    from transformers import DynamicCache
-
     from sparse_mla.demo import _config
     from sparse_mla.integrations import hf
 
-    # transformers < 5.24 drops the cache= keyword below: HF would decode with no history
+    # transformers < 5.24 drops the cache= keyword: HF would decode with no history
     hf.check_transformers()
     cfg = _config("tiny" if dry else "v32", layers)
     model = hf.random_model(cfg, dtype=torch.bfloat16, seed=0, attn_implementation="sdpa")
@@ -215,63 +213,8 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
     torch.manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (1, ctx), device=DEV)
     row = {"context": ctx, "layers": layers, "decode steps": steps}
-    streams, step_logits = {}, {}
-    for impl in ("hf", "sparse-mla"):
-        m = model if impl == "hf" else hf.enable(copy.deepcopy(model), prefill_chunk=chunk)
-        cache = DynamicCache(config=cfg)
-        try:
-            with torch.no_grad():
-                for s0 in range(0, ctx, chunk):  # chunked prefill (HF's dense masks are O(S x T))
-                    logits = m(prompt[:, s0 : s0 + chunk], cache=cache, use_cache=True).logits
-                _check_cached(cache, ctx, impl)
-                tok = logits[:, -1:].argmax(-1)
-                # out[i] is the argmax of kept[i] (the prefill's token first)
-                out, times, kept = [int(tok)], [], [logits[0, -1].float().cpu()]
-                for _ in range(steps):
-                    sync()
-                    t0 = time.perf_counter()
-                    logits = m(tok, cache=cache, use_cache=True).logits
-                    tok = logits[:, -1:].argmax(-1)
-                    sync()
-                    times.append(time.perf_counter() - t0)
-                    out.append(int(tok))
-                    kept.append(logits[0, -1].float().cpu())
-        except torch.OutOfMemoryError as e:
-            row[f"{impl} note"] = f"out of memory: {str(e)[:80]}"
-            torch.cuda.empty_cache()
-            continue
-        times = sorted(times[1:]) or times
-        row[f"{impl} ms/token"] = 1e3 * times[len(times) // 2]
-        streams[impl] = out
-        step_logits[impl] = kept
-        del m, cache
-        torch.cuda.empty_cache()
-    if len(streams) == 2:
-        a, b = streams["hf"], streams["sparse-mla"]
-        row["same tokens"] = sum(x == y for x, y in zip(a, b, strict=True))
-        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
-        row["first difference"] = first
-        if first is not None:  # how close the two tokens were where the streams parted
-            for impl in ("hf", "sparse-mla"):
-                lg = step_logits[impl][first]
-                row[f"{impl} logit gap"] = float(lg[a[first]] - lg[b[first]])
-    return row
-
-
-def _check_cached(cache, ctx: int, impl: str) -> None:
-    """The prefill must have filled the cache it was given, or the decode below would run
-    with no history (a transformers that ignores ``cache=``)."""
-    if cache.get_seq_length() != ctx:
-        raise RuntimeError(
-            f"{impl}: the cache holds {cache.get_seq_length()} tokens after a {ctx}-token "
-            "prefill: this transformers ignores cache= (sparse_mla.integrations.hf."
-            "TRANSFORMERS is the supported range)"
-        )
-
-
-def sync() -> None:
-    if DEV.type == "cuda":
-        torch.cuda.synchronize()
+    return hf_against_ours(model, lambda m: hf.enable(m, prefill_chunk=chunk), prompt, cfg,
+                           chunk, steps, row)  # fmt: skip
 
 
 def table(rows: list[dict], keys: list[str]) -> None:

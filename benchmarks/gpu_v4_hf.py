@@ -26,12 +26,11 @@ Exit status 1 when a step is wrong (nothing is timed then) or a run failed.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import time
 
 import torch
+from hf_end_to_end import hf_against_ours
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
 from sparse_mla.testing.v4_step import check_random_v4_step
@@ -39,42 +38,11 @@ from sparse_mla.testing.v4_step import check_random_v4_step
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def sync() -> None:
-    if DEV.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _model(layers: int, dry: bool):
     from sparse_mla.integrations.hf import v4
 
     cfg = v4.tiny_config() if dry else v4.flash_layer_config(layers)
     return cfg, v4.random_model(cfg, dtype=torch.bfloat16, seed=0).to(DEV)
-
-
-def _decode(m, prompt: torch.Tensor, cfg, chunk: int, steps: int):
-    """Chunked prefill, then greedy steps: (tokens, per-step seconds, per-step logits)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=cfg)
-    with torch.no_grad():
-        for s0 in range(0, prompt.shape[1], chunk):
-            logits = m(prompt[:, s0 : s0 + chunk], cache=cache, use_cache=True).logits
-        if cache.get_seq_length() != prompt.shape[1]:  # a transformers that ignores cache=
-            raise RuntimeError(f"the cache holds {cache.get_seq_length()} tokens after a "
-                               f"{prompt.shape[1]}-token prefill")  # fmt: skip
-        tok = logits[:, -1:].argmax(-1)
-        # out[i] is the argmax of kept[i] (the prefill's token first)
-        out, times, kept = [int(tok)], [], [logits[0, -1].float().cpu()]
-        for _ in range(steps):
-            sync()
-            t0 = time.perf_counter()
-            logits = m(tok, cache=cache, use_cache=True).logits
-            tok = logits[:, -1:].argmax(-1)
-            sync()
-            times.append(time.perf_counter() - t0)
-            out.append(int(tok))
-            kept.append(logits[0, -1].float().cpu())
-    return out, times, kept
 
 
 def hf_v4_end_to_end(ctx: int, steps: int, layers: int, chunk: int, fp8: bool,
@@ -86,34 +54,8 @@ def hf_v4_end_to_end(ctx: int, steps: int, layers: int, chunk: int, fp8: bool,
     torch.manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (1, ctx), device=DEV)
     row: dict = {"context": ctx, "layers": cfg.num_hidden_layers, "decode steps": steps}
-    streams, step_logits = {}, {}
-    for impl in ("hf", "sparse-mla"):
-        m = model
-        if impl == "sparse-mla":
-            m = hf.enable(copy.deepcopy(model), fp8=fp8, prefill_chunk=chunk)
-        try:
-            out, times, kept = _decode(m, prompt, cfg, chunk, steps)
-        except torch.OutOfMemoryError as e:
-            row[f"{impl} note"] = f"out of memory: {str(e)[:80]}"
-            torch.cuda.empty_cache()
-            continue
-        times = sorted(times[1:]) or times
-        row[f"{impl} ms/token"] = 1e3 * times[len(times) // 2]
-        streams[impl], step_logits[impl] = out, kept
-        del m
-        if DEV.type == "cuda":
-            torch.cuda.empty_cache()
-    if len(streams) == 2:
-        a, b = streams["hf"], streams["sparse-mla"]
-        row["speedup"] = row["hf ms/token"] / row["sparse-mla ms/token"]
-        row["same tokens"] = sum(x == y for x, y in zip(a, b, strict=True))
-        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
-        row["first difference"] = first
-        if first is not None:  # how close the two tokens were where the streams parted
-            for impl in ("hf", "sparse-mla"):
-                lg = step_logits[impl][first]
-                row[f"{impl} logit gap"] = float(lg[a[first]] - lg[b[first]])
-    return row
+    return hf_against_ours(model, lambda m: hf.enable(m, fp8=fp8, prefill_chunk=chunk), prompt,
+                           cfg, chunk, steps, row)  # fmt: skip
 
 
 def table(rows: list[dict]) -> None:
