@@ -8,6 +8,8 @@ rows out 0 / lse -inf, and the caches and rings left as the reference left them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from sparse_mla.decode.v4_naive import V4Compressor, V4StepInputs, v4_decode_ste
 from sparse_mla.decode.v4_plan import V4_STAGES, V4DecodePlan, V4DecodePlanConfig, v4_stages
 from sparse_mla.ops.compressor import compressor_rope_table, new_compressor_state
 from sparse_mla.ops.kv_cache import dequantize_model1_cache, new_indexer_k_cache, new_mla_cache
+from sparse_mla.ops.topk import MAX_K
 from sparse_mla.testing import attention_error, poison
 from sparse_mla.testing.v4_step import RandomV4Layer, V4Shapes, v4_step_error
 
@@ -168,6 +171,9 @@ def test_plan_rejects_bad_arguments():
     with pytest.raises(ValueError, match="cache_format"):
         V4DecodePlan(V4DecodePlanConfig("hca", 4, 2, HEADS, cache_format="fp8"), sm_scale=1.0,
                      device=DEV)  # fmt: skip
+    for k in (0, MAX_K + 1, 2.0):
+        with pytest.raises(ValueError, match=rf"topk must be an int in \[1, {MAX_K}\]"):
+            V4DecodePlan(dataclasses.replace(cfg, topk=k), sm_scale=1.0, device=DEV)
     plan = V4DecodePlan(cfg, sm_scale=1.0, device=DEV)
     gen = torch.Generator().manual_seed(0)
     x = _Layer("csa", "model1_bf16", gen).inputs([1, 1], gen)

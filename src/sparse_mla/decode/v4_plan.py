@@ -35,7 +35,7 @@ from ..ops.attention import attention_workspace, sparse_mla_decode
 from ..ops.compressor import compressor_decode
 from ..ops.indexer import index_logits
 from ..ops.kv_cache import write_mla_latent
-from ..ops.topk import select_topk, supported_k, topk_workspace
+from ..ops.topk import MAX_K, select_topk, supported_k, topk_workspace
 from .v4_naive import LAYER_KINDS, V4_DIM, V4_NOPE, V4_ROPE, V4Compressor, V4StepInputs
 
 #: A V4 layer's decode stages (a sliding layer has no compressors, indexer logits nor top-k;
@@ -112,7 +112,7 @@ class V4DecodePlan:
                      "window", "compress_rate", "max_compressed"):  # fmt: skip
             check_int(name, getattr(c, name), lo=1)
         if c.kind == "csa" and not supported_k(c.topk):
-            raise ValueError(f"topk must be an int in [1, 2048], got {c.topk!r}")
+            raise ValueError(f"topk must be an int in [1, {MAX_K}], got {c.topk!r}")
         if c.cache_format not in ("model1_fp8", "model1_bf16"):
             raise ValueError(f"cache_format must be 'model1_fp8' or 'model1_bf16', got "
                              f"{c.cache_format!r}")  # fmt: skip
