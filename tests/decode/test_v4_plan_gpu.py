@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparse_mla.decode.v4_naive import V4StepInputs
-from sparse_mla.testing import poison
+from sparse_mla.testing import cuda_allocations, poison
 from sparse_mla.testing.v4_step import RandomV4Layer, V4Shapes, v4_step_error
 
 pytestmark = pytest.mark.gpu
@@ -56,11 +56,7 @@ def test_graph_replay_on_fresh_rows(kind, b, before, rows, pad):
             a.copy_(f)
     ref, window, cmp, idx = layer.reference(x)
     poison(plan._out, plan._lse)
-    torch.cuda.synchronize()
-    before_allocs = torch.cuda.memory_stats()["allocation.all.allocated"]
-    got = plan.replay()
-    torch.cuda.synchronize()
-    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - before_allocs
+    got, allocs = cuda_allocations(plan.replay)
     err = v4_step_error(layer, x, got, ref, window, cmp, idx)
     assert err is None, f"{kind}: {err}"
     assert allocs == 0, f"{allocs} allocations during replay"

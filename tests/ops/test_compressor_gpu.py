@@ -12,6 +12,7 @@ import pytest
 import torch
 from gpu_profile import gpu_sizes
 
+from sparse_mla.testing import cuda_allocations
 from sparse_mla.testing.compressor import (
     V4_SPECS,
     check_compressor_step,
@@ -51,15 +52,6 @@ def test_v4_compressors_match_reference(name: str, requests: int, seed: int):
         assert err is None, f"step {s}: {err}"
 
 
-def _allocations(fn) -> int:
-    """Allocator calls (events, not bytes) made while ``fn`` runs."""
-    torch.cuda.synchronize()
-    n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.memory_stats()["allocation.all.allocated"] - n0
-
-
 def _capture(graph: torch.cuda.CUDAGraph, fn) -> None:
     with torch.cuda.graph(graph):
         fn()
@@ -79,9 +71,11 @@ def test_one_cuda_graph_replays_every_step(name: str, seed: int):
     cache = same_layout(problem.cache, problem.cache_base.clone())
     state = type(problem.state)(*(t.clone() for t in problem.state))
     run_compressor_step(dataclasses.replace(problem, state=state, cache=cache), step)
-    empty = _allocations(lambda: _capture(torch.cuda.CUDAGraph(), lambda: None))
+    _, empty = cuda_allocations(lambda: _capture(torch.cuda.CUDAGraph(), lambda: None))
     graph = torch.cuda.CUDAGraph()
-    captured = _allocations(lambda: _capture(graph, lambda: run_compressor_step(problem, step)))
+    _, captured = cuda_allocations(
+        lambda: _capture(graph, lambda: run_compressor_step(problem, step))
+    )  # fmt: skip
     assert captured == empty, f"capture: {captured} allocations, an empty capture {empty}"
     replays: list[int] = []
     for _ in range(6):
@@ -89,7 +83,7 @@ def test_one_cuda_graph_replays_every_step(name: str, seed: int):
         for name_, t in (("kv", step.kv), ("gate", step.gate), ("seq_lens", step.seq_lens)):
             t.copy_(getattr(fresh, name_))
         err = check_compressor_step(
-            problem, step, fn=lambda *a, **k: replays.append(_allocations(graph.replay))
+            problem, step, fn=lambda *a, **k: replays.append(cuda_allocations(graph.replay)[1])
         )  # fmt: skip
         assert err is None, err
     assert replays == [0] * 6, f"allocations during replays: {replays}"

@@ -12,6 +12,7 @@ from .._runtime import canonical_device
 from ..decode.plan import LATENT_DIM, DecodeInputs, DecodePlan
 from ..ops.indexer import quantize_index_q
 from ..ops.kv_cache import new_indexer_k_cache, new_mla_cache, write_indexer_k, write_mla_latent
+from .checks import cuda_allocations
 
 INDEX_HEADS, INDEX_DIM = 64, 128
 
@@ -237,11 +238,7 @@ def replay_error(plan: DecodePlan, captured: StepCase, fresh: StepCase, *, topk:
     for name, t in fresh.inputs._asdict().items():
         getattr(captured.inputs, name).copy_(t)
     ref_inputs = clone_inputs(captured.inputs)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    got = plan.replay()
-    torch.cuda.synchronize()
-    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    got, allocs = cuda_allocations(plan.replay)
     ref = decode_step_reference(**ref_inputs._asdict(), decode_lens=fresh.decode_lens, topk=topk,
                                 sm_scale=plan.sm_scale)  # fmt: skip
     err, _ = step_error(got, ref, replace(fresh, inputs=captured.inputs))

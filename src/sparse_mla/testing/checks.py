@@ -1,7 +1,10 @@
-"""Checks of the testing kit: the poison value, the tolerances of the float kernels and the
-compiled-against-eager check."""
+"""Checks of the testing kit: the poison value, the tolerances of the float kernels, the
+compiled-against-eager check and the CUDA allocation count."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -18,6 +21,16 @@ def poison(*tensors: torch.Tensor | None) -> None:
         if t is None:
             continue
         t.fill_(float("nan") if t.is_floating_point() else POISON)
+
+
+def cuda_allocations(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()``'s result and how many times the CUDA caching allocator allocated while it ran
+    (calls, not bytes: a capture or replay that allocates anything shows, whatever it frees)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    result = fn()
+    torch.cuda.synchronize()
+    return result, torch.cuda.memory_stats()["allocation.all.allocated"] - before
 
 
 def logits_tolerance_scale(heads: int, dim: int, *, fp8: bool, device: torch.device) -> float:
