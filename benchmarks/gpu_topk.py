@@ -2,7 +2,7 @@
 
 Run on a CUDA machine (triton >= 3.6):
 
-    PYTHONPATH=src python benchmarks/gpu_topk.py [--out DIR] [--quick]
+    PYTHONPATH=src python benchmarks/gpu_topk.py [--out DIR] [--quick] [--prefill-only]
 
 The exactness sweep this script ran first is now ``tests/ops/test_topk_gpu.py`` (run it with
 ``pytest -m gpu tests/ops/test_topk_gpu.py``; ``SPARSE_MLA_GPU_PROFILE=quick`` for fewer
@@ -11,7 +11,12 @@ shapes).
 Timings (median; the testing kit's timer, ``sparse_mla.testing.timing``: eager calls and
 CUDA-graph replays of back-to-back calls, warm L2): ours (auto path), ours fused, torch.topk
 (sorted=True default, and sorted=False in the graph), rows of 4K/16K/64K/128K at batch
-1/8/64, k=2048; plus a num_splits sweep (1 = row kernel) to tune the split heuristic.
+1/8/64, k=2048; plus a num_splits sweep (1 = row kernel) to tune the split heuristic; plus
+prefill-sized calls (512-8192 rows of 8K-128K scores, one input set larger than the L2): ours
+(auto), the row kernel (``num_splits=1``, what such calls took before the prefilter ran with a
+program per row), ``torch.topk`` and, when ``flashinfer`` imports, FlashInfer's ``top_k``
+(values and int64 indices, like torch.topk), each checked to select the same scores, beside
+the floor (bytes / copy bandwidth measured in the run).
 
 Prints a compact table and writes ``topk.json`` to --out (default: current directory).
 """
@@ -35,7 +40,8 @@ import triton
 from sparse_mla._runtime import default_device, num_sms
 from sparse_mla.ops.topk import TopKConfig, select_topk, topk_workspace
 from sparse_mla.ops.topk.config import choose_num_splits
-from sparse_mla.testing.timing import eager_us, graph_us
+from sparse_mla.testing.floor import topk_bytes
+from sparse_mla.testing.timing import eager_us, graph_us, measure_copy_bandwidth, select_backend
 
 DEV = default_device()
 SIZES = (4096, 16384, 65536, 131072)
@@ -139,10 +145,62 @@ def run_split_sweep(quick: bool) -> list[dict]:
     return res
 
 
+PREFILL = ((512, 32768), (512, 131072), (2048, 32768), (4096, 16384), (4096, 32768), (8192, 8192))
+
+
+def run_prefill() -> list[dict]:
+    """Prefill-sized calls, graph and eager, with the floor; each variant's selected scores
+    checked against ours (sorted, bit for bit)."""
+    try:
+        import flashinfer
+    except ImportError:
+        flashinfer = None
+    bw = measure_copy_bandwidth(select_backend(allow_cpu=False), 1 << 30)
+    print(f"prefill-sized calls (us, graph / eager; copy {bw / 1e9:.0f} GB/s):")
+    res = []
+    for rows, n in PREFILL:
+        res.append(prefill_shape(rows, n, bw, flashinfer))
+        torch.cuda.empty_cache()
+    return res
+
+
+def prefill_shape(rows: int, n: int, bw: float, flashinfer, k: int = 2048) -> dict:
+    x = torch.randn(rows, n, device=DEV)
+    lengths = torch.full((rows,), n, dtype=torch.int32, device=DEV)
+    out = torch.empty(rows, k, dtype=torch.int32, device=DEV)
+    ws = topk_workspace(rows, DEV)
+    vals = torch.empty(rows, k, device=DEV)
+    idx = torch.empty(rows, k, dtype=torch.int64, device=DEV)
+
+    def ours(**kw) -> torch.Tensor:
+        return select_topk(x, lengths, k=k, out=out, workspace=ws, **kw)
+
+    variants = {
+        "ours": ours,
+        "row kernel": lambda: ours(num_splits=1),
+        "torch.topk": lambda: torch.topk(x, k, dim=1, out=(vals, idx))[1],
+    }
+    if flashinfer is not None:
+        variants["flashinfer.top_k"] = lambda: flashinfer.top_k(x, k)[1]
+    want = x.gather(1, variants["ours"]().long()).sort(dim=1).values
+    floor = topk_bytes(rows, n, k) / bw * 1e6
+    r = {"rows": rows, "n": n, "k": k, "floor_us": floor}
+    line = []
+    for name, fn in variants.items():
+        same = torch.equal(x.gather(1, fn().long()).sort(dim=1).values, want)
+        g = safe(graph_us, fn, graph_calls=4, reps=5)
+        e = safe(eager_us, fn, n_calls=4, reps=5, warmup=1)
+        r[name] = {"graph_us": g, "eager_us": e, "same_scores": same}
+        line.append(f"{name} {g:.0f} / {e:.0f}{'' if same else ' (!)'}")
+    print(f"  {rows:>5} x {n:>6}: floor {floor:.0f} | " + " | ".join(line), flush=True)
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".", help="folder for topk.json")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--prefill-only", action="store_true", help="only the prefill-sized calls")
     args = ap.parse_args()
     if DEV.type != "cuda":
         print("needs a CUDA device", file=sys.stderr)
@@ -155,12 +213,13 @@ def main() -> int:
     }
     print(info, flush=True)
     t0 = time.time()
-    timing = run_timing()
-    sweep = run_split_sweep(args.quick)
+    timing = [] if args.prefill_only else run_timing()
+    sweep = [] if args.prefill_only else run_split_sweep(args.quick)
+    prefill = run_prefill()
     print(f"total {time.time() - t0:.1f}s", flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "topk.json")
-    doc = {"info": info, "timing": timing, "split_sweep": sweep}
+    doc = {"info": info, "timing": timing, "split_sweep": sweep, "prefill": prefill}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {path}")

@@ -7,7 +7,8 @@ For k = 2048 and (B, N) in {(1, 64K), (8, 64K), (8, 128K), (64, 4K), (64, 16K), 
 
 1. Breakdown: the call with the prefilter (``prefilter=True``) and the radix launches
    alone (``prefilter=False``) under ``torch.profiler``
-   (CUDA activity), eager, rotating over the input sets: each launch of one call (kernel
+   (CUDA activity), eager, PDL off (with it a kernel's time includes its wait on the launch
+   before), rotating over the input sets: each launch of one call (kernel
    name and its position in the call, so the four histogram passes stay apart), mean
    device time and count.
 2. Sweep, each candidate timed per call inside a CUDA graph of back-to-back calls rotating
@@ -334,7 +335,12 @@ def main() -> int:
             rec["vs_torch"] = t_torch / us if us else None
             rec["vs_default"] = d_us / us if us and d_us else None
         if not args.no_profile:
-            for cand in (Cand("prefilter", prefilter=True), Cand("radix only", prefilter=False)):
+            # PDL off: with it a kernel starts early and its time includes the wait.
+            no_pdl = {"pdl": 0, "pdl_early_prefilter": False}
+            for cand in (
+                Cand("prefilter", no_pdl, prefilter=True),
+                Cand("radix only", no_pdl, prefilter=False),
+            ):
                 try:
                     bd = breakdown(cand, sets, k, cfg["prof_calls"], be)
                 except Exception as e:  # noqa: BLE001

@@ -201,11 +201,15 @@ def test_deepgemm_logits_stand_in_is_checked_against_ours(garbage_inside):
     backend = timing.select_backend(True)
     cfg = runner.RunConfig(graph_calls=1, reps=1, warmup=0, budget_ms=50.0)
     for case in fp8:
+        names = [v.name for v in case.variants]
+        if case.params["n"] > 2:  # its sm_90 kernel takes next_n 1 or 2 only
+            assert bench_indexer.DEEPGEMM not in names
+            continue
         rs, errors = runner.run_case(case, backend, cfg, launch_us=1.0, bw=1e9)
         dg = next(r for r in rs if r.variant == bench_indexer.DEEPGEMM)
         assert dg.role == "baseline" and dg.bytes_moved == rs[0].bytes_moved
         if garbage_inside:
             assert dg.check.startswith("mismatch") and len(errors) == 1
-        else:  # the garbage past each row's length (n = 4: the last 3 columns) is allowed
+        else:  # the garbage past each row's length is allowed
             assert dg.check == "ok" and not errors, errors
     bench_indexer.POOL.clear()

@@ -40,6 +40,7 @@ PATHS = (
     "split",
     "split_prefilter",
     "split_prefilter_marked",
+    "row_prefilter_marked",
 )
 
 
@@ -59,6 +60,9 @@ def path(request: pytest.FixtureRequest) -> dict:
         return {"num_splits": 1, "config": TopKConfig(tile_radix_bits=8, row_stage_max=0)}
     if request.param == "row_chunks":  # several chunks and a tail
         return {"num_splits": 1, "config": TopKConfig(row_block=256)}
+    if request.param == "row_prefilter_marked":  # one program per row, as with many rows
+        cfg = TopKConfig(row_block=256, prefilter_mark_min_scores=0, **PF_SMALL)
+        return {"num_splits": 1, "prefilter": True, "config": cfg}
     if request.param.startswith("split_prefilter"):
         # Candidates copied out to a buffer, or marked in a bitmap.
         marked = request.param.endswith("marked")
@@ -156,6 +160,7 @@ def test_k2048_large_row(seed: int, rng: random.Random):
     run_checked(x, lengths, 2048)  # default choice (split under the interpreter)
     run_checked(x, lengths, 2048, prefilter=True)
     run_checked(x, lengths, 2048, prefilter=False)
+    run_checked(x, lengths, 2048, num_splits=1, prefilter=True)  # copied, a program per row
 
 
 # ---- adversarial scores (the kit's generator, shared with verify and the GPU tests) -------
@@ -680,10 +685,32 @@ def test_plan_defaults_pick_the_measured_launches():
     assert (p.path, p.splits, p.slice_len, p.marked, p.tile) == ("prefilter", 16, 4096, True, 4096)
     assert (p.target, p.sample, p.log_words, p.pdl, p.sample_passes) == (2896, 4096, 11, 1, 3)
     assert (p.radix_rows, p.radix_splits, p.radix_slice, p.side_stream) == (64, 16, 4096, True)
+    assert p.warps == 16
     p = plan_topk(8, 65536, 2048, num_sms=132)
     assert p.path == "prefilter" and not p.marked  # 512K scores: copied, not marked
     assert plan_topk(4, 65536, 3000, num_sms=132, prefilter=True).path == "split"  # 2k > 4096
     assert plan_topk(4, 65536, 128, num_sms=132, prefilter=False).path == "split"
+
+
+def test_plan_rows_that_fill_the_chip():
+    """Enough rows for a program each (prefill-sized calls): the prefilter with one program
+    per row for rows longer than row_block, the row kernel (rows in registers) otherwise,
+    the row kernel again where the prefilter cannot run (k > 2048) or is turned off."""
+    p = plan_topk(2048, 32768, 2048, num_sms=132)
+    assert (p.path, p.splits, p.slice_len, p.marked) == ("prefilter", 1, 32768, True)
+    assert (p.radix_rows, p.radix_splits, p.radix_slice, p.warps) == (256, 8, 4096, 8)
+    assert (
+        plan_topk(2048, 32768, 2048, num_sms=132, config=TopKConfig(prefilter_row_warps=4)).warps
+        == 4
+    )
+    assert plan_topk(1056, 4097, 2048, num_sms=132).path == "prefilter"
+    assert plan_topk(1056, 4096, 2048, num_sms=132).path == "row"
+    assert plan_topk(4096, 32768, 3000, num_sms=132).path == "row"
+    assert plan_topk(2048, 32768, 2048, num_sms=132, prefilter=False).path == "row"
+    # num_splits=1 is the row kernel unless the prefilter is asked for.
+    assert plan_topk(2048, 32768, 2048, num_sms=132, num_splits=1).path == "row"
+    p = plan_topk(1, 8192, 2048, num_sms=132, num_splits=1, prefilter=True)
+    assert (p.path, p.splits, p.marked) == ("prefilter", 1, False)
 
 
 def test_eager_plans_spare_the_host():
@@ -697,12 +724,24 @@ def test_eager_plans_spare_the_host():
     keep = TopKConfig(eager_row_max_n=0, eager_prefilter=True)
     assert plan_topk(8, 16384, 2048, num_sms=132, eager=True, config=keep).path == "split"
     assert plan_topk(64, 65536, 2048, num_sms=132, eager=True, config=keep).path == "prefilter"
+    # From eager_max_scores (2^24) scores a call the GPU bounds it: planned as captured.
+    assert plan_topk(255, 65536, 2048, num_sms=132, eager=True).path == "split"
+    assert plan_topk(256, 65536, 2048, num_sms=132, eager=True).path == "prefilter"
+    assert plan_topk(2048, 32768, 2048, num_sms=132, eager=True) == plan_topk(
+        2048, 32768, 2048, num_sms=132
+    )
+    low = TopKConfig(eager_max_scores=0)
+    assert plan_topk(8, 16384, 2048, num_sms=132, eager=True, config=low).path == "split"
     from sparse_mla.ops.topk.config import validate_config
 
     with pytest.raises(TypeError, match="eager_prefilter"):
         validate_config(TopKConfig(eager_prefilter=1))
     with pytest.raises(ValueError, match="eager_row_max_n"):
         validate_config(TopKConfig(eager_row_max_n=-1))
+    with pytest.raises(ValueError, match="eager_max_scores"):
+        validate_config(TopKConfig(eager_max_scores=-1))
+    with pytest.raises(ValueError, match="prefilter_row_warps"):
+        validate_config(TopKConfig(prefilter_row_warps=3))
     # Floats and bools equal to valid ints, also after the equal valid config was checked
     # (the check is cached per config: issue 30).
     validate_config(TopKConfig())

@@ -2,7 +2,8 @@
 exactness sweep that ``benchmarks/gpu_topk.py`` ran before timing, as tests.
 
 Rows of 4K-160K scores at batch 1/8/64 and k 512-2048, through the automatic path and the
-forced one-program-per-row kernel; the kit's adversarial rows (``topk_scores``); an odd-width
+forced one-program-per-row kernel; prefill-sized calls (thousands of rows: the prefilter
+with a program per row); the kit's adversarial rows (``topk_scores``); an odd-width
 column slice; the fused slot epilogue against the two-step composition (pages past the table
 and request ids out of range); replays of a captured CUDA graph on fresh data. Bit for bit
 against ``select_topk_reference``, outputs poisoned first, valid counts checked, and the
@@ -37,6 +38,8 @@ PROFILES = {
         "graph_shapes": ((1, 65536), (8, 131072), (64, 4096), (64, 131072)),
         "wide": (8, 70001),
         "big_k": 2048,
+        # Rows enough for a program each on an H100 / H200 (prefill-sized calls).
+        "many_rows": ((2048, 8192), (1536, 32768)),
     },
 }
 PROFILES["quick"] = dict(PROFILES["full"], sizes=(4096, 65536, 163840), ks=(512, 2048))
@@ -94,6 +97,27 @@ def test_adversarial_rows(kind: str, shape: tuple[int, int], seed: int):
     rows, n = shape
     x = topk_scores(kind, rows, n, g, k=BIG_K).to(DEV)
     check_exact(x, random_lengths(rows, n, BIG_K, g), BIG_K)
+
+
+@pytest.mark.parametrize("shape", SIZES["many_rows"], ids=str)
+def test_rows_that_fill_the_chip(shape: tuple[int, int], seed: int):
+    """Thousands of rows (a program each: the prefilter reads a row once), every adversarial
+    kind in its own band of rows (flat and tie-heavy rows go to the radix launches), eager
+    and replayed from a CUDA graph."""
+    g = torch.Generator().manual_seed(seed)
+    rows, n = shape
+    band = rows // len(TOPK_SCORE_KINDS)
+    x = torch.cat([topk_scores(kind, band, n, g, k=BIG_K) for kind in TOPK_SCORE_KINDS])
+    x = torch.cat([x, torch.randn(rows - x.shape[0], n, generator=g)]).to(DEV)
+    lengths = random_lengths(rows, n, BIG_K, g)
+    check_exact(x, lengths, BIG_K)
+    out = torch.full((rows, BIG_K), POISON, dtype=torch.int32, device=DEV)
+    ws = topk_workspace(rows, DEV)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        select_topk(x, lengths, k=BIG_K, out=out, workspace=ws)
+    graph.replay()
+    assert torch.equal(out, select_topk_reference(x, lengths, BIG_K)), "graph replay"
 
 
 def test_strided_odd_width(seed: int):

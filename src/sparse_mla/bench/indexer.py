@@ -272,8 +272,9 @@ def _deepgemm_variants(dg: Any, chk: _LogitsChecker, n: int, page: int) -> list[
     context lengths (each row's visible length) and its schedule, made once per input set
     outside the timed call as engines make it once per step. It allocates its logits (rows
     padded) per call and leaves garbage past each row's length (``clean_logits=False``, the
-    engines' setting): the snapshot masks that to -inf, as ours writes it, before the checks."""
-    if dg is None:
+    engines' setting): the snapshot masks that to -inf, as ours writes it, before the checks.
+    Its sm_90 kernel takes next_n 1 or 2 only (it asserts otherwise), so larger n have none."""
+    if dg is None or n > 2:
         return []
 
     def bind(s: InputSet):

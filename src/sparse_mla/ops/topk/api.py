@@ -102,21 +102,25 @@ def select_topk(
             for positions; for slots, the entries that passed the rules above (= entries
             != -1). Must overlap no input nor ``out``.
         return_valid_counts: also return the valid counts.
-        workspace: optional int32, at least ``topk_workspace_numel(rows)`` elements, its
-            histogram part zero on first use (:func:`topk_workspace`); needed by the split
-            path, allocated per call when omitted. The kernels restore the part that must be
-            zero. All of it is scratch: the prefilter keeps its list of rows at the very
-            end of the tensor given, whatever its size.
+        workspace: optional int32, at least ``topk_workspace_numel(rows)`` elements (about
+            70 KB a row), its histogram part zero on first use (:func:`topk_workspace`);
+            needed by the split and prefilter paths, allocated per call when omitted. The
+            kernels restore the part that must be zero. All of it is scratch: the prefilter
+            keeps its list of rows at the very end of the tensor given, whatever its size.
         num_splits: programs per row; None picks from the shapes and the GPU (outside
-            CUDA-graph capture also from the host's launch cost: rows of at most
-            ``config.eager_row_max_n`` scores take the row kernel, one launch), 1 forces the
-            one-program-per-row kernel (at most ``MAX_SPLITS``). Every path gives the same
-            result.
-        prefilter: the split path's prefilter (see the package README). None (default): on
-            from ``config.prefilter_min_scores`` scores per call (rows x N), where it
-            measured faster in CUDA graphs; off outside capture on a GPU, where its three
-            extra launches cost the host more than they save (``config.eager_prefilter``).
-            True: wherever it applies (k <= 2048, N <= 262144); False: never. Same results
+            CUDA-graph capture, in calls of fewer than ``config.eager_max_scores`` scores,
+            also from the host's launch cost: rows of at most ``config.eager_row_max_n``
+            scores take the row kernel, one launch), 1 forces the one-program-per-row
+            kernel, or with ``prefilter=True`` the prefilter with one program per row (at
+            most ``MAX_SPLITS``). Every path gives the same result.
+        prefilter: the sampled-threshold prefilter (see the package README). None
+            (default): on from ``config.prefilter_min_scores`` scores per call (rows x N),
+            where it measured faster in CUDA graphs, also with one program per row where
+            the rows fill the chip and are longer than ``config.row_block``; off outside
+            capture on a GPU in calls of fewer than ``config.eager_max_scores`` scores,
+            where its three extra launches cost the host more than they save
+            (``config.eager_prefilter``). True: wherever it applies (k <= 2048,
+            N <= 262144); False: never. Same results
             either way. On a GPU the prefilter forks the radix launches for its listed rows
             onto a side stream (one per caller stream, made on its first call) and joins them
             back: the call stays ordered on the current stream and captures into a CUDA graph

@@ -42,7 +42,10 @@ class TopKConfig:
         prefilter_min_sample: fewest scores it samples per row (power of two).
         prefilter_sample_spacing: it samples one score in this many of the row's width, so
             about as many sampled scores reach the threshold whatever the width.
-        prefilter_warps: warps of its one-program-per-row launches.
+        prefilter_warps: warps of its one-program-per-row launches (the sample and the
+            finish) when the pass runs several programs per row.
+        prefilter_row_warps: the same when the pass runs one program per row (the rows
+            fill the chip: throughput, not one row's latency, decides).
         fallback_slice: scores per program of the radix launches over the rows the
             prefilter leaves.
         fallback_side_stream: on a GPU, run those radix launches on a side stream beside the
@@ -66,6 +69,9 @@ class TopKConfig:
         eager_prefilter: outside capture (``prefilter`` left None), run the prefilter as
             in a graph; False (default) skips it there: its extra launches and side-stream
             fork cost the host more than it saves the GPU.
+        eager_max_scores: the two rules above apply to calls of fewer scores (rows x N)
+            than this; larger ones are bound by the GPU, not the host, and plan as captured
+            calls (prefill-sized calls: thousands of rows).
     """
 
     row_block: int = 4096
@@ -80,6 +86,7 @@ class TopKConfig:
     prefilter_min_sample: int = 2048
     prefilter_sample_spacing: int = 16
     prefilter_warps: int = 16
+    prefilter_row_warps: int = 8
     fallback_slice: int = 4096
     fallback_side_stream: bool = True
     tile_radix_bits: int = 5
@@ -89,6 +96,7 @@ class TopKConfig:
     pdl_early_prefilter: bool = True
     eager_row_max_n: int = 32768
     eager_prefilter: bool = False
+    eager_max_scores: int = 1 << 24
 
 
 DEFAULT_CONFIG = TopKConfig()
@@ -112,7 +120,7 @@ def _validate(config: TopKConfig, _types: tuple) -> None:
         v = getattr(config, name)
         if isinstance(v, bool) or not isinstance(v, int) or not pow2(v) or v < 256:
             raise ValueError(f"config.{name} must be a power of two >= 256, got {v!r}")
-    for name in ("row_warps", "split_warps", "prefilter_warps"):
+    for name in ("row_warps", "split_warps", "prefilter_warps", "prefilter_row_warps"):
         v = getattr(config, name)
         if isinstance(v, bool) or not isinstance(v, int) or not pow2(v) or v > 32:
             raise ValueError(f"config.{name} must be a power of two <= 32, got {v!r}")
@@ -126,6 +134,7 @@ def _validate(config: TopKConfig, _types: tuple) -> None:
         "row_stage_max",
         "split_stage_max",
         "eager_row_max_n",
+        "eager_max_scores",
     ):
         v = getattr(config, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -147,7 +156,7 @@ class TopKPlan:
     Attributes:
         path: ``"row"`` (one program per row), ``"split"`` (six radix launches over
             ``rows x splits`` programs) or ``"prefilter"`` (three prefilter launches, then
-            the six radix launches over the rows it lists).
+            the six radix launches over the rows it lists; ``splits`` may be 1 there).
         block_k: column block of the short-row epilogue.
         pdl: programmatic dependent launch mode (0 off; applied where the device has it).
         row_block, one_chunk, row_stage: row kernel: its chunk, whether the row fits one
@@ -162,6 +171,7 @@ class TopKPlan:
             bitmap's words, sampled scores per row, the sample's target rank, and its radix
             passes (16 bits or more).
         side_stream: fork the radix launches onto a side stream (GPU only).
+        warps: warps of the prefilter's sample and finish.
     """
 
     path: str
@@ -183,6 +193,7 @@ class TopKPlan:
     target: int = 0
     sample_passes: int = 0
     side_stream: bool = False
+    warps: int = 0
 
 
 def choose_num_splits(rows: int, n: int, k: int, num_sms: int, config: TopKConfig) -> int:
@@ -253,23 +264,37 @@ def plan_topk(
             ``config.ctas_per_sm`` programs per SM).
         fused: slots are written (the block-table staging depends on it).
         block_size: positions per page (fused slots).
-        num_splits: programs per row; None picks from the shapes, 1 the row kernel.
+        num_splits: programs per row; None picks from the shapes, 1 the row kernel (with
+            ``prefilter=True``: the prefilter with one program per row).
         prefilter: None from ``config.prefilter_min_scores`` scores per call, True wherever
-            it applies (k <= 2048, n <= 262144), False never.
+            it applies (k <= 2048, n <= 262144), False never. When the shapes leave one
+            program per row (enough rows to fill the chip), it runs for rows longer than
+            ``config.row_block``.
         config: the knobs.
         eager: a GPU call outside CUDA-graph capture (``config.eager_row_max_n`` and
-            ``config.eager_prefilter`` then apply to the choices left None).
+            ``config.eager_prefilter`` then apply to the choices left None, in calls of
+            fewer than ``config.eager_max_scores`` scores).
     """
     c = config
-    if eager and num_splits is None and n <= c.eager_row_max_n:
-        num_splits = 1
-    if eager and prefilter is None and not c.eager_prefilter:
+    host_bound = eager and rows * n < c.eager_max_scores
+    # num_splits=1 means the row kernel, unless the prefilter is asked for.
+    row_only = num_splits == 1 and prefilter is not True
+    if host_bound and num_splits is None and n <= c.eager_row_max_n:
+        row_only = True
+    if host_bound and prefilter is None and not c.eager_prefilter:
         prefilter = False
+    if prefilter is None:
+        prefilter = rows * n >= c.prefilter_min_scores
+    use_prefilter = prefilter and prefilter_applies(n, k)
     block_k = min(max(next_pow2(k), 16), 1024)
     splits = choose_num_splits(rows, n, k, num_sms, c) if num_splits is None else num_splits
     slice_len = cdiv(cdiv(max(n, 1), c.split_block), splits) * c.split_block
     splits = cdiv(max(n, 1), slice_len)  # no empty trailing slices
-    if splits <= 1 or n <= k:
+    # With enough rows to fill the chip a program per row (splits 1), the prefilter still
+    # reads each row about once where the row kernel reads a row that does not fit its
+    # registers once per radix pass.
+    one_pass = use_prefilter and n > max(k, c.row_block)
+    if row_only or n <= k or (splits <= 1 and not one_pass):
         one_chunk = n <= c.row_block
         return TopKPlan(
             "row",
@@ -279,9 +304,7 @@ def plan_topk(
             one_chunk=one_chunk,
             row_stage=stage_size(fused, n, block_size, c.row_stage_max, c) if one_chunk else 0,
         )
-    if prefilter is None:
-        prefilter = rows * n >= c.prefilter_min_scores
-    if not (prefilter and prefilter_applies(n, k)):
+    if not use_prefilter:
         return TopKPlan(
             "split",
             block_k,
@@ -318,4 +341,5 @@ def plan_topk(
         target=math.isqrt(k * tile),
         sample_passes=tile_passes_for(16, c.tile_radix_bits),
         side_stream=c.fallback_side_stream,
+        warps=c.prefilter_warps if splits > 1 else c.prefilter_row_warps,
     )

@@ -410,7 +410,7 @@ def launch_collect(
         RB=config.tile_radix_bits,
         PASSES=plan.sample_passes,
         MARKED=plan.marked,
-        num_warps=config.prefilter_warps,
+        num_warps=plan.warps,
         **pdl,
     )
     launch(_prefilter_sample_kernel, (rows,), (*common, fb), sample, key)
@@ -439,7 +439,7 @@ def launch_finish(
         COUNTS=counts,
         RB=config.tile_radix_bits,
         MARKED=plan.marked,
-        num_warps=config.prefilter_warps,
+        num_warps=plan.warps,
         **pdl,
     )
     args = (*src, ws, WS_ROW_STRIDE, *dst)
