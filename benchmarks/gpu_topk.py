@@ -165,6 +165,7 @@ def run_prefill() -> list[dict]:
 
 
 def prefill_shape(rows: int, n: int, bw: float, flashinfer, k: int = 2048) -> dict:
+    """One prefill-sized call: each variant checked, then timed in a graph and eagerly."""
     x = torch.randn(rows, n, device=DEV)
     lengths = torch.full((rows,), n, dtype=torch.int32, device=DEV)
     out = torch.empty(rows, k, dtype=torch.int32, device=DEV)
