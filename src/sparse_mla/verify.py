@@ -13,9 +13,8 @@ inputs from its own seed and compares our kernel with the plain PyTorch referenc
 * ``topk``: exact top-k under adversarial score distributions (normal, all equal, ties at the
   threshold, two-valued, -inf runs, NaN, huge/tiny magnitudes, signed zeros) and lengths
   0 / < k / = k / > k, on the row, split (prefilter on, off or by default; its candidates
-  marked or copied out; the prefilter also with one program per row) and automatic paths;
-  bit-identical to ``select_topk_reference``, and the fused slot epilogue bit-identical to
-  top-k followed by the remap.
+  marked or copied out) and automatic paths; bit-identical to ``select_topk_reference``,
+  and the fused slot epilogue bit-identical to top-k followed by the remap.
 * ``kvcache``: the indexer-K and MLA-latent writers (bf16 and fp8 formats, V3.2's and
   DeepSeek-V4's MODEL1, ``-1`` and
   out-of-range slots, garbage-filled caches) byte-identical to the PyTorch writers.

@@ -10,6 +10,7 @@ the row, so some rows finish in the prefilter and others fall back to the radix 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -50,6 +51,14 @@ PF_SMALL = dict(split_block=256, prefilter_sample=256, fallback_slice=256)
 NEVER = 1 << 62
 
 
+# The prefilter with one program per row (from two row blocks a row: rows of 512 here).
+ROW_PREFILTER = {
+    "num_splits": 1,
+    "prefilter": True,
+    "config": TopKConfig(row_block=256, prefilter_mark_min_scores=0, **PF_SMALL),
+}
+
+
 @pytest.fixture(params=PATHS)
 def path(request: pytest.FixtureRequest) -> dict:
     """Select a code path; returns the extra select_topk keywords for it."""
@@ -61,8 +70,7 @@ def path(request: pytest.FixtureRequest) -> dict:
     if request.param == "row_chunks":  # several chunks and a tail
         return {"num_splits": 1, "config": TopKConfig(row_block=256)}
     if request.param == "row_prefilter_marked":  # one program per row, as with many rows
-        cfg = TopKConfig(row_block=256, prefilter_mark_min_scores=0, **PF_SMALL)
-        return {"num_splits": 1, "prefilter": True, "config": cfg}
+        return ROW_PREFILTER
     if request.param.startswith("split_prefilter"):
         # Candidates copied out to a buffer, or marked in a bitmap.
         marked = request.param.endswith("marked")
@@ -151,6 +159,26 @@ def test_random_normal(path: dict, k: int, seed: int, rng: random.Random):
     run_checked(x, edge_lengths(n, k, 10, rng), k, **path)
 
 
+def test_row_prefilter_path_is_the_one_tested():
+    """The fixture's one-program-per-row prefilter plans as such (marked), from 512 scores."""
+    p = plan_topk(10, 1300, 256, num_sms=8, **ROW_PREFILTER)
+    assert (p.path, p.splits, p.marked, p.warps) == ("prefilter", 1, True, 8)
+    assert plan_topk(10, 511, 128, num_sms=8, **ROW_PREFILTER).path == "row"
+
+
+@pytest.mark.parametrize("name", ["all_equal", "ties_at_threshold", "relu_zeros", "nan_mix"])
+def test_row_prefilter_copied_adversarial(name: str, seed: int):
+    """The copied design with one program per row, on rows that fall back and rows that
+    do not."""
+    g = torch.Generator().manual_seed(seed)
+    x = topk_scores(name, 6, 1500, g, k=256).to(DEV)
+    lengths = edge_lengths(1500, 256, 6, random.Random(seed))
+    config = dataclasses.replace(ROW_PREFILTER["config"], prefilter_mark_min_scores=NEVER)
+    kw = dict(ROW_PREFILTER, config=config)
+    assert not plan_topk(6, 1500, 256, num_sms=8, **kw).marked
+    run_checked(x, lengths, 256, **kw)
+
+
 def test_k2048_large_row(seed: int, rng: random.Random):
     n = 5000 + rng.randint(0, 200)
     x = torch.randn(2, n, device=DEV)
@@ -160,7 +188,10 @@ def test_k2048_large_row(seed: int, rng: random.Random):
     run_checked(x, lengths, 2048)  # default choice (split under the interpreter)
     run_checked(x, lengths, 2048, prefilter=True)
     run_checked(x, lengths, 2048, prefilter=False)
-    run_checked(x, lengths, 2048, num_splits=1, prefilter=True)  # copied, a program per row
+    # Copied candidates, a program per row (rows of at least two row blocks).
+    one_pass = dict(num_splits=1, prefilter=True, config=TopKConfig(row_block=2048))
+    assert plan_topk(2, n, 2048, num_sms=8, **one_pass).path == "prefilter"
+    run_checked(x, lengths, 2048, **one_pass)
 
 
 # ---- adversarial scores (the kit's generator, shared with verify and the GPU tests) -------
@@ -703,8 +734,11 @@ def test_plan_rows_that_fill_the_chip():
         plan_topk(2048, 32768, 2048, num_sms=132, config=TopKConfig(prefilter_row_warps=4)).warps
         == 4
     )
-    assert plan_topk(1056, 4097, 2048, num_sms=132).path == "prefilter"
-    assert plan_topk(1056, 4096, 2048, num_sms=132).path == "row"
+    assert plan_topk(1056, 8192, 2048, num_sms=132).path == "prefilter"
+    assert plan_topk(1056, 8191, 2048, num_sms=132).path == "row"  # under two row blocks
+    # Rows kept off the split path by split_min_n stay on the row kernel.
+    short = TopKConfig(split_min_n=65536)
+    assert plan_topk(64, 32768, 2048, num_sms=132, config=short).path == "row"
     assert plan_topk(4096, 32768, 3000, num_sms=132).path == "row"
     assert plan_topk(2048, 32768, 2048, num_sms=132, prefilter=False).path == "row"
     # num_splits=1 is the row kernel unless the prefilter is asked for.
@@ -725,8 +759,8 @@ def test_eager_plans_spare_the_host():
     assert plan_topk(8, 16384, 2048, num_sms=132, eager=True, config=keep).path == "split"
     assert plan_topk(64, 65536, 2048, num_sms=132, eager=True, config=keep).path == "prefilter"
     # From eager_max_scores (2^24) scores a call the GPU bounds it: planned as captured.
-    assert plan_topk(255, 65536, 2048, num_sms=132, eager=True).path == "split"
-    assert plan_topk(256, 65536, 2048, num_sms=132, eager=True).path == "prefilter"
+    assert plan_topk(256, 65536, 2048, num_sms=132, eager=True).path == "split"
+    assert plan_topk(257, 65536, 2048, num_sms=132, eager=True).path == "prefilter"
     assert plan_topk(2048, 32768, 2048, num_sms=132, eager=True) == plan_topk(
         2048, 32768, 2048, num_sms=132
     )

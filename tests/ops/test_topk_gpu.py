@@ -16,7 +16,9 @@ import pytest
 import torch
 from gpu_profile import gpu_sizes
 
+from sparse_mla._runtime import num_sms
 from sparse_mla.ops.topk import (
+    plan_topk,
     positions_to_slots_reference,
     select_topk,
     select_topk_reference,
@@ -106,6 +108,8 @@ def test_rows_that_fill_the_chip(shape: tuple[int, int], seed: int):
     and replayed from a CUDA graph."""
     g = torch.Generator().manual_seed(seed)
     rows, n = shape
+    plan = plan_topk(rows, n, BIG_K, num_sms=num_sms(DEV))
+    assert (plan.path, plan.splits) == ("prefilter", 1), "not the path under test"
     band = rows // len(TOPK_SCORE_KINDS)
     x = torch.cat([topk_scores(kind, band, n, g, k=BIG_K) for kind in TOPK_SCORE_KINDS])
     x = torch.cat([x, torch.randn(rows - x.shape[0], n, generator=g)]).to(DEV)

@@ -107,17 +107,18 @@ def select_topk(
             needed by the split and prefilter paths, allocated per call when omitted. The
             kernels restore the part that must be zero. All of it is scratch: the prefilter
             keeps its list of rows at the very end of the tensor given, whatever its size.
-        num_splits: programs per row; None picks from the shapes and the GPU (outside
-            CUDA-graph capture, in calls of fewer than ``config.eager_max_scores`` scores,
-            also from the host's launch cost: rows of at most ``config.eager_row_max_n``
-            scores take the row kernel, one launch), 1 forces the one-program-per-row
-            kernel, or with ``prefilter=True`` the prefilter with one program per row (at
-            most ``MAX_SPLITS``). Every path gives the same result.
+        num_splits: programs per row, at most ``MAX_SPLITS``; None picks from the shapes and
+            the GPU (outside CUDA-graph capture, in calls of at most
+            ``config.eager_max_scores`` scores, also from the host's launch cost: rows of at
+            most ``config.eager_row_max_n`` scores take the row kernel, one launch); 1 forces
+            the one-program-per-row kernel, or with ``prefilter=True``, where the prefilter
+            applies and rows have at least ``2 * config.row_block`` scores, the prefilter
+            with one program per row. Every path gives the same result.
         prefilter: the sampled-threshold prefilter (see the package README). None
             (default): on from ``config.prefilter_min_scores`` scores per call (rows x N),
             where it measured faster in CUDA graphs, also with one program per row where
-            the rows fill the chip and are longer than ``config.row_block``; off outside
-            capture on a GPU in calls of fewer than ``config.eager_max_scores`` scores,
+            the rows fill the chip and have at least ``2 * config.row_block`` scores; off
+            outside capture on a GPU in calls of at most ``config.eager_max_scores`` scores,
             where its three extra launches cost the host more than they save
             (``config.eager_prefilter``). True: wherever it applies (k <= 2048,
             N <= 262144); False: never. Same results

@@ -44,8 +44,8 @@ class TopKConfig:
             about as many sampled scores reach the threshold whatever the width.
         prefilter_warps: warps of its one-program-per-row launches (the sample and the
             finish) when the pass runs several programs per row.
-        prefilter_row_warps: the same when the pass runs one program per row (the rows
-            fill the chip: throughput, not one row's latency, decides).
+        prefilter_row_warps: the same when the pass runs one program per row (usually
+            rows that fill the chip: throughput, not one row's latency, decides).
         fallback_slice: scores per program of the radix launches over the rows the
             prefilter leaves.
         fallback_side_stream: on a GPU, run those radix launches on a side stream beside the
@@ -69,9 +69,9 @@ class TopKConfig:
         eager_prefilter: outside capture (``prefilter`` left None), run the prefilter as
             in a graph; False (default) skips it there: its extra launches and side-stream
             fork cost the host more than it saves the GPU.
-        eager_max_scores: the two rules above apply to calls of fewer scores (rows x N)
-            than this; larger ones are bound by the GPU, not the host, and plan as captured
-            calls (prefill-sized calls: thousands of rows).
+        eager_max_scores: the two rules above apply to calls of at most this many scores
+            (rows x N); larger ones plan as captured calls, where the GPU time the prefilter
+            saves outweighs its launches' host cost (measured from 2^25 scores).
     """
 
     row_block: int = 4096
@@ -197,7 +197,8 @@ class TopKPlan:
 
 
 def choose_num_splits(rows: int, n: int, k: int, num_sms: int, config: TopKConfig) -> int:
-    """Programs per row (1 = the row kernel) for ``rows`` rows of ``n`` scores; shapes only."""
+    """Programs per row for ``rows`` rows of ``n`` scores, from the shapes only (1: the row
+    kernel, or the prefilter's pass with a program per row; see :func:`plan_topk`)."""
     if n <= k or n < config.split_min_n:
         return 1
     want = cdiv(config.ctas_per_sm * num_sms, max(rows, 1))
@@ -265,18 +266,19 @@ def plan_topk(
         fused: slots are written (the block-table staging depends on it).
         block_size: positions per page (fused slots).
         num_splits: programs per row; None picks from the shapes, 1 the row kernel (with
-            ``prefilter=True``: the prefilter with one program per row).
+            ``prefilter=True`` and rows of at least ``2 * config.row_block`` scores: the
+            prefilter with one program per row).
         prefilter: None from ``config.prefilter_min_scores`` scores per call, True wherever
             it applies (k <= 2048, n <= 262144), False never. When the shapes leave one
-            program per row (enough rows to fill the chip), it runs for rows longer than
-            ``config.row_block``.
+            program per row (rows that fill the chip), it runs for rows of at least
+            ``2 * config.row_block`` scores.
         config: the knobs.
         eager: a GPU call outside CUDA-graph capture (``config.eager_row_max_n`` and
-            ``config.eager_prefilter`` then apply to the choices left None, in calls of
-            fewer than ``config.eager_max_scores`` scores).
+            ``config.eager_prefilter`` then apply to the choices left None, in calls of at
+            most ``config.eager_max_scores`` scores).
     """
     c = config
-    host_bound = eager and rows * n < c.eager_max_scores
+    host_bound = eager and rows * n <= c.eager_max_scores
     # num_splits=1 means the row kernel, unless the prefilter is asked for.
     row_only = num_splits == 1 and prefilter is not True
     if host_bound and num_splits is None and n <= c.eager_row_max_n:
@@ -290,10 +292,12 @@ def plan_topk(
     splits = choose_num_splits(rows, n, k, num_sms, c) if num_splits is None else num_splits
     slice_len = cdiv(cdiv(max(n, 1), c.split_block), splits) * c.split_block
     splits = cdiv(max(n, 1), slice_len)  # no empty trailing slices
-    # With enough rows to fill the chip a program per row (splits 1), the prefilter still
-    # reads each row about once where the row kernel reads a row that does not fit its
-    # registers once per radix pass.
-    one_pass = use_prefilter and n > max(k, c.row_block)
+    # Rows that fill the chip with a program each (the chooser's 1 for rows of at least
+    # split_min_n scores), or one program per row asked for with the prefilter: the prefilter
+    # reads each row about once, where the row kernel reads a row of more than row_block
+    # scores once per radix pass (measured faster from two row blocks on).
+    fills_chip = num_splits is None and n >= c.split_min_n
+    one_pass = use_prefilter and n >= 2 * c.row_block and (fills_chip or num_splits == 1)
     if row_only or n <= k or (splits <= 1 and not one_pass):
         one_chunk = n <= c.row_block
         return TopKPlan(

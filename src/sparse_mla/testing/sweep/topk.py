@@ -52,8 +52,8 @@ def _check_topk_case(
         n = log_uniform_int(g, lo, max(lo, p["max_n"]))
         if mode == "row":
             num_splits = 1
-        elif mode == "split":  # 1 with the prefilter: its one-program-per-row form
-            num_splits = rand_int(g, 1, min(32, cdiv(n, config.split_block)))
+        elif mode == "split":
+            num_splits = rand_int(g, 2, min(32, cdiv(n, config.split_block)))
     prefilter = rand_choice(g, (None, True, False)) if mode == "split" else None
     x = topk_scores(p["dist"], rows, n, g, k=k)
     lengths = _topk_lengths(rows, n, k, g)
