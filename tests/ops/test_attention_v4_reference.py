@@ -131,6 +131,7 @@ def test_two_sets_match_the_formula(seed, fmt, with_sink):
     n2 = torch.randint(0, k2 + 1, (t,), generator=g).int()
     n1[0], n2[0] = 0, 3  # empty window
     n1[1], n2[1] = 4, 0  # empty compressed set
+    i1[1, 0] = 7  # and a window entry read whatever the draw
     n1[2], n2[2] = 0, 0  # both empty
     i1[3], n1[3] = torch.tensor(HOSTILE + [12, 2**30]).int(), 6  # window all hostile
     i1[4, :4], n1[4] = torch.tensor([5, 5, 2, 5]).int(), 9  # duplicates; n past topk
