@@ -36,7 +36,7 @@ import sys
 import time
 
 import torch
-from hf_end_to_end import hf_against_ours
+from hf_end_to_end import hf_against_ours, print_rows
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
 from sparse_mla.decode import DecodePlan, DecodePlanConfig
@@ -217,16 +217,6 @@ def hf_end_to_end(ctx: int, steps: int, layers: int, chunk: int, dry: bool) -> d
                            chunk, steps, row)  # fmt: skip
 
 
-def table(rows: list[dict], keys: list[str]) -> None:
-    print("  " + " | ".join(f"{k:>12}" for k in keys))
-    for r in rows:
-        cells = []
-        for k in keys:
-            v = r.get(k, "-")
-            cells.append(f"{v:12.1f}" if isinstance(v, float) else f"{v!s:>12}")
-        print("  " + " | ".join(cells))
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=".")
@@ -272,13 +262,13 @@ def main() -> int:
         except torch.OutOfMemoryError as e:
             rows.append({"B": b, "context": c, "n": n, "h_q": h, "note": f"OOM {str(e)[:60]}"})
             torch.cuda.empty_cache()
-        table(rows[-1:], list(rows[-1].keys()))
+        print_rows(rows[-1:])
         sys.stdout.flush()
     result["step"] = rows
     keys = ["B", "context", "n", "h_q", *[f"{s} us" for s in STAGES], "step us", "x61 ms",
             "step with flashmla us", "torch step us"]  # fmt: skip
     print("summary:")
-    table(rows, keys)
+    print_rows(rows, keys)
 
     if not args.skip_hf:
         print(f"2. HF end to end ({args.hf_layers} layers), ms per generated token")
@@ -298,7 +288,7 @@ def main() -> int:
                 failures.append(f"HF end to end: {e}")
                 break
             hf_rows.append(row)
-            table(hf_rows[-1:], list(hf_rows[-1].keys()))
+            print_rows(hf_rows[-1:])
         result["hf"] = hf_rows
 
     os.makedirs(args.out, exist_ok=True)

@@ -30,7 +30,7 @@ import json
 import os
 
 import torch
-from hf_end_to_end import hf_against_ours
+from hf_end_to_end import hf_against_ours, print_rows
 
 import sparse_mla  # noqa: F401  (first: picks the interpreter mode before triton loads)
 from sparse_mla.testing.v4_step import check_random_v4_step
@@ -56,15 +56,6 @@ def hf_v4_end_to_end(ctx: int, steps: int, layers: int, chunk: int, fp8: bool,
     row: dict = {"context": ctx, "layers": cfg.num_hidden_layers, "decode steps": steps}
     return hf_against_ours(model, lambda m: hf.enable(m, fp8=fp8, prefill_chunk=chunk), prompt,
                            cfg, chunk, steps, row)  # fmt: skip
-
-
-def table(rows: list[dict]) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    print("  " + " | ".join(f"{k:>14}" for k in keys))
-    for r in rows:
-        cells = [f"{v:14.2f}" if isinstance(v, float) else f"{v!s:>14}"
-                 for v in (r.get(k, "-") for k in keys)]  # fmt: skip
-        print("  " + " | ".join(cells))
 
 
 def main() -> int:
@@ -99,9 +90,9 @@ def main() -> int:
             print(f"  FAIL: {e}")
             failures.append(f"context {ctx}: {e}")
             break
-        table(rows[-1:])
+        print_rows(rows[-1:], width=14)
     print("summary:")
-    table(rows)
+    print_rows(rows, width=14)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "v4_hf.json")
     with open(path, "w") as f:

@@ -77,3 +77,14 @@ def hf_against_ours(model, enable: Callable, prompt: torch.Tensor, cfg, chunk: i
                 lg = step_logits[impl][first]
                 row[f"{impl} logit gap"] = float(lg[a[first]] - lg[b[first]])
     return row
+
+
+def print_rows(rows: list[dict], keys: list[str] | None = None, width: int = 12) -> None:
+    """Rows of results as an aligned text table (``keys``: the columns, default every key
+    seen, in order; floats to two decimals)."""
+    keys = keys or list(dict.fromkeys(k for r in rows for k in r))
+    print("  " + " | ".join(f"{k:>{width}}" for k in keys))
+    for r in rows:
+        cells = [f"{v:{width}.2f}" if isinstance(v, float) else f"{v!s:>{width}}"
+                 for v in (r.get(k, "-") for k in keys)]  # fmt: skip
+        print("  " + " | ".join(cells))
