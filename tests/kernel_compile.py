@@ -44,6 +44,7 @@ MODULES = (
     "sparse_mla.ops.kv_cache.model1",
     "sparse_mla.ops.attention.combine",
     "sparse_mla.ops.compressor.gated_pool",
+    "sparse_mla.decode.v4_rows",
 )
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
 # The targets CI compiles for (README, "Supported GPUs"): NVIDIA Ampere (A100, RTX 30xx), Ada,

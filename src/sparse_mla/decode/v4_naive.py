@@ -139,6 +139,28 @@ def slots_of(table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, page: in
     return torch.where(ok, slot, torch.full_like(slot, -1))
 
 
+def row_metadata_reference(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, window_block_table: torch.Tensor,
+    *, num_rows: int, page: int, window: int, compress_rate: int,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """The plan's metadata stage (``v4_rows.v4_row_metadata``): int32 ``req``, ``pos``,
+    ``visible``, ``win_pos [T, window]`` and int64 ``slot`` of ``num_rows`` step rows. On
+    monotone offsets ``req`` and ``pos`` are :func:`row_positions`' (but padding rows get
+    request ``B``); on any offsets ``req`` counts the requests ending at or before the row."""
+    b = seq_lens.shape[0]
+    r = torch.arange(num_rows, device=seq_lens.device)
+    ends = query_start_loc[1:] - query_start_loc[:1]  # int32, wrapping as the kernel's
+    req = (ends[None, :] <= r[:, None]).sum(1)
+    safe = req.clamp(max=b - 1)
+    p = seq_lens.long()[safe] - ends.long()[safe] + r
+    ok = (req < b) & (p >= 0) & (p < 2**31 - 1)
+    pos = torch.where(ok, p, -1)
+    visible = torch.div(pos + 1, compress_rate, rounding_mode="floor")
+    win_pos = (pos[:, None] + torch.arange(1 - window, 1, device=r.device)).clamp(min=-1)
+    slot = slots_of(window_block_table, torch.where(ok, safe, -1), pos, page)
+    return req.int(), pos.int(), visible.int(), win_pos.int(), slot
+
+
 def _all_rows(cache: torch.Tensor) -> torch.Tensor:
     """Every row of a MODEL1 cache (fp8 dequantised), float64 ``[slots, 512]``."""
     return dequantize_model1_cache(cache).reshape(-1, V4_DIM).double()

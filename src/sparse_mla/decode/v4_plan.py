@@ -2,12 +2,12 @@
 
 The V4 counterpart of :class:`~sparse_mla.decode.DecodePlan`, from the projected rows
 (``decode/v4_naive.py`` says which, the layouts of the window and compressed caches, and is
-the reference). Stages, each a library op or a few fixed-shape torch ops on plan buffers:
+the reference). Stages, each a library op on plan buffers:
 
-1. metadata: per row its request and position (device-side from ``query_start_loc`` and
-   ``seq_lens``: no host data, so ragged batches and MTP rows run eagerly and captured alike),
-   the window positions ``p - window + 1 .. p`` and the visible compressed count
-   ``(p + 1) // rate``;
+1. metadata (``v4_row_metadata``): per row its request and position (device-side from
+   ``query_start_loc`` and ``seq_lens``: no host data, so ragged batches and MTP rows run
+   eagerly and captured alike), the window positions ``p - window + 1 .. p``, the visible
+   compressed count ``(p + 1) // rate`` and the window slot;
 2. cache writes: the window row (``write_mla_latent``), the compressors
    (``compressor_decode``: CSA's and its indexer's, or HCA's);
 3. CSA: indexer logits over the visible compressed entries (``index_logits``, one table row
@@ -15,7 +15,7 @@ the reference). Stages, each a library op or a few fixed-shape torch ops on plan
    constant ``0 .. max_compressed - 1`` index set cut by ``extra_topk_length``);
 4. attention over the window plus the compressed set in one softmax, with the sink
    (``sparse_mla_decode``: positions remapped through the block tables as they load);
-5. the inverse RoPE on the output's trailing 64 dims (angle ``-p``).
+5. the inverse RoPE on the output's trailing 64 dims (angle ``-p``; ``inverse_rope_``).
 
 :data:`V4_STAGES` names them as :meth:`V4DecodePlan.stage_calls` returns them one by one
 (metadata, window write, compressors, indexer logits, top-k, attention, inverse rope).
@@ -37,6 +37,7 @@ from ..ops.indexer import index_logits
 from ..ops.kv_cache import write_mla_latent
 from ..ops.topk import MAX_K, select_topk, supported_k, topk_workspace
 from .v4_naive import LAYER_KINDS, V4_DIM, V4_NOPE, V4_ROPE, V4Compressor, V4StepInputs
+from .v4_rows import inverse_rope_, v4_row_metadata
 
 #: A V4 layer's decode stages (a sliding layer has no compressors, indexer logits nor top-k;
 #: an HCA layer no indexer logits nor top-k): :meth:`V4DecodePlan.stage_calls`.
@@ -119,12 +120,10 @@ class V4DecodePlan:
         self.config, self.sm_scale = c, float(sm_scale)
         self.device = dev = canonical_device(device)
         t, i32 = c.max_num_tokens, torch.int32
-        self._rows = torch.arange(t, dtype=i32, device=dev)
         self._req = torch.empty(t, dtype=i32, device=dev)
         self._pos = torch.empty(t, dtype=i32, device=dev)
         self._slot = torch.empty(t, dtype=torch.int64, device=dev)
         self._visible = torch.empty(t, dtype=i32, device=dev)
-        self._win_offsets = torch.arange(1 - c.window, 1, dtype=i32, device=dev)
         self._win_pos = torch.empty(t, c.window, dtype=i32, device=dev)
         self._compressed = self._logits = self._topk_ws = None
         extra_cols = 0
@@ -148,23 +147,15 @@ class V4DecodePlan:
     # ---- the stages ---------------------------------------------------------------------
 
     def _metadata(self, x: V4StepInputs, rows: int) -> None:
-        """Request and position of each row (padding rows: request B, position -1)."""
-        c, b = self.config, x.seq_lens.shape[0]
-        req, pos, r = self._req[:rows], self._pos[:rows], self._rows[:rows]
-        starts = x.query_start_loc - x.query_start_loc[:1]
-        torch.searchsorted(starts[1:], r, right=True, out_int32=True, out=req)
-        safe = req.clamp(max=b - 1).long()
-        n = starts[1:][safe] - starts[:-1][safe]
-        p = x.seq_lens[safe] - n + (r - starts[:-1][safe])
-        pos.copy_(p).masked_fill_((req >= b) | (p < 0), -1)
-        torch.add(pos[:, None], self._win_offsets, out=self._win_pos[:rows])
-        self._win_pos[:rows].clamp_(min=-1)  # positions before 0 are no entry (-1)
-        torch.floor_divide(pos + 1, c.compress_rate, out=self._visible[:rows])  # pos -1: 0
-        page = x.window_cache.shape[1]
-        safe_pos, cols = pos.clamp(min=0).long(), x.window_block_table.shape[1]
-        col = safe_pos // page  # a column past the table: no slot (-1), as the attention
-        slot = x.window_block_table[safe, col.clamp(max=cols - 1)].long() * page + safe_pos % page
-        self._slot[:rows].copy_(slot).masked_fill_((pos < 0) | (col >= cols), -1)
+        """Request, position, visible count, window positions and window slot of each row
+        (padding rows: request B, position -1; one kernel, ``v4_rows.py``)."""
+        c = self.config
+        v4_row_metadata(
+            x.query_start_loc, x.seq_lens, x.window_block_table, page=x.window_cache.shape[1],
+            window=c.window, compress_rate=c.compress_rate, req=self._req[:rows],
+            pos=self._pos[:rows], visible=self._visible[:rows], win_pos=self._win_pos[:rows],
+            slot=self._slot[:rows],
+        )  # fmt: skip
 
     def _write_window(self, x: V4StepInputs, rows: int) -> None:
         write_mla_latent(x.kv[:, :V4_NOPE], x.kv[:, V4_NOPE:], x.window_cache, self._slot[:rows])
@@ -218,14 +209,8 @@ class V4DecodePlan:
         )  # fmt: skip
 
     def _inverse_rope(self, x: V4StepInputs, rows: int) -> None:
-        """Rotate the output's trailing 64 dims by ``-p`` in fp32 (interleaved pairs)."""
-        half = V4_ROPE // 2
-        cs = x.out_cos_sin[self._pos[:rows].clamp(min=0).long()].float()
-        cos, sin = cs[:, None, :half], cs[:, None, half:]
-        rope = self._out[:rows, :, V4_DIM - V4_ROPE :].unflatten(-1, (half, 2))
-        even, odd = rope[..., 0].float(), rope[..., 1].float()
-        rope[..., 0].copy_(even * cos + odd * sin)
-        rope[..., 1].copy_(odd * cos - even * sin)
+        """Rotate the output's trailing 64 dims by ``-p`` (one kernel, ``v4_rows.py``)."""
+        inverse_rope_(self._out[:rows], x.out_cos_sin, self._pos[:rows], rope_dim=V4_ROPE)
 
     # ---- eager / graph ------------------------------------------------------------------------
 
