@@ -19,6 +19,7 @@ from sparse_mla.ops.compressor import (
     compressor_state_rows,
     new_compressor_state,
 )
+from sparse_mla.ops.compressor.api import pool_launch
 from sparse_mla.ops.compressor.naive import window_span, write_entries_reference
 from sparse_mla.ops.kv_cache import new_indexer_k_cache
 from sparse_mla.testing.compressor import (
@@ -293,6 +294,18 @@ def test_state_rows_and_new_state():
     table = compressor_rope_table(torch.tensor([1.0, 0.5]), 3, attention_scaling=2.0)
     angles = torch.tensor([2.0, 1.0])  # position 2 times each inverse frequency
     torch.testing.assert_close(table[2], 2 * torch.cat([angles.cos(), angles.sin()]))
+
+
+@pytest.mark.parametrize("span", [1, 3, 8, 16, 63, 64, 128, 256, 4096])
+def test_pool_launch(span: int):
+    """A power-of-two step of at most the window (rounded up), 4 or 16 warps; V4's windows
+    as measured (HCA 128 rows: 64 a step, 16 warps; CSA and the indexer's 8: one step, 4);
+    the interpreter takes up to 128 rows at once."""
+    rows, warps = pool_launch(span)
+    assert rows & (rows - 1) == 0 and 1 <= rows <= max(span, 1) * 2 - 1 and warps in (4, 16)
+    assert pool_launch(128) == (64, 16) and pool_launch(8) == (8, 4)
+    rows, warps = pool_launch(span, interpreter=True)
+    assert rows == min(1 << (span - 1).bit_length(), 128) and warps == 4
 
 
 def _args(spec=None):

@@ -239,6 +239,19 @@ _NAMES = ("kv", "gate", "state_kv", "state_gate", "cache", "seq_lens", "block_ta
 _PLANS = HostPlanCache()
 
 
+def pool_launch(span: int, *, interpreter: bool = False) -> tuple[int, int]:
+    """(window rows a pooling step, warps) of the compressor kernel for a window of ``span``
+    rows. Measured on the H200 (V4's compressors, docs/PERF.md): HCA's 128-row windows
+    fastest 64 rows a step with 16 warps (1.6-2.2x the 8 x 4 before; more warps at 8 rows
+    were slower), the 8-row windows of CSA and the indexer in one step with 4 warps. The
+    interpreter takes the whole window at once (fewer, larger numpy steps)."""
+    if interpreter:
+        return min(next_pow2(span), 128), 4
+    if span >= 64:
+        return 64, 16
+    return min(next_pow2(span), 8), 4
+
+
 @dataclass(frozen=True, eq=False)  # hashed by identity: the fast launch key
 class _CompressorHostPlan:
     grid: tuple | None  # None: nothing to do
@@ -304,9 +317,9 @@ def _host_plan(
         RATE=compress_rate, SPAN=span, OVERLAP=overlap, D=d, W=width, ROPE=rope, PAGE=page,
         MODEL1=model1, FP8=fp8, SCALE_MIN_EXP=MLA_SCALE_MIN_EXP,
         HAS_QSL=query_start_loc is not None, HAS_SIDX=state_index is not None,
-        BLOCK_R=min(next_pow2(span), 128 if INTERPRETER else 8), INTERPRET=INTERPRETER,
-        num_warps=4,
+        INTERPRET=INTERPRETER,
     )  # fmt: skip
+    kwargs["BLOCK_R"], kwargs["num_warps"] = pool_launch(span, interpreter=INTERPRETER)
     tensors = (kv, gate, state_kv, state_gate, cache, seq_lens, block_table, position_bias,
                norm_weight, cos_sin, query_start_loc, state_index)  # fmt: skip
     return _CompressorHostPlan(
