@@ -166,6 +166,37 @@ def _launch_the_rest() -> None:
             builder = DecodeMetadataBuilder(8, 4, 4, 2, native_decode_lens=(2,), dcp_size=dcp)
             builder.build(lens, torch.zeros(reqs, 4, dtype=torch.int32), [2] * reqs)
 
+    _compressor_gpu_launch()
+
+
+def _compressor_gpu_launch() -> None:
+    """One HCA step with the GPU's pooling shape (``pool_launch`` off the interpreter: 64 rows
+    a step, 16 warps), which the interpreter's sweep never launches."""
+    import dataclasses
+
+    import torch
+
+    from sparse_mla._launch import clear_host_plans
+    from sparse_mla.ops.compressor import api
+    from sparse_mla.testing.compressor import (
+        V4_SPECS,
+        compressor_problem,
+        compressor_step_inputs,
+        run_compressor_step,
+    )
+
+    choose = api.pool_launch
+    api.pool_launch = lambda span, interpreter=False: choose(span)
+    clear_host_plans()
+    try:
+        spec = dataclasses.replace(V4_SPECS["hca"], requests=1, max_decode_len=1)
+        g = torch.Generator().manual_seed(0)
+        problem = compressor_problem(g, spec, "cpu", start_lengths=[127])
+        run_compressor_step(problem, compressor_step_inputs(g, problem, [1]))
+    finally:
+        api.pool_launch = choose
+        clear_host_plans()
+
 
 _POINTER = {
     "int32": "*i32",

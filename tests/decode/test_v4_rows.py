@@ -75,14 +75,20 @@ def test_metadata_hostile():
     table2 = torch.cat([table, table], 1)[:, ::2][:, :cols]
     assert not (qsl2.is_contiguous() or seq2.is_contiguous() or table2.is_contiguous())
     got2, _ = _metadata(qsl2, seq2, table2, 12, page=page, window=5, rate=4)
-    got, ref = _metadata(qsl, seq, table2.contiguous(), 12, page=page, window=5, rate=4)
+    _, ref = _metadata(qsl, seq, table2.contiguous(), 12, page=page, window=5, rate=4)
     _assert_equal(got2, ref)
-    # every offset negative (rows count from qsl[0]); one request past int32 positions
+    # every offset negative (rows count from qsl[0]); rows 0-1 at positions -2 and -1
     qsl3 = torch.tensor([-20, -18, -18], dtype=I32, device=DEV)
     seq3 = torch.tensor([0, 5], dtype=I32, device=DEV)
     got, ref = _metadata(qsl3, seq3, table[:2], 4, page=page, window=3, rate=4)
     _assert_equal(got, ref)
-    assert got[1].tolist() == [-1, -1, -1, -1]  # rows 0-1: positions -2, -1; then padding
+    assert got[1].tolist() == [-1, -1, -1, -1]  # then padding
+    # an end offset that wraps int32: the positions (int64) leave int32, so no position
+    qsl4 = torch.tensor([0, 10, -(2**31), 20], dtype=I32, device=DEV)
+    seq4 = torch.tensor([3, 2**31 - 1, 3], dtype=I32, device=DEV)
+    got, ref = _metadata(qsl4, seq4, table[:3], 8, page=page, window=3, rate=4)
+    _assert_equal(got, ref)
+    assert got[1].tolist() == [-1] * 8 and got[4].tolist() == [-1] * 8
 
 
 def test_metadata_checks():
@@ -99,6 +105,10 @@ def test_metadata_checks():
         v4_row_metadata(qsl, seq.long(), table, **kw, **bufs)
     with pytest.raises(ValueError, match="window_block_table"):
         v4_row_metadata(qsl, seq, table[:0], **kw, **bufs)
+    with pytest.raises(ValueError, match="window_block_table"):
+        v4_row_metadata(qsl, seq, table[:, :0], **kw, **bufs)
+    with pytest.raises(ValueError, match="seq_lens"):
+        v4_row_metadata(qsl, seq[0], table, **kw, **bufs)
     with pytest.raises(ValueError, match="win_pos"):
         v4_row_metadata(qsl, seq, table, **(kw | {"window": 3}), **bufs)
     with pytest.raises(TypeError, match="slot"):
@@ -142,7 +152,7 @@ def test_inverse_rope_strided_and_checks():
     gen = torch.Generator().manual_seed(3)
     full, cos_sin = _rope_case(gen, 4, 6, 512, 16, torch.float32)
     out = full[:, ::2]  # heads strided
-    pos = torch.tensor([3, 0, 15, 8], dtype=I32, device=DEV)
+    pos = torch.tensor([[3, 1], [0, 1], [15, 1], [8, 1]], dtype=I32, device=DEV)[:, 0]
     before, other = out.clone(), full[:, 1::2].clone()
     inverse_rope_(out, cos_sin, pos)
     _assert_rope_close(out, before, cos_sin, pos)

@@ -11,7 +11,9 @@ import dataclasses
 import pytest
 import torch
 
+from sparse_mla._launch import clear_host_plans
 from sparse_mla._runtime import default_device
+from sparse_mla.ops.compressor import api as compressor_api
 from sparse_mla.ops.compressor import (
     compressor_decode,
     compressor_decode_reference,
@@ -19,11 +21,11 @@ from sparse_mla.ops.compressor import (
     compressor_state_rows,
     new_compressor_state,
 )
-from sparse_mla.ops.compressor.api import pool_launch
 from sparse_mla.ops.compressor.naive import window_span, write_entries_reference
 from sparse_mla.ops.kv_cache import new_indexer_k_cache
 from sparse_mla.testing.compressor import (
     POISON_BYTE,
+    V4_SPECS,
     CompressorSpec,
     check_compressor_step,
     compressor_problem,
@@ -296,16 +298,29 @@ def test_state_rows_and_new_state():
     torch.testing.assert_close(table[2], 2 * torch.cat([angles.cos(), angles.sin()]))
 
 
-@pytest.mark.parametrize("span", [1, 3, 8, 16, 63, 64, 128, 256, 4096])
-def test_pool_launch(span: int):
-    """A power-of-two step of at most the window (rounded up), 4 or 16 warps; V4's windows
-    as measured (HCA 128 rows: 64 a step, 16 warps; CSA and the indexer's 8: one step, 4);
-    the interpreter takes up to 128 rows at once."""
-    rows, warps = pool_launch(span)
-    assert rows & (rows - 1) == 0 and 1 <= rows <= max(span, 1) * 2 - 1 and warps in (4, 16)
-    assert pool_launch(128) == (64, 16) and pool_launch(8) == (8, 4)
-    rows, warps = pool_launch(span, interpreter=True)
-    assert rows == min(1 << (span - 1).bit_length(), 128) and warps == 4
+def test_pool_launch_pins_the_measured_shapes():
+    """V4's windows as swept on the H200 (docs/PERF.md): HCA's 128 rows 64 a step with 16
+    warps, the 8-row windows of CSA and the indexer in one step with 4."""
+    assert compressor_api.pool_launch(128) == (64, 16)
+    assert compressor_api.pool_launch(8) == (8, 4)
+    assert compressor_api.pool_launch(128, interpreter=True) == (128, 4)
+
+
+@pytest.mark.parametrize("rows", [8, 64])
+def test_windows_pooled_in_several_steps(rows: int, monkeypatch):
+    """HCA's 128-row windows pooled ``rows`` at a time, as on the GPU (``pool_launch``: 64),
+    where the interpreter otherwise takes a window in one step: the online softmax across
+    steps (ring rows and this step's, a request with two rows) against the reference."""
+    monkeypatch.setattr(compressor_api, "pool_launch", lambda span, interpreter=False: (rows, 4))
+    clear_host_plans()
+    try:
+        spec = dataclasses.replace(V4_SPECS["hca"], requests=2, max_decode_len=2)
+        g = torch.Generator().manual_seed(rows)
+        problem = compressor_problem(g, spec, DEV, start_lengths=[127, 254])
+        step = compressor_step_inputs(g, problem, [1, 2])
+        assert check_compressor_step(problem, step) is None
+    finally:
+        clear_host_plans()
 
 
 def _args(spec=None):

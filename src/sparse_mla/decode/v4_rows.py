@@ -20,7 +20,7 @@ from ..ops.attention.split_kv import to_bf16
 _BLOCK_T = 16  # rows a metadata program
 _BLOCK_B = 64  # requests compared at once
 _ROPE_BLOCK_H = 4  # heads an inverse-RoPE program (measured, docs/PERF.md)
-_INT32_MAX = tl.constexpr(2**31 - 1)  # positions at or past it are no position
+_INT32_MAX = tl.constexpr(2**31 - 1)  # positions from it on are no position
 
 
 @jit
@@ -54,7 +54,8 @@ def _row_metadata_kernel(
     j = tl.arange(0, WINDOW_P)
     win = tl.maximum(pos[:, None] + (j - (WINDOW - 1))[None, :], -1)
     win_mask = live[:, None] & (j < WINDOW)[None, :]
-    tl.store(win_ptr + r[:, None] * WINDOW + j[None, :], win.to(tl.int32), mask=win_mask)
+    win_at = win_ptr + r.to(tl.int64)[:, None] * WINDOW + j[None, :]
+    tl.store(win_at, win.to(tl.int32), mask=win_mask)
     sp = tl.maximum(pos, 0)
     col = sp // PAGE
     in_table = ok & (col < bt_cols)
@@ -81,16 +82,18 @@ def v4_row_metadata(
     """Each step row's metadata, written into the given buffers (``T = req.shape[0]`` rows).
 
     query_start_loc: int32 ``[B + 1]``, the requests' row offsets; seq_lens: int32 ``[B]``,
-        each request's length after this step; window_block_table: int32 ``[B, W]``, the
-        window cache's pages (``page`` slots each). Strided views are fine.
+        each request's length after this step; window_block_table: int32 ``[B' >= B, W >= 1]``,
+        the window cache's pages (``page`` slots each; row ``b`` is request ``b``'s). Strided
+        views are fine.
     window: the sliding window; compress_rate: entries per compressed entry.
     req: int32 ``[T]``, the row's request: how many requests end at or before the row
         (``B`` for rows past the last request). pos: int32 ``[T]``, ``seq_lens[req] -
-        (query_start_loc[req + 1] - query_start_loc[0]) + row``, or -1 for a padding row,
-        a negative position or one past int32. visible: int32 ``[T]``, ``(pos + 1) //
-        compress_rate``. win_pos: int32 ``[T, window]``, ``pos - window + 1 .. pos``, -1 where
-        negative. slot: int64 ``[T]``, the window-cache slot of ``pos`` through the request's
-        table row, -1 where ``pos`` is -1 or past the table's ``W * page`` positions.
+        (query_start_loc[req + 1] - query_start_loc[0]) + row``, or -1 for a padding row, a
+        negative position or one of ``2**31 - 1`` and above. visible: int32 ``[T]``,
+        ``(pos + 1) // compress_rate``. win_pos: int32 ``[T, window]``, ``pos - window + 1 ..
+        pos``, -1 where negative. slot: int64 ``[T]``, the window-cache slot of ``pos``
+        through the request's table row, -1 where ``pos`` is -1 or past the table's ``W *
+        page`` positions.
 
     Device data is not trusted: the request count is clamped into ``[0, B]`` and every read
     stays inside the given tensors (a -1 page gives a negative slot, which the cache writers
@@ -101,12 +104,16 @@ def v4_row_metadata(
     for name, t in (("query_start_loc", query_start_loc), ("seq_lens", seq_lens),
                     ("window_block_table", window_block_table)):  # fmt: skip
         check_tensor(name, t, dtype=torch.int32, device=dev)
-    b = seq_lens.shape[0]
-    if seq_lens.dim() != 1 or query_start_loc.shape != (b + 1,) or b < 1:
+    b = seq_lens.shape[0] if seq_lens.dim() == 1 else 0
+    if b < 1 or query_start_loc.shape != (b + 1,):
         raise ValueError(f"seq_lens must be [B >= 1] and query_start_loc [B + 1], got "
                          f"{tuple(seq_lens.shape)} and {tuple(query_start_loc.shape)}")  # fmt: skip
-    if window_block_table.dim() != 2 or window_block_table.shape[0] < b:
-        raise ValueError(f"window_block_table must be [>= {b}, W], got "
+    if (
+        window_block_table.dim() != 2
+        or window_block_table.shape[0] < b
+        or not all(window_block_table.shape)
+    ):
+        raise ValueError(f"window_block_table must be [>= {b}, W >= 1], got "
                          f"{tuple(window_block_table.shape)}")  # fmt: skip
     for name, v in (("page", page), ("window", window), ("compress_rate", compress_rate)):
         check_int(name, v, lo=1)
@@ -134,13 +141,13 @@ def v4_row_metadata(
 
 @jit
 def _inverse_rope_kernel(
-    out_ptr, cs_ptr, pos_ptr, heads, num_pos, out_s0, out_s1, out_s2, cs_s0, cs_s1,
+    out_ptr, cs_ptr, pos_ptr, heads, num_pos, out_s0, out_s1, out_s2, cs_s0, cs_s1, pos_s0,
     FIRST: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
-    p = tl.load(pos_ptr + t)
+    p = tl.load(pos_ptr + t * pos_s0)
     p = tl.minimum(tl.maximum(p, 0), num_pos - 1).to(tl.int64)
     i = tl.arange(0, HALF)
     cos = tl.load(cs_ptr + p * cs_s0 + i * cs_s1).to(tl.float32)
@@ -174,7 +181,7 @@ def inverse_rope_(out: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor, *
     check_tensor("pos", pos, dtype=torch.int32, ndim=1, device=out.device)
     check_int("rope_dim", rope_dim, lo=2)
     t, heads, d = out.shape
-    if rope_dim % 2 or rope_dim > d or next_pow2(rope_dim) != rope_dim:
+    if rope_dim > d or next_pow2(rope_dim) != rope_dim:
         raise ValueError(f"rope_dim must be an even power of two <= {d}, got {rope_dim}")
     if cos_sin.shape[1] != rope_dim or cos_sin.shape[0] < 1 or not cos_sin.is_floating_point():
         raise ValueError(f"cos_sin must be a float [P >= 1, {rope_dim}], got "
@@ -184,7 +191,7 @@ def inverse_rope_(out: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor, *
     if t == 0 or heads == 0:
         return out
     block_h = min(next_pow2(heads), _ROPE_BLOCK_H)
-    ints = (heads, cos_sin.shape[0], *out.stride(), *cos_sin.stride())
+    ints = (heads, cos_sin.shape[0], *out.stride(), *cos_sin.stride(), pos.stride(0))
     kwargs = dict(FIRST=d - rope_dim, HALF=rope_dim // 2, BLOCK_H=block_h,
                   INTERPRET=INTERPRETER, num_warps=4, **pdl_launch(out.device, 2))  # fmt: skip
     launch(_inverse_rope_kernel, (t, cdiv(heads, block_h)), (out, cos_sin, pos, *ints), kwargs,
