@@ -115,6 +115,11 @@ def test_metadata_checks():
         v4_row_metadata(qsl, seq, table, **kw, **(bufs | {"slot": z.clone()}))
     with pytest.raises(ValueError, match="page"):
         v4_row_metadata(qsl, seq, table, **(kw | {"page": 0}), **bufs)
+    with pytest.raises(ValueError, match="req overlaps pos"):
+        v4_row_metadata(qsl, seq, table, **kw, **(bufs | {"pos": bufs["req"]}))
+    both = torch.zeros(4, dtype=I32, device=DEV)  # seq_lens is visible's last element
+    with pytest.raises(ValueError, match="visible overlaps seq_lens"):
+        v4_row_metadata(qsl, both[3:], table, **kw, **(bufs | {"visible": both}))
 
 
 def _rope_case(gen, t, heads, d, positions, dtype):
@@ -165,3 +170,6 @@ def test_inverse_rope_strided_and_checks():
         inverse_rope_(out, cos_sin, pos[:2])
     with pytest.raises(ValueError, match="rope_dim"):
         inverse_rope_(out, cos_sin, pos, rope_dim=48)
+    flat = torch.zeros(4 * 6 * 512 + 4, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="out overlaps pos"):
+        inverse_rope_(flat[:-4].view(4, 6, 512), cos_sin, flat.view(torch.int32)[-4:])

@@ -13,7 +13,7 @@ import torch
 import triton.language as tl
 
 from .._checks import check_int, check_tensor
-from .._launch import launch
+from .._launch import byte_extent, check_disjoint, launch
 from .._runtime import INTERPRETER, cdiv, jit, next_pow2, pdl_launch, pdl_prologue
 from ..ops.attention.split_kv import to_bf16
 
@@ -95,7 +95,8 @@ def v4_row_metadata(
         through the request's table row, -1 where ``pos`` is -1 or past the table's ``W *
         page`` positions.
 
-    Device data is not trusted: the request count is clamped into ``[0, B]`` and every read
+    Outputs must not overlap each other or an input (ValueError). Device data is not
+    trusted: the request count is clamped into ``[0, B]`` and every read
     stays inside the given tensors (a -1 page gives a negative slot, which the cache writers
     skip). Bit for bit :func:`~sparse_mla.decode.v4_naive.row_metadata_reference`.
     CUDA-graph safe: no allocation, no host sync.
@@ -127,6 +128,11 @@ def v4_row_metadata(
             raise ValueError(f"{name} must be a contiguous {list(shape)}, got {tuple(t.shape)}")
     if rows == 0:
         return
+    named = [(name, t, byte_extent(t)) for name, t, _, _ in outs]
+    named += [(name, t, byte_extent(t)) for name, t in (("query_start_loc", query_start_loc),
+              ("seq_lens", seq_lens), ("window_block_table", window_block_table))]  # fmt: skip
+    for i, (name, t, extent) in enumerate(named[:5]):  # each output against everything else
+        check_disjoint(name, t, extent, named[:i] + named[i + 1 :])
     bt_s0, bt_s1 = window_block_table.stride()
     ints = (rows, b, window_block_table.shape[1], query_start_loc.stride(0), seq_lens.stride(0),
             bt_s0, bt_s1)  # fmt: skip
@@ -174,7 +180,8 @@ def inverse_rope_(out: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor, *
     zeros) and one past ``P`` reads row ``P - 1``, as the compressor does. Each pair
     ``(e, o)`` becomes ``(e cos + o sin, o cos - e sin)`` in fp32, rounded once to bf16
     (within one bf16 rounding of :func:`~sparse_mla.decode.v4_naive.inverse_rope`).
-    CUDA-graph safe. Returns ``out``.
+    ``out`` must not overlap ``cos_sin`` or ``pos`` (ValueError). CUDA-graph safe. Returns
+    ``out``.
     """
     check_tensor("out", out, dtype=torch.bfloat16, ndim=3)
     check_tensor("cos_sin", cos_sin, ndim=2, device=out.device)
@@ -190,6 +197,8 @@ def inverse_rope_(out: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor, *
         raise ValueError(f"pos must be [{t}], got {tuple(pos.shape)}")
     if t == 0 or heads == 0:
         return out
+    check_disjoint("out", out, byte_extent(out), (("cos_sin", cos_sin, byte_extent(cos_sin)),
+                                                  ("pos", pos, byte_extent(pos))))  # fmt: skip
     block_h = min(next_pow2(heads), _ROPE_BLOCK_H)
     ints = (heads, cos_sin.shape[0], *out.stride(), *cos_sin.stride(), pos.stride(0))
     kwargs = dict(FIRST=d - rope_dim, HALF=rope_dim // 2, BLOCK_H=block_h,

@@ -241,10 +241,10 @@ _PLANS = HostPlanCache()
 
 def pool_launch(span: int, *, interpreter: bool = False) -> tuple[int, int]:
     """(window rows a pooling step, warps) of the compressor kernel for a window of ``span``
-    rows. Measured on the H200 (V4's compressors, docs/PERF.md): HCA's 128-row windows
-    fastest 64 rows a step with 16 warps (1.6-2.2x the 8 x 4 before; more warps at 8 rows
-    were slower), the 8-row windows of CSA and the indexer in one step with 4 warps. The
-    interpreter takes the whole window at once (fewer, larger numpy steps)."""
+    rows, the fastest of the H200 sweep of V4's compressors (docs/PERF.md): HCA's 128-row
+    windows 64 rows a step with 16 warps, the 8-row windows of CSA and the indexer in one
+    step with 4 warps. The interpreter takes the whole window at once (fewer, larger numpy
+    steps)."""
     if interpreter:
         return min(next_pow2(span), 128), 4
     if span >= 64:
